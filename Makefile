@@ -1,0 +1,27 @@
+# make demo  : set up .venv if needed, then run the main job on the bundled real data
+# make test  : set up .venv if needed, then run the test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: install demo test test-fast clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: install
+	bash scripts/run_demo.sh
+
+test: install
+	$(PY) -m pytest tests
+
+test-fast: install
+	$(PY) -m pytest tests -m "not slow"
+
+clean:
+	rm -rf output build *.egg-info

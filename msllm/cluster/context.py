@@ -1,0 +1,124 @@
+"""The one place that turns ``context`` / ``parallel`` / ``parallel_config`` into MindSpore global
+state, joins the process group, and refuses what the device cannot do.
+
+Facts this relies on (measured on MindSpore 2.10, see shared NOTES.md): on CPU, DATA_PARALLEL
+across processes works (AllReduce sum), operator sharding (SEMI_AUTO_PARALLEL) and pipeline
+stages fail to compile with ``Invalid backend: CPU``, bf16 kernels are missing, and
+``jit_level: O2`` is silently ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from msllm.config import RunConfig
+from msllm.errors import MsllmError
+
+log = logging.getLogger("msllm")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process runs: ``rank`` in ``0..world_size-1`` and the device type."""
+
+    rank: int
+    world_size: int
+    device_target: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_world_size() -> int:
+    """Processes in the job as the launcher announced them (``MS_WORKER_NUM`` on a CPU cluster,
+    ``RANK_SIZE`` under an HCCL rank table); 1 when started alone."""
+    for key in ("MS_WORKER_NUM", "RANK_SIZE"):
+        if os.environ.get(key):
+            return int(os.environ[key])
+    return 1
+
+
+def check_device_support(cfg: RunConfig) -> None:
+    """Raise one clear :class:`MsllmError` if ``cfg`` asks the device for something it cannot do.
+
+    CPU: no model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
+    (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
+    rather than silently slow).
+    """
+    if cfg.context.device_target != "CPU":
+        return
+    pc = cfg.parallel_config
+    if pc.model_parallel > 1 or pc.pipeline_stage > 1:
+        raise MsllmError(
+            f"parallel_config asks for model_parallel={pc.model_parallel}, pipeline_stage="
+            f"{pc.pipeline_stage}, but context.device_target is CPU: MindSpore 2.10 cannot compile "
+            "operator sharding or pipeline stages on CPU ('Invalid backend: CPU'). Train this layout "
+            "on Ascend; on CPU use data_parallel only (set parallel_config.model_parallel=1 and "
+            "pipeline_stage=1). The offline tools (strategy files, transform_ckpt, plan) accept it.")
+    if cfg.parallel.mode_name != "data_parallel":
+        raise MsllmError(
+            f"parallel.parallel_mode={cfg.parallel.parallel_mode!r} needs operator sharding, which "
+            "MindSpore 2.10 cannot compile on CPU; use parallel_mode: 0 (data_parallel) on CPU")
+    mc = cfg.model_config
+    if mc.compute_dtype != "float32" or mc.param_init_type != "float32":
+        raise MsllmError(
+            f"model.model_config.compute_dtype={mc.compute_dtype!r} / param_init_type="
+            f"{mc.param_init_type!r}: MindSpore 2.10 on CPU has no bf16 kernels (MatMul, Softmax ...) "
+            "and fp16 only runs slower; use float32 on CPU")
+
+
+def setup_runtime(cfg: RunConfig) -> Runtime:
+    """Configure MindSpore for ``cfg``, join the process group if there is one, seed RNGs.
+
+    Raises:
+        MsllmError: unsupported layout for the device (:func:`check_device_support`), or the
+            layout's device count (data_parallel x model_parallel x pipeline_stage) differs from
+            the number of processes started.
+    """
+    import mindspore as ms
+
+    check_device_support(cfg)
+    ctx = cfg.context
+    if ctx.device_target == "CPU":
+        ms.set_device("CPU")
+    else:  # the launcher's DEVICE_ID (from the rank table) wins over the YAML's device_id
+        ms.set_device(ctx.device_target, int(os.environ.get("DEVICE_ID", ctx.device_id)))
+    jit_level = ctx.jit_level
+    if ctx.device_target == "CPU" and jit_level == "O2":
+        log.warning("context.jit_level O2 (GE graph mode) exists on Ascend only; CPU runs O0")
+        jit_level = "O0"
+    ms.set_context(mode=ms.GRAPH_MODE if ctx.mode == 0 else ms.PYNATIVE_MODE,
+                   jit_config={"jit_level": jit_level})
+    if ctx.max_device_memory and ctx.device_target != "CPU":
+        ms.set_context(max_device_memory=ctx.max_device_memory)
+    if cfg.deterministic:
+        ms.set_context(deterministic="ON")
+
+    world = env_world_size()
+    rank = 0
+    if world > 1:
+        from mindspore.communication import get_group_size, get_rank, init
+
+        init()
+        rank, world = get_rank(), get_group_size()
+        from mindspore import ParallelMode
+
+        ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL,
+                                     gradients_mean=cfg.parallel.gradients_mean, device_num=world)
+    want = cfg.parallel_config.device_num
+    if want != world:
+        pc = cfg.parallel_config
+        raise MsllmError(
+            f"parallel_config needs data_parallel x model_parallel x pipeline_stage = "
+            f"{pc.data_parallel} x {pc.model_parallel} x {pc.pipeline_stage} = {want} processes, but "
+            f"{world} were started; start {want} (scripts/run_distribute.sh ... RANK_SIZE={want}) "
+            f"or override --parallel_config.data_parallel={world}")
+    ms.set_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    ms.dataset.config.set_seed(cfg.seed)
+    return Runtime(rank=rank, world_size=world, device_target=ctx.device_target)

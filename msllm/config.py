@@ -1,0 +1,480 @@
+"""The run configuration: typed dataclasses that are both the YAML schema and the CLI.
+
+Config flows one way: YAML file -> ``--key.sub=value`` overrides -> :class:`RunConfig`
+(validated) -> builders. The sections and key names follow MindFormers' ``run_*.yaml`` files
+(``context``, ``parallel``, ``parallel_config``, ``runner_config`` ...), so an existing MindFormers
+user finds the same keys; keys msllm does not implement are rejected rather than ignored.
+
+Errors: every unknown key, wrong type or bad value raises :class:`msllm.errors.MsllmError` naming
+the key's full path (``runner_config.batch_size``), what was expected and, for a misspelt key,
+the closest valid name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import yaml
+
+from msllm.errors import MsllmError
+from msllm.fileio import atomic_open
+from msllm.models.llama.config import LlamaConfig
+
+PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
+RUN_MODES = ("train", "finetune")
+
+
+@dataclass
+class ContextConfig:
+    """``context``: where and how MindSpore runs.
+
+    mode: 0 = GRAPH_MODE, 1 = PYNATIVE_MODE (MindSpore ``set_context(mode=...)``).
+    device_target: ``CPU`` or ``Ascend`` (``GPU`` is accepted by MindSpore but untested here).
+    jit_level: ``O0``/``O1``/``O2`` (MindSpore ``jit_config``); on CPU ``O2`` ("GE") is mapped to
+        ``O0`` with a log line, because MindSpore 2.10 silently ignores it there (NOTES.md).
+    max_device_memory: e.g. ``"58GB"``; applied on Ascend/GPU only.
+    peak_tflops: peak dense TFLOPs of one device used for MFU; ``None`` = the device's default
+        (see :mod:`msllm.training.throughput`).
+    """
+
+    mode: int = 0
+    device_target: str = "CPU"
+    jit_level: str = "O0"
+    max_device_memory: Optional[str] = None
+    device_id: int = 0
+    peak_tflops: Optional[float] = None
+
+    def validate(self, where: str) -> None:
+        if self.mode not in (0, 1):
+            raise MsllmError(f"{where}.mode={self.mode}: expected 0 (GRAPH_MODE) or 1 (PYNATIVE_MODE)")
+        if self.device_target not in ("CPU", "Ascend", "GPU"):
+            raise MsllmError(f"{where}.device_target={self.device_target!r}: expected CPU, Ascend or GPU")
+        if self.jit_level not in ("O0", "O1", "O2"):
+            raise MsllmError(f"{where}.jit_level={self.jit_level!r}: expected O0, O1 or O2")
+
+
+@dataclass
+class ParallelConfig:
+    """``parallel``: MindSpore auto-parallel context (``set_auto_parallel_context``).
+
+    parallel_mode: 0 data_parallel, 1 semi_auto_parallel, 2 auto_parallel, 3 hybrid_parallel
+        (MindFormers' numbering), or the name.
+    gradients_mean: average (not sum) gradients across data-parallel ranks.
+    full_batch: every rank reads the full global batch (semi-auto parallel); ``False`` = each
+        data-parallel rank reads its own shard.
+    strategy_ckpt_save_file: where the parallel strategy of this rank is saved.
+    """
+
+    parallel_mode: Union[int, str] = 0
+    gradients_mean: bool = True
+    full_batch: bool = False
+    enable_parallel_optimizer: bool = False
+    strategy_ckpt_save_file: str = "./ckpt_strategy.ckpt"
+    search_mode: Optional[str] = None
+
+    @property
+    def mode_name(self) -> str:
+        if isinstance(self.parallel_mode, int):
+            return PARALLEL_MODES[self.parallel_mode]
+        return self.parallel_mode
+
+    def validate(self, where: str) -> None:
+        names = set(PARALLEL_MODES.values())
+        if (isinstance(self.parallel_mode, int) and self.parallel_mode not in PARALLEL_MODES) or (
+                isinstance(self.parallel_mode, str) and self.parallel_mode not in names):
+            raise MsllmError(f"{where}.parallel_mode={self.parallel_mode!r}: expected one of "
+                             f"{sorted(PARALLEL_MODES)} or {sorted(names)}")
+
+
+@dataclass
+class ParallelLayoutConfig:
+    """``parallel_config``: the parallel layout (Megatron-LM terms, MindFormers key names).
+
+    The device count of a run is ``data_parallel * model_parallel * pipeline_stage``.
+    """
+
+    data_parallel: int = 1
+    model_parallel: int = 1
+    pipeline_stage: int = 1
+    optimizer_shard: bool = False
+    micro_batch_num: int = 1
+    vocab_emb_dp: bool = True
+    gradient_aggregation_group: int = 4
+    use_seq_parallel: bool = False
+
+    @property
+    def device_num(self) -> int:
+        return self.data_parallel * self.model_parallel * self.pipeline_stage
+
+    def validate(self, where: str) -> None:
+        for key in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+                    "gradient_aggregation_group"):
+            if getattr(self, key) < 1:
+                raise MsllmError(f"{where}.{key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
+class RecomputeConfig:
+    """``recompute_config``: activation recomputation (trade compute for memory)."""
+
+    recompute: bool = False
+    select_recompute: bool = False
+    parallel_optimizer_comm_recompute: bool = False
+    mp_comm_recompute: bool = True
+    recompute_slice_activation: bool = False
+
+
+@dataclass
+class ModelSection:
+    """``model``: holds ``model_config`` (a :class:`LlamaConfig`)."""
+
+    model_config: LlamaConfig = field(default_factory=LlamaConfig)
+
+
+@dataclass
+class RunnerConfig:
+    """``runner_config``: the training loop.
+
+    batch_size: samples per step per data-parallel rank (per micro step when accumulating).
+    train_steps: stop after this many steps (``None``: ``epochs`` full passes over the data).
+    sink_mode / sink_size: MindSpore data sinking; ``sink_size`` steps run per host call.
+    gradient_accumulation_steps: micro steps whose gradients are summed before one update.
+    """
+
+    epochs: int = 1
+    batch_size: int = 1
+    train_steps: Optional[int] = None
+    sink_mode: bool = False
+    sink_size: int = 1
+    gradient_accumulation_steps: int = 1
+
+    def validate(self, where: str) -> None:
+        for key in ("epochs", "batch_size", "sink_size", "gradient_accumulation_steps"):
+            if getattr(self, key) < 1:
+                raise MsllmError(f"{where}.{key} must be >= 1, got {getattr(self, key)}")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise MsllmError(f"{where}.train_steps must be >= 1 or null, got {self.train_steps}")
+
+
+@dataclass
+class OptimizerConfig:
+    """``optimizer``: AdamW (Loshchilov & Hutter 2019), MindSpore ``nn.AdamWeightDecay``.
+
+    Weight decay applies to matrices only (not to RMSNorm weights), as in MindFormers/Megatron.
+    """
+
+    type: str = "AdamW"
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+    def validate(self, where: str) -> None:
+        if self.type not in ("AdamW", "AdamWeightDecay", "FP32StateAdamWeightDecay"):
+            raise MsllmError(f"{where}.type={self.type!r}: only AdamW is implemented")
+        if len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas):
+            raise MsllmError(f"{where}.betas={self.betas!r}: expected two numbers in [0, 1)")
+
+
+@dataclass
+class LrScheduleConfig:
+    """``lr_schedule``: linear warmup then cosine decay to ``lr_end``.
+
+    ``warmup_ratio`` of the total steps warm up linearly from 0 (or ``warmup_steps`` if given);
+    formula in :func:`msllm.training.schedule.cosine_with_warmup`.
+    """
+
+    type: str = "CosineWithWarmUpLR"
+    learning_rate: float = 1e-4
+    lr_end: float = 0.0
+    warmup_ratio: float = 0.0
+    warmup_steps: Optional[int] = None
+    total_steps: int = -1
+
+    def validate(self, where: str) -> None:
+        if self.type not in ("CosineWithWarmUpLR", "cosine", "constant"):
+            raise MsllmError(f"{where}.type={self.type!r}: expected CosineWithWarmUpLR or constant")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise MsllmError(f"{where}.warmup_ratio={self.warmup_ratio}: expected a number in [0, 1]")
+        if self.learning_rate < 0 or self.lr_end < 0:
+            raise MsllmError(f"{where}: learning_rate and lr_end must be >= 0")
+
+
+@dataclass
+class RunnerWrapperConfig:
+    """``runner_wrapper``: loss scaling and gradient clipping around the train step.
+
+    loss_scale: ``dynamic`` (MindSpore ``DynamicLossScaleUpdateCell`` semantics: divide by
+        ``scale_factor`` on overflow and skip the update, multiply after ``scale_window`` clean
+        steps), ``fixed`` (``scale_sense`` constant) or ``none``.
+    max_grad_norm: global L2 norm the gradients are clipped to when ``use_clip_grad``.
+    """
+
+    loss_scale: str = "dynamic"
+    scale_sense: float = 65536.0
+    scale_factor: float = 2.0
+    scale_window: int = 1000
+    use_clip_grad: bool = True
+    max_grad_norm: float = 1.0
+
+    def validate(self, where: str) -> None:
+        if self.loss_scale not in ("dynamic", "fixed", "none"):
+            raise MsllmError(f"{where}.loss_scale={self.loss_scale!r}: expected dynamic, fixed or none")
+        if self.scale_sense <= 0 or self.scale_factor <= 1 or self.scale_window < 1:
+            raise MsllmError(f"{where}: need scale_sense > 0, scale_factor > 1, scale_window >= 1")
+
+
+@dataclass
+class LossMonitorConfig:
+    """``callbacks.loss_monitor``: one log line every ``per_print_times`` steps."""
+
+    per_print_times: int = 1
+
+
+@dataclass
+class CheckpointConfig:
+    """``callbacks.checkpoint``: periodic checkpoints under ``output_dir/checkpoint/rank_{i}``."""
+
+    prefix: str = "checkpoint"
+    save_checkpoint_steps: int = 100
+    keep_checkpoint_max: int = 5
+    format: str = "ckpt"
+    save_at_end: bool = True
+
+    def validate(self, where: str) -> None:
+        if self.save_checkpoint_steps < 1 or self.keep_checkpoint_max < 1:
+            raise MsllmError(f"{where}: save_checkpoint_steps and keep_checkpoint_max must be >= 1")
+        if self.format not in ("ckpt", "safetensors"):
+            raise MsllmError(f"{where}.format={self.format!r}: expected ckpt or safetensors")
+
+
+@dataclass
+class CallbacksConfig:
+    """``callbacks``."""
+
+    loss_monitor: LossMonitorConfig = field(default_factory=LossMonitorConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass
+class DatasetConfig:
+    """``train_dataset``: MindRecord data written by ``data_preprocess/llama_preprocess.py``.
+
+    dataset_dir: a ``.mindrecord`` file or a directory of them.
+    batch_size: ``None`` = ``runner_config.batch_size`` (they must agree if both are given).
+    Each data-parallel rank reads a disjoint shard (``MindDataset(num_shards, shard_id)``).
+    """
+
+    dataset_dir: str = ""
+    shuffle: bool = True
+    drop_remainder: bool = True
+    batch_size: Optional[int] = None
+    num_parallel_workers: int = 1
+    prefetch_size: int = 4
+
+
+@dataclass
+class RunConfig:
+    """A whole run: the top level of ``configs/llama/run_llama_*.yaml``."""
+
+    seed: int = 0
+    output_dir: str = "./output"
+    run_mode: str = "train"
+    load_checkpoint: str = ""
+    resume_training: bool = False
+    auto_trans_ckpt: bool = False
+    only_save_strategy: bool = False
+    deterministic: bool = False
+    context: ContextConfig = field(default_factory=ContextConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    parallel_config: ParallelLayoutConfig = field(default_factory=ParallelLayoutConfig)
+    recompute_config: RecomputeConfig = field(default_factory=RecomputeConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    runner_config: RunnerConfig = field(default_factory=RunnerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lr_schedule: LrScheduleConfig = field(default_factory=LrScheduleConfig)
+    runner_wrapper: RunnerWrapperConfig = field(default_factory=RunnerWrapperConfig)
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+
+    @property
+    def model_config(self) -> LlamaConfig:
+        return self.model.model_config
+
+    def validate(self) -> None:
+        """Check each section, then the rules that join sections."""
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate") and f.name != "model":
+                section.validate(f.name)
+        self.model_config.validate("model.model_config")
+        if self.run_mode not in RUN_MODES:
+            raise MsllmError(f"run_mode={self.run_mode!r}: expected one of {RUN_MODES}")
+        ds_bs = self.train_dataset.batch_size
+        if ds_bs is not None and ds_bs != self.runner_config.batch_size:
+            raise MsllmError(f"train_dataset.batch_size={ds_bs} disagrees with "
+                             f"runner_config.batch_size={self.runner_config.batch_size}; set one")
+
+
+# ---------------------------------------------------------------------------------------------
+# Generic dict -> dataclass conversion with typed, path-named errors.
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Convert a YAML value to ``tp`` or raise MsllmError naming ``path``."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, path)
+            except MsllmError as exc:
+                errors.append(str(exc))
+        raise MsllmError(f"{path}: expected {' or '.join(_type_name(a) for a in args)}, "
+                         f"got {value!r} ({type(value).__name__})")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise MsllmError(f"{path}: expected a mapping (section), got {value!r}")
+        return from_dict(tp, value, path)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise MsllmError(f"{path}: expected true/false, got {value!r} ({type(value).__name__})")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise MsllmError(f"{path}: expected an integer, got {value!r} ({type(value).__name__})")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise MsllmError(f"{path}: expected a number, got {value!r} ({type(value).__name__})")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise MsllmError(f"{path}: expected a string, got {value!r} ({type(value).__name__})")
+    if tp in (list, dict) or origin in (list, dict):
+        base = origin or tp
+        if isinstance(value, base):
+            return value
+        raise MsllmError(f"{path}: expected a {base.__name__}, got {value!r}")
+    raise TypeError(f"config field {path} has an unsupported type {tp!r}")
+
+
+def from_dict(cls: type, data: dict, path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise MsllmError."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+            raise MsllmError(f"unknown config key {full!r}{hint}")
+        kwargs[key] = _convert(value, hints[key], full)
+    try:
+        return cls(**kwargs)
+    except MsllmError as exc:
+        raise MsllmError(str(exc)) from None
+
+
+def to_dict(obj: Any) -> Any:
+    """The inverse of :func:`from_dict`: plain dicts/lists, ready for ``yaml.safe_dump``."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def parse_override(arg: str) -> tuple[list[str], Any]:
+    """``--a.b.c=value`` -> (["a", "b", "c"], value parsed as a YAML scalar/flow value)."""
+    body = arg[2:] if arg.startswith("--") else arg
+    if "=" not in body:
+        raise MsllmError(f"override {arg!r}: expected --section.key=value")
+    key, raw = body.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise MsllmError(f"override {arg!r}: value is not valid YAML ({exc.problem})") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set each ``--a.b=value`` override into the nested mapping ``data`` (in place)."""
+    for arg in overrides:
+        keys, value = parse_override(arg)
+        node = data
+        for k in keys[:-1]:
+            child = node.get(k)
+            if child is None:
+                child = node[k] = {}
+            elif not isinstance(child, dict):
+                raise MsllmError(f"override {arg!r}: {k!r} is not a section")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def read_yaml(path: str) -> dict:
+    """Read a YAML mapping with ``yaml.safe_load``; errors name the file and the line."""
+    if not os.path.isfile(path):
+        raise MsllmError(f"config file {path!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise MsllmError(f"config file {path!r} is not valid YAML{where}: "
+                         f"{getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise MsllmError(f"config file {path!r}: expected a mapping at the top level")
+    return data
+
+
+def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
+    """YAML file + ``--key.sub=value`` overrides -> validated :class:`RunConfig`.
+
+    Raises:
+        MsllmError: missing file, invalid YAML, unknown key, wrong type or inconsistent values,
+            with the file name prefixed.
+    """
+    data = apply_overrides(read_yaml(path), overrides or [])
+    try:
+        cfg = from_dict(RunConfig, data)
+        cfg.validate()
+    except MsllmError as exc:
+        raise MsllmError(f"{path}: {exc}") from None
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: str) -> None:
+    """Write the resolved config as YAML, atomically; it loads back to an equal config."""
+    with atomic_open(path) as fh:
+        yaml.safe_dump(to_dict(cfg), fh, sort_keys=False)

@@ -1,0 +1,185 @@
+"""LLaMA model configuration: the ``model.model_config`` section of a run YAML.
+
+Shapes follow Meta's reference implementation (``llama/model.py``, ``ModelArgs``) and the Hugging
+Face ``LlamaConfig`` (``transformers/models/llama/configuration_llama.py``). Where the two name
+a field differently, msllm uses the MindFormers YAML name and notes the HF one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from msllm.errors import MsllmError
+
+# dtypes a config may name; the model maps them to MindSpore dtypes.
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def llama_intermediate_size(hidden_size: int, multiple_of: int, ffn_dim_multiplier: Optional[float]) -> int:
+    """SwiGLU hidden width as in Meta's LLaMA-2 ``FeedForward.__init__``.
+
+    ``4 * hidden`` scaled by 2/3 (SwiGLU has three matrices instead of two), then by
+    ``ffn_dim_multiplier`` if given, rounded up to a multiple of ``multiple_of``.
+    7B: 4096 -> 11008; 13B: 5120 -> 13824; 70B (x1.3, multiple_of 4096): 8192 -> 28672.
+    """
+    hidden = int(2 * (4 * hidden_size) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+@dataclass
+class LlamaConfig:
+    """Shape and numerics of a LLaMA decoder.
+
+    Attributes (units: counts of elements unless said otherwise):
+        vocab_size: number of token ids (LLaMA / LLaMA-2: 32000).
+        hidden_size: model width C (Meta ``dim``).
+        num_layers: decoder blocks L (HF ``num_hidden_layers``).
+        num_heads: query heads H (HF ``num_attention_heads``); head_dim D = C / H.
+        n_kv_heads: key/value heads for grouped-query attention (HF ``num_key_value_heads``);
+            ``None`` means H (multi-head attention).
+        intermediate_size: SwiGLU width F; ``None`` derives it from ``multiple_of`` and
+            ``ffn_dim_multiplier`` as Meta does (:func:`llama_intermediate_size`).
+        seq_length: training sequence length T (tokens per sample fed to the model).
+        max_position_embeddings: longest position the rotary tables cover (>= seq_length).
+        rms_norm_eps: epsilon inside RMSNorm.
+        rope_theta: rotary base (10000 for LLaMA-1/2, 500000 for LLaMA-3, 1e6 CodeLlama).
+        rope_scaling: HF ``rope_scaling`` dict; only ``{"type"/"rope_type": "linear", "factor": f}``
+            is implemented, others are rejected.
+        tie_word_embeddings: share the embedding table with the output head.
+        bos_token_id / eos_token_id / pad_token_id: special ids (LLaMA: 1 / 2 / 0, pad = unk).
+        ignore_token_id: label value excluded from the loss (-100, the HF/PyTorch convention).
+        compute_dtype: dtype of matmuls; ``float32`` on CPU (MindSpore 2.10 CPU has no bf16 kernels).
+        layernorm_compute_type / softmax_compute_type: dtypes of RMSNorm and softmax math.
+        param_init_type: dtype parameters are stored in.
+        initializer_range: std of the normal initialisation of weight matrices.
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    num_layers: int = 32
+    num_heads: int = 32
+    n_kv_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: Optional[float] = None
+    seq_length: int = 2048
+    max_position_embeddings: Optional[int] = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    pad_token_id: int = 0
+    ignore_token_id: int = -100
+    compute_dtype: str = "float32"
+    layernorm_compute_type: str = "float32"
+    softmax_compute_type: str = "float32"
+    param_init_type: str = "float32"
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- derived shapes -------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        return llama_intermediate_size(self.hidden_size, self.multiple_of, self.ffn_dim_multiplier)
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings or self.seq_length
+
+    def validate(self, where: str = "model.model_config") -> None:
+        """Raise :class:`MsllmError` naming the key if the shapes are inconsistent."""
+        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "seq_length", "multiple_of"):
+            if getattr(self, key) <= 0:
+                raise MsllmError(f"{where}.{key} must be positive, got {getattr(self, key)}")
+        if self.hidden_size % self.num_heads:
+            raise MsllmError(
+                f"{where}.hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.head_dim % 2:
+            raise MsllmError(f"{where}: head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.kv_heads <= 0 or self.num_heads % self.kv_heads:
+            raise MsllmError(
+                f"{where}.n_kv_heads={self.n_kv_heads} must divide num_heads={self.num_heads}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
+            raise MsllmError(f"{where}.max_position_embeddings={self.max_position_embeddings} "
+                             f"is shorter than seq_length={self.seq_length}")
+        for key in ("compute_dtype", "layernorm_compute_type", "softmax_compute_type", "param_init_type"):
+            if getattr(self, key) not in DTYPES:
+                raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: expected one of {DTYPES}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind != "linear" or "factor" not in self.rope_scaling:
+                raise MsllmError(f"{where}.rope_scaling={self.rope_scaling!r}: only "
+                                 "{'type': 'linear', 'factor': F} is supported")
+
+    # ---- sizes ---------------------------------------------------------------------
+    def num_params(self) -> int:
+        """Exact parameter count of :class:`msllm.models.llama.model.LlamaForCausalLM`."""
+        c, f, d = self.hidden_size, self.ffn_size, self.head_dim
+        attn = c * self.num_heads * d * 2 + c * self.kv_heads * d * 2  # wq, wo, wk, wv
+        mlp = 3 * c * f
+        per_layer = attn + mlp + 2 * c  # + two RMSNorm weights
+        embed = self.vocab_size * c
+        head = 0 if self.tie_word_embeddings else self.vocab_size * c
+        return embed + self.num_layers * per_layer + c + head
+
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token: all but the embedding lookup and norms.
+
+        This is the N of the ``6N`` training-FLOPs rule (Kaplan et al. 2020, sec. 2.1; PaLM,
+        Chowdhery et al. 2022, appendix B). The output head is a matmul and counts.
+        """
+        c = self.hidden_size
+        norms = (2 * self.num_layers + 1) * c
+        embed_lookup = 0 if self.tie_word_embeddings else self.vocab_size * c
+        return self.num_params() - norms - embed_lookup
+
+    def train_flops_per_token(self, seq_length: Optional[int] = None) -> float:
+        """Model FLOPs per trained token (forward + backward, no recompute).
+
+        ``6 N + 12 L H D T`` with N = :meth:`matmul_params`, L layers, H heads, D head_dim,
+        T sequence length: PaLM (Chowdhery et al. 2022), appendix B. The second term is the
+        attention score and value matmuls (QK^T and PV), which 6N does not count.
+        """
+        t = seq_length or self.seq_length
+        return 6.0 * self.matmul_params() + 12.0 * self.num_layers * self.num_heads * self.head_dim * t
+
+
+# Published LLaMA-2 shapes (Touvron et al. 2023, table 1 / Meta params.json); parameter counts
+# 6.74B / 13.0B / 69.0B. "tiny" is msllm's CPU demo model.
+PRESETS: dict[str, dict] = {
+    "7b": dict(hidden_size=4096, num_layers=32, num_heads=32, multiple_of=256, rms_norm_eps=1e-5,
+               seq_length=4096),
+    "13b": dict(hidden_size=5120, num_layers=40, num_heads=40, multiple_of=256, rms_norm_eps=1e-5,
+                seq_length=4096),
+    "70b": dict(hidden_size=8192, num_layers=80, num_heads=64, n_kv_heads=8, multiple_of=4096,
+                ffn_dim_multiplier=1.3, rms_norm_eps=1e-5, seq_length=4096),
+    "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, n_kv_heads=2, multiple_of=32,
+                 seq_length=256),
+}
+
+
+def preset(name: str, **overrides) -> LlamaConfig:
+    """A :class:`LlamaConfig` for a named preset (``7b``, ``13b``, ``70b``, ``tiny``)."""
+    if name not in PRESETS:
+        raise MsllmError(f"unknown LLaMA preset {name!r}; expected one of {sorted(PRESETS)}")
+    return LlamaConfig(**{**PRESETS[name], **overrides})
+
+
+__all__ = ["LlamaConfig", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field"]

@@ -1,0 +1,306 @@
+"""The LLaMA decoder in MindSpore, readable top to bottom. No parallel code lives here.
+
+Architecture: Touvron et al. 2023 ("LLaMA", "Llama 2"), as in Meta's ``llama/model.py`` and HF
+``transformers/models/llama/modeling_llama.py``: token embedding -> L x [RMSNorm -> causal
+grouped-query self-attention with rotary position embedding -> residual -> RMSNorm -> SwiGLU MLP
+-> residual] -> RMSNorm -> untied output head.
+
+Parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight`` ...) so the HF
+conversion is a rename-free copy; weight matrices are stored ``(out_features, in_features)`` like
+``torch.nn.Linear``. Rotary embedding uses the HF "rotate_half" layout (see ``msllm/convert``).
+
+Every operator that a parallel layout may split is a primitive held as an attribute
+(``self.matmul``, ``self.bmm_qk`` ...): ``msllm.parallel`` calls ``.shard(...)`` on them and sets
+pipeline stages and recompute on the cells, without this file knowing about it.
+
+Shape letters: B batch, T sequence, C hidden, H query heads, K key/value heads, D head dim,
+F MLP width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+from msllm.models.llama.config import LlamaConfig
+
+_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def ms_dtype(name: str):
+    """MindSpore dtype for a config dtype name (``float32`` / ``float16`` / ``bfloat16``)."""
+    return _DTYPES[name]
+
+
+class Linear(nn.Cell):
+    """``y = x @ W^T`` without bias; W: (out_features, in_features) like ``torch.nn.Linear``.
+
+    Input (N, in) in any float dtype, computed in ``compute_dtype``, output (N, out).
+    """
+
+    def __init__(self, in_features: int, out_features: int, config: LlamaConfig, std: float):
+        super().__init__()
+        self.weight = Parameter(initializer(Normal(std), (out_features, in_features),
+                                            ms_dtype(config.param_init_type)), name="weight")
+        self.compute_dtype = ms_dtype(config.compute_dtype)
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.cast = ops.Cast()
+
+    def construct(self, x):
+        return self.matmul(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype))
+
+
+class RMSNorm(nn.Cell):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``.
+
+    Input (..., C); the statistics are computed in ``layernorm_compute_type`` (fp32 by default)
+    and the result is cast back to the input dtype.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, config: LlamaConfig):
+        super().__init__()
+        self.weight = Parameter(initializer("ones", (hidden_size,), ms_dtype(config.param_init_type)),
+                                name="weight")
+        self.eps = eps
+        self.norm_dtype = ms_dtype(config.layernorm_compute_type)
+        self.cast = ops.Cast()
+        self.square = ops.Square()
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.rsqrt = ops.Rsqrt()
+        self.mul = ops.Mul()
+        self.mul_weight = ops.Mul()
+
+    def construct(self, x):
+        dtype = x.dtype
+        x = self.cast(x, self.norm_dtype)
+        x = self.mul(x, self.rsqrt(self.mean(self.square(x), -1) + self.eps))
+        return self.mul_weight(self.cast(x, dtype), self.cast(self.weight, dtype))
+
+
+def rotary_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables, each (max_positions, D) float32, HF "rotate_half" layout.
+
+    ``inv_freq[i] = theta^(-2i/D)`` (Su et al. 2021, RoFormer eq. 15); angles ``pos * inv_freq``
+    are duplicated along the last axis as in HF ``LlamaRotaryEmbedding``. Linear ``rope_scaling``
+    divides positions by ``factor`` (HF ``_compute_linear_scaling_rope_parameters``).
+    """
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    pos = np.arange(config.max_positions, dtype=np.float64)
+    if config.rope_scaling is not None:
+        pos = pos / float(config.rope_scaling["factor"])
+    angles = np.outer(pos, inv_freq)                              # (P, D/2)
+    angles = np.concatenate([angles, angles], axis=-1)            # (P, D)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class Attention(nn.Cell):
+    """Causal grouped-query self-attention with rotary embeddings (Ainslie et al. 2023 for GQA).
+
+    Input x (B, T, C); output (B, T, C). K = n_kv_heads key/value heads are shared by H / K
+    query heads each.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        c, h, k, d = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
+        std = config.initializer_range
+        self.n_heads, self.n_kv, self.head_dim, self.n_rep = h, k, d, h // k
+        self.q_proj = Linear(c, h * d, config, std)
+        self.k_proj = Linear(c, k * d, config, std)
+        self.v_proj = Linear(c, k * d, config, std)
+        self.o_proj = Linear(h * d, c, config, std)
+        self.scale = 1.0 / math.sqrt(d)
+        self.softmax_dtype = ms_dtype(config.softmax_compute_type)
+        self.compute_dtype = ms_dtype(config.compute_dtype)
+        self.reshape = ops.Reshape()
+        self.transpose = ops.Transpose()
+        self.cast = ops.Cast()
+        # rotary: x * cos + rotate_half(x) * sin
+        self.mul_cos = ops.Mul()
+        self.mul_sin = ops.Mul()
+        self.add_rope = ops.Add()
+        self.neg = ops.Neg()
+        self.concat = ops.Concat(-1)
+        self.bmm_qk = ops.BatchMatMul(transpose_b=True)
+        self.bmm_pv = ops.BatchMatMul()
+        self.mul_scale = ops.Mul()
+        self.add_mask = ops.Add()
+        self.softmax = ops.Softmax(-1)
+
+    def rotate(self, x, cos, sin):
+        """x (B, N, T, D); cos/sin (T, D) -> (B, N, T, D)."""
+        half = self.head_dim // 2
+        x1 = x[..., :half]
+        x2 = x[..., half:]
+        rotated = self.concat((self.neg(x2), x1))                 # rotate_half(x)
+        return self.add_rope(self.mul_cos(x, cos), self.mul_sin(rotated, sin))
+
+    def repeat_kv(self, x):
+        """(B, K, T, D) -> (B, H, T, D): each key/value head serves n_rep query heads."""
+        if self.n_rep == 1:
+            return x
+        b, k, t, d = x.shape
+        x = ops.broadcast_to(self.reshape(x, (b, k, 1, t, d)), (b, k, self.n_rep, t, d))
+        return self.reshape(x, (b, k * self.n_rep, t, d))
+
+    def construct(self, x, cos, sin, mask):
+        b, t, c = x.shape
+        x2d = self.reshape(x, (b * t, c))                                              # (B*T, C)
+        q = self.transpose(self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim)), (0, 2, 1, 3))
+        k = self.transpose(self.reshape(self.k_proj(x2d), (b, t, self.n_kv, self.head_dim)), (0, 2, 1, 3))
+        v = self.transpose(self.reshape(self.v_proj(x2d), (b, t, self.n_kv, self.head_dim)), (0, 2, 1, 3))
+        q = self.rotate(q, cos, sin)                                                   # (B, H, T, D)
+        k = self.repeat_kv(self.rotate(k, cos, sin))                                   # (B, H, T, D)
+        v = self.repeat_kv(v)                                                          # (B, H, T, D)
+        scores = self.mul_scale(self.bmm_qk(q, k), self.scale)                         # (B, H, T, T)
+        scores = self.add_mask(self.cast(scores, self.softmax_dtype), mask)            # causal
+        probs = self.cast(self.softmax(scores), self.compute_dtype)
+        out = self.bmm_pv(probs, v)                                                    # (B, H, T, D)
+        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
+        return self.reshape(self.o_proj(out), (b, t, c))                               # (B, T, C)
+
+
+class MLP(nn.Cell):
+    """SwiGLU feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; (N, C) -> (N, C)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        c, f, std = config.hidden_size, config.ffn_size, config.initializer_range
+        self.gate_proj = Linear(c, f, config, std)
+        self.up_proj = Linear(c, f, config, std)
+        self.down_proj = Linear(f, c, config, std)
+        self.sigmoid = ops.Sigmoid()  # silu(g) = g * sigmoid(g); MindSpore 2.10 has no SiLU primitive
+        self.mul_silu = ops.Mul()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        gate = self.gate_proj(x)                                                   # (N, F)
+        act = self.mul_silu(gate, self.sigmoid(gate))
+        return self.down_proj(self.mul(act, self.up_proj(x)))                      # (N, C)
+
+
+class DecoderLayer(nn.Cell):
+    """Pre-norm transformer block: x + attn(norm(x)), then h + mlp(norm(h)); (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config)
+        self.mlp = MLP(config)
+        self.add_attn = ops.Add()
+        self.add_mlp = ops.Add()
+        self.reshape = ops.Reshape()
+
+    def construct(self, x, cos, sin, mask):
+        b, t, c = x.shape
+        h = self.add_attn(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        m = self.mlp(self.reshape(self.post_attention_layernorm(h), (b * t, c)))
+        return self.add_mlp(h, self.reshape(m, (b, t, c)))
+
+
+class LlamaModel(nn.Cell):
+    """Embedding + decoder layers + final norm: token ids (B, T) int32 -> hidden (B, T, C)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         embedding_table=Normal(config.initializer_range),
+                                         dtype=ms.int32)
+        self.embed_tokens.embedding_table.set_dtype(ms_dtype(config.param_init_type))
+        self.layers = nn.CellList([DecoderLayer(config) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config)
+        cos, sin = rotary_tables(config)
+        p = config.max_positions
+        # Constant tables, not Parameters: they are not trained and not checkpointed.
+        self.cos = Tensor(cos, ms_dtype(config.compute_dtype))                 # (P, D)
+        self.sin = Tensor(sin, ms_dtype(config.compute_dtype))                 # (P, D)
+        # Additive causal mask: 0 where key <= query, a large negative number above the diagonal
+        # (-1e9 rather than -inf so fully masked rows cannot turn into NaN).
+        self.mask = Tensor(np.triu(np.full((p, p), -1e9, np.float32), 1),
+                           ms_dtype(config.softmax_compute_type))              # (P, P)
+        self.compute_dtype = ms_dtype(config.compute_dtype)
+        self.cast = ops.Cast()
+
+    def construct(self, input_ids):
+        t = input_ids.shape[1]
+        x = self.cast(self.embed_tokens(input_ids), self.compute_dtype)         # (B, T, C)
+        cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Cell):
+    """LLaMA with its output head and next-token loss.
+
+    ``construct(input_ids, labels=None)``:
+        input_ids (B, T+1) int32 with labels (B, T+1) int32 -> scalar fp32 mean cross-entropy over
+            positions whose target (``labels[:, 1:]``) is not ``ignore_token_id``; tokens are
+            ``input_ids[:, :-1]``. This is the MindRecord sample layout of ``llama_preprocess``.
+        input_ids (B, T) alone -> logits (B, T, V) fp32.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, config, config.initializer_range)
+        self.head_matmul = ops.MatMul(transpose_b=True)  # for tied embeddings
+        self.loss = CausalLMLoss(config.ignore_token_id)
+        self.reshape = ops.Reshape()
+        self.cast = ops.Cast()
+
+    def logits(self, tokens):
+        """tokens (B, T) int32 -> logits (B, T, V) float32."""
+        b, t = tokens.shape
+        h = self.model(tokens)                                                  # (B, T, C)
+        h = self.reshape(h, (b * t, self.config.hidden_size))
+        if self.lm_head is None:
+            table = self.cast(self.model.embed_tokens.embedding_table, h.dtype)
+            out = self.head_matmul(h, table)
+        else:
+            out = self.lm_head(h)                                               # (B*T, V)
+        return self.reshape(self.cast(out, ms.float32), (b, t, self.config.vocab_size))
+
+    def construct(self, input_ids, labels=None):
+        if labels is None:
+            return self.logits(input_ids)
+        tokens = input_ids[:, :-1]                                              # (B, T)
+        targets = labels[:, 1:]                                                 # (B, T)
+        return self.loss(self.logits(tokens), targets)
+
+
+class CausalLMLoss(nn.Cell):
+    """Mean token cross-entropy ignoring ``ignore_index`` targets.
+
+    logits (B, T, V) float32, targets (B, T) int32 -> scalar float32
+    ``sum_i mask_i * (logsumexp(z_i) - z_i[y_i]) / max(sum_i mask_i, 1)``.
+    """
+
+    def __init__(self, ignore_index: int = -100):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.log_softmax = ops.LogSoftmax(-1)
+        self.gather = ops.GatherD()
+        self.reshape = ops.Reshape()
+        self.cast = ops.Cast()
+
+    def construct(self, logits, targets):
+        v = logits.shape[-1]
+        logits = self.reshape(logits, (-1, v))                                  # (N, V)
+        targets = self.reshape(targets, (-1, 1))                                # (N, 1)
+        mask = self.cast(targets != self.ignore_index, ms.float32)              # (N, 1)
+        safe = ops.maximum(targets, 0)                                          # ignored -> id 0
+        nll = -self.gather(self.log_softmax(logits), 1, safe)                   # (N, 1)
+        return (nll * mask).sum() / ops.maximum(mask.sum(), 1.0)

@@ -1,0 +1,89 @@
+"""The per-step log line and the loss history of a run.
+
+Line format follows MindFormers' ``MFLossMonitor`` so existing log parsers keep working, with
+throughput appended::
+
+    Epoch:[  1/  2], step:[   10/  248], loss:[10.123/10.234], time:812.300 ms, lr:[1.0e-04],
+    overflow cond: False, loss_scale: 65536.0, grad_norm: 0.930, tgs: 1260.5 tokens/s/device,
+    TFLOPs: 0.039, MFU: 5.3%
+
+``loss:[current/average]``: this step's loss and the mean of the logged losses so far.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from msllm.fileio import write_json_atomic
+from msllm.training.throughput import Throughput
+
+log = logging.getLogger("msllm")
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step: global step (1-based), epoch (1-based), loss, seconds, lr, scale."""
+
+    step: int
+    epoch: int
+    loss: float
+    seconds: float
+    lr: float
+    overflow: bool
+    loss_scale: float
+    grad_norm: float
+
+
+@dataclass
+class LossMonitor:
+    """Collects :class:`StepRecord` s and prints one line every ``per_print_times`` steps."""
+
+    epochs: int
+    total_steps: int
+    throughput: Throughput
+    per_print_times: int = 1
+    records: list = field(default_factory=list)
+
+    def format(self, r: StepRecord) -> str:
+        avg = sum(x.loss for x in self.records) / len(self.records)
+        mfu = self.throughput.mfu(r.seconds)
+        mfu_text = f"{mfu * 100:.2f}%" if mfu is not None else "n/a (set context.peak_tflops)"
+        return (f"Epoch:[{r.epoch:3d}/{self.epochs:3d}], step:[{r.step:5d}/{self.total_steps:5d}], "
+                f"loss:[{r.loss:.3f}/{avg:.3f}], time:{r.seconds * 1000:.3f} ms, lr:[{r.lr:.4e}], "
+                f"overflow cond: {r.overflow}, loss_scale: {r.loss_scale}, grad_norm: {r.grad_norm:.3f}, "
+                f"tgs: {self.throughput.tgs(r.seconds):.1f} tokens/s/device, "
+                f"TFLOPs: {self.throughput.tflops(r.seconds):.4f}, MFU: {mfu_text}")
+
+    def add(self, r: StepRecord) -> None:
+        self.records.append(r)
+        if r.step % self.per_print_times == 0 or r.step == self.total_steps:
+            log.info(self.format(r))
+
+    def summary(self, window: int = 10) -> dict:
+        """First/last ``window``-step average loss, and tgs over steps after the first (compile)."""
+        losses = [r.loss for r in self.records]
+        timed = [r.seconds for r in self.records[1:]] or [r.seconds for r in self.records]
+        mean_s = sum(timed) / len(timed) if timed else float("nan")
+        w = max(1, min(window, len(losses) // 2 or 1))
+        return {
+            "steps": len(losses),
+            "first_avg_loss": sum(losses[:w]) / w if losses else None,
+            "last_avg_loss": sum(losses[-w:]) / w if losses else None,
+            "avg_window": w,
+            "compile_first_step_seconds": self.records[0].seconds if self.records else None,
+            "mean_step_seconds": mean_s,
+            "tgs": self.throughput.tgs(mean_s) if timed else None,
+            "tflops": self.throughput.tflops(mean_s) if timed else None,
+            "mfu": self.throughput.mfu(mean_s) if timed else None,
+            "peak_tflops": self.throughput.peak_tflops,
+            "flops_per_token": self.throughput.flops_per_token,
+            "losses": losses,
+        }
+
+    def write(self, path: str, extra: dict | None = None) -> dict:
+        """Write :meth:`summary` (plus ``extra``) as JSON atomically; returns it."""
+        data = {**self.summary(), **(extra or {})}
+        write_json_atomic(path, json.loads(json.dumps(data)))
+        return data

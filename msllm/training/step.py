@@ -1,0 +1,98 @@
+"""One training step as one graph: forward, backward, gradient all-reduce, loss-scale update,
+overflow skip, global-norm clipping and the optimizer update, compiled together (GRAPH_MODE).
+
+The pattern is MindSpore's ``nn.TrainOneStepWithLossScaleCell``, written out because that cell's
+overflow check uses NPU float-status kernels that do not exist on CPU; here overflow is
+"any gradient is not finite", which works on every device.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+
+class TrainStep(nn.Cell):
+    """Wraps ``network(input_ids, labels) -> loss`` into one optimizer step.
+
+    Args:
+        network: a cell returning a scalar fp32 loss from ``(input_ids, labels)``, each
+            (B * accum_steps, T+1) int32.
+        optimizer: a MindSpore optimizer over ``network``'s trainable parameters.
+        loss_scale: ``"dynamic"``, ``"fixed"`` or ``"none"``.
+        scale_sense: initial (or fixed) loss scale S; the loss is multiplied by S before the
+            backward pass and gradients are divided by S afterwards.
+        scale_factor / scale_window: dynamic scale update, MindSpore ``DynamicLossScaleUpdateCell``
+            semantics: on overflow S /= factor and the update is skipped; after ``window``
+            clean steps S *= factor.
+        max_grad_norm: clip the global L2 norm of the (unscaled, reduced) gradients to this
+            value; ``None`` disables clipping.
+        accum_steps: gradient accumulation: the batch is split into this many micro batches
+            along axis 0 and their gradients averaged before one update.
+        grad_reducer: callable on the gradient tuple (all-reduce mean for data parallel) or None.
+
+    ``construct(input_ids, labels)`` returns ``(loss, overflow, loss_scale, grad_norm)``:
+    fp32 scalar mean loss, bool scalar, fp32 scalar scale used this step, fp32 scalar norm of
+    the gradients before clipping.
+    """
+
+    def __init__(self, network, optimizer, loss_scale: str = "dynamic", scale_sense: float = 65536.0,
+                 scale_factor: float = 2.0, scale_window: int = 1000, max_grad_norm=1.0,
+                 accum_steps: int = 1, grad_reducer=None):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.accum_steps = accum_steps
+        self.max_grad_norm = max_grad_norm
+        self.dynamic = loss_scale == "dynamic"
+        self.use_scale = loss_scale != "none"
+        # The scale is a Parameter so it is checkpointed and restored on resume.
+        self.loss_scale = Parameter(Tensor(scale_sense if self.use_scale else 1.0, ms.float32),
+                                    name="loss_scale", requires_grad=False)
+        self.scale_update = (nn.DynamicLossScaleUpdateCell(scale_sense, scale_factor, scale_window)
+                             if self.dynamic else None)
+        self.grad_reducer = grad_reducer
+        self.hyper_map = ops.HyperMap()
+
+    def _grads(self, input_ids, labels, sens):
+        if self.accum_steps == 1:
+            loss = self.network(input_ids, labels)
+            return loss, self.grad(self.network, self.weights)(input_ids, labels, sens)
+        micro = input_ids.shape[0] // self.accum_steps
+        total_loss = None
+        total = None
+        for i in range(self.accum_steps):                                 # unrolled at compile time
+            ids = input_ids[i * micro:(i + 1) * micro]
+            lab = labels[i * micro:(i + 1) * micro]
+            loss = self.network(ids, lab)
+            grads = self.grad(self.network, self.weights)(ids, lab, sens)
+            if total is None:
+                total, total_loss = grads, loss
+            else:
+                total = self.hyper_map(ops.add, total, grads)
+                total_loss = total_loss + loss
+        inv = 1.0 / self.accum_steps
+        return total_loss * inv, tuple([g * inv for g in total])
+
+    def construct(self, input_ids, labels):
+        scale = self.loss_scale * 1.0
+        loss, grads = self._grads(input_ids, labels, ops.cast(scale, ms.float32))
+        if self.grad_reducer is not None:
+            grads = self.grad_reducer(grads)
+        inv_scale = 1.0 / scale
+        grads = tuple([g * ops.cast(inv_scale, g.dtype) for g in grads])
+        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        overflow = ops.logical_not(finite)
+        if self.dynamic:
+            overflow = self.scale_update(self.loss_scale, overflow)
+        sq = ops.stack([ops.square(ops.cast(g, ms.float32)).sum() for g in grads])
+        grad_norm = ops.sqrt(sq.sum())
+        if self.max_grad_norm is not None:
+            # torch.nn.utils.clip_grad_norm_ semantics: scale by max_norm / (norm + 1e-6) if > 1.
+            clip = ops.minimum(self.max_grad_norm / (grad_norm + 1e-6), 1.0)
+            grads = tuple([g * ops.cast(clip, g.dtype) for g in grads])
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, overflow, scale, grad_norm

@@ -1,0 +1,31 @@
+"""msllm: MindSpore-native LLaMA training. ``pip install -e .`` (add ``[convert]`` for HF conversion)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="msllm",
+    version="0.1.0",
+    description="A MindSpore-native toolkit for training and fine-tuning LLaMA-family models",
+    packages=find_packages(include=["msllm", "msllm.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "mindspore==2.10.0",
+        # the mindspore 2.10 wheel is built against numpy 1.x: with numpy 2 multi-process jobs
+        # exit non-zero at shutdown (shared NOTES.md)
+        "numpy<2",
+        "sentencepiece",
+        "pyyaml",
+        "tqdm",
+        "safetensors",
+    ],
+    extras_require={
+        # weight conversion only; torch 2.13.0 is the CPU build (a plain "torch" pulls CUDA wheels)
+        "convert": ["torch==2.13.0", "transformers"],
+        "dev": ["pytest", "torch==2.13.0", "transformers"],
+    },
+    entry_points={
+        "console_scripts": [
+            "msllm=msllm.cli:main",
+        ]
+    },
+)
