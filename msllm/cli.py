@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
+    if cfg.only_save_strategy:  # offline: no runtime set-up, no weights; works for any layout on CPU
+        from msllm.parallel.strategy import save_strategy_for_run
+
+        out = save_strategy_for_run(cfg)
+        print(f"strategy files for {cfg.parallel_config.device_num} rank(s) written to {out}")
+        return 0
     from msllm.training.trainer import train
 
     train(cfg)

@@ -25,6 +25,8 @@ class MsllmError(Exception):
 def cli_main(fn: F) -> F:
     """Decorate a CLI ``main``: :class:`MsllmError` -> one ``error: ...`` line, exit code 2.
 
+    ``OSError`` (a full disk, a permission denied; its text names the file) is reported the same way.
+
     ``KeyboardInterrupt`` exits with 130 (the shell convention for SIGINT).
     """
 
@@ -33,6 +35,9 @@ def cli_main(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except MsllmError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+        except OSError as exc:  # disk full, permission denied ...: the environment, not a bug
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:

@@ -8,6 +8,7 @@ the temporary file is removed and the final name is untouched.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -45,8 +46,12 @@ def atomic_path(path: str) -> Iterator[str]:
             raise FileNotFoundError(f"nothing was written to the temporary file for {path}")
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        # also the writer's own temporaries named after ours (MindSpore's save_checkpoint
+        # writes "<name minus .ckpt>.tmp" first and leaves it behind when the write fails);
+        # the random part of our name makes this prefix unique
+        for leftover in [tmp] + glob.glob(glob.escape(os.path.splitext(tmp)[0]) + "*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
         raise
 
 

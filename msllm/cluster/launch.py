@@ -429,12 +429,15 @@ def describe_exit(code: int) -> str:
 
 
 def tail(path: str, lines: int = TAIL_LINES) -> List[str]:
-    """The last ``lines`` lines of the text file ``path`` (undecodable bytes replaced)."""
+    """The last ``lines`` lines of the text file ``path`` (reads at most its last 256 KiB)."""
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as fh:
-            return [line.rstrip("\n") for line in deque(fh, maxlen=lines)]
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 256 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return []
+    return list(deque(text.splitlines(), maxlen=lines))
 
 
 def wait_all(running: Sequence[Running], kill_timeout: float, poll: float = 0.2) -> int:

@@ -1,41 +1,99 @@
-"""The training input pipeline: MindRecord files -> sharded, shuffled, batched MindDataset.
+"""The training input pipeline: MindRecord files -> this rank's batches, in an order that is a pure
+function of (seed, epoch, rank), so a resumed run takes exactly the batches the uninterrupted
+run would have taken.
 
-Each data-parallel rank reads a disjoint shard (``MindDataset(num_shards=world, shard_id=rank)``,
-MindSpore doc "mindspore.dataset.MindDataset"), so the global batch per step is
-``batch_size x gradient_accumulation_steps x data_parallel`` samples.
+Order: each epoch e draws one global permutation of all N samples from
+``numpy.random.default_rng([seed, e])`` (or keeps file order without shuffle); data-parallel
+rank r of W takes every W-th sample starting at r. Every rank gets ``N // W`` samples (the last
+``N mod W`` of the permutation are left out that epoch) so all ranks run the same number of
+steps, which data parallel needs: a rank with one more batch would wait forever in the
+gradient all-reduce. The samples are read with ``MindDataset(sampler=SubsetSampler(indices))``
+(MindSpore doc "mindspore.dataset.MindDataset"), which keeps the given order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from msllm.data.mindrecord import COLUMNS, check_dataset
 from msllm.errors import MsllmError
 
 
+def epoch_order(num_samples: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+    """Global sample order of ``epoch`` (0-based): (num_samples,) int64 permutation."""
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
 @dataclass
 class TrainData:
-    """A batched dataset and its size: ``steps_per_epoch`` batches of
-    ``input_ids`` and ``labels``, each (batch, seq_length + 1) int32, per rank and epoch."""
+    """This rank's view of the training set.
 
-    dataset: object
+    ``steps_per_epoch`` batches of ``batch_size`` samples per epoch; each batch is
+    ``input_ids`` and ``labels``, both (batch_size, seq_length + 1) int32.
+    """
+
     files: list
-    steps_per_epoch: int
+    num_samples: int
+    rank: int
+    world_size: int
     batch_size: int
+    shuffle: bool
+    seed: int
+    drop_remainder: bool
+    num_parallel_workers: int = 1
+
+    @property
+    def samples_per_rank(self) -> int:
+        return self.num_samples // self.world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        n, b = self.samples_per_rank, self.batch_size
+        return n // b if self.drop_remainder else -(-n // b)
+
+    def rank_indices(self, epoch: int) -> np.ndarray:
+        """Sample indices this rank reads in ``epoch`` (0-based), in order."""
+        order = epoch_order(self.num_samples, epoch, self.seed, self.shuffle)
+        mine = order[self.rank::self.world_size][: self.samples_per_rank]
+        return mine[: self.steps_per_epoch * self.batch_size]
+
+    def epoch_batches(self, epoch: int, start_step: int = 0):
+        """Iterator over this rank's batches of ``epoch`` (0-based) from batch ``start_step``:
+        yields ``(input_ids, labels)`` MindSpore tensors."""
+        import mindspore.dataset as ds
+
+        indices = self.rank_indices(epoch)[start_step * self.batch_size:]
+        if len(indices) == 0:
+            return iter(())
+        data = ds.MindDataset(self.files, columns_list=list(COLUMNS),
+                              sampler=ds.SubsetSampler(indices.tolist()),
+                              num_parallel_workers=self.num_parallel_workers)
+        data = data.batch(self.batch_size, drop_remainder=self.drop_remainder)
+        return data.create_tuple_iterator(num_epochs=1)
+
+
+def count_samples(files: list) -> int:
+    """Total samples in MindRecord ``files``."""
+    import mindspore.dataset as ds
+
+    return ds.MindDataset(files, columns_list=[COLUMNS[0]], shuffle=False).get_dataset_size()
 
 
 def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle: bool,
-                     drop_remainder: bool, rank: int, world_size: int, num_parallel_workers: int = 1,
-                     prefetch_size: int = 4) -> TrainData:
-    """MindDataset over ``dataset_dir`` for rank ``rank`` of ``world_size``.
+                     drop_remainder: bool, rank: int, world_size: int, seed: int = 0,
+                     num_parallel_workers: int = 1, prefetch_size: int = 4) -> TrainData:
+    """This rank's :class:`TrainData` over ``dataset_dir`` (a .mindrecord file or a directory).
 
     Args:
-        batch_size: samples per batch on this rank (micro batch x accumulation steps).
-        shuffle: global shuffle of samples each epoch (seeded by ``mindspore.dataset.config``).
+        batch_size: samples per step on this rank (micro batch x accumulation steps).
 
     Raises:
-        MsllmError: missing/invalid files, seq_length mismatch (see ``check_dataset``), or fewer
-            samples than one batch per rank.
+        MsllmError: empty path, missing/invalid files, seq_length mismatch (``check_dataset``),
+            or fewer samples than one batch per rank.
     """
     import mindspore.dataset as ds
 
@@ -44,12 +102,11 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
                          "directory of them (made by data_preprocess/llama_preprocess.py)")
     files = check_dataset(dataset_dir, seq_length)
     ds.config.set_prefetch_size(prefetch_size)
-    shard = dict(num_shards=world_size, shard_id=rank) if world_size > 1 else {}
-    data = ds.MindDataset(files, columns_list=list(COLUMNS), shuffle=shuffle,
-                          num_parallel_workers=num_parallel_workers, **shard)
-    samples = data.get_dataset_size()
-    if samples < batch_size:
-        raise MsllmError(f"train_dataset {dataset_dir!r}: rank {rank} gets {samples} samples, fewer "
-                         f"than one batch of {batch_size}; use more data or a smaller batch_size")
-    data = data.batch(batch_size, drop_remainder=drop_remainder)
-    return TrainData(dataset=data, files=files, steps_per_epoch=data.get_dataset_size(), batch_size=batch_size)
+    data = TrainData(files=files, num_samples=count_samples(files), rank=rank, world_size=world_size,
+                     batch_size=batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
+                     num_parallel_workers=num_parallel_workers)
+    if data.steps_per_epoch < 1:
+        raise MsllmError(f"train_dataset {dataset_dir!r}: {data.num_samples} samples over {world_size} "
+                         f"rank(s) give {data.samples_per_rank} per rank, fewer than one batch of "
+                         f"{batch_size}; use more data or a smaller batch_size")
+    return data

@@ -97,53 +97,66 @@ def write_mindrecord(
         Number of rows written.
 
     Raises:
-        MsllmError: no rows. Other exceptions propagate. In every failure case nothing is left
-            under the final names (see module doc for why a temp directory is used).
+        MsllmError: no rows; a failed write (full disk, unwritable directory). In every
+            failure case nothing is left under the final names (see module doc for why a temp
+            directory is used).
     """
-    from mindspore.mindrecord import FileWriter
-
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     base = os.path.basename(path)
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f".{base}.", suffix=".tmp", dir=parent)
     try:
-        tmp_data = os.path.join(tmp_dir, base)
-        writer = FileWriter(tmp_data, shard_num=1, overwrite=True)
-        writer.add_schema(SCHEMA, description)
-        count = 0
-        batch: list[dict] = []
-        for input_ids, labels in rows:
-            batch.append(
-                {
-                    "input_ids": np.asarray(input_ids, dtype=np.int32),
-                    "labels": np.asarray(labels, dtype=np.int32),
-                }
-            )
-            if len(batch) >= batch_size:
-                writer.write_raw_data(batch)
-                count += len(batch)
-                batch = []
-        if batch:
-            writer.write_raw_data(batch)
-            count += len(batch)
-        if count == 0:
-            raise MsllmError(f"{path}: no samples to write (expected at least one)")
-        writer.commit()
-        if meta is not None:
-            write_json_atomic(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), meta)
-        # Index and sidecar first, data file last: a reader given `path` never sees a data file
-        # whose .db is missing or stale (old output is replaced file by file).
-        os.replace(tmp_data + DB_SUFFIX, path + DB_SUFFIX)
-        if meta is not None:
-            os.replace(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), sidecar_path(path))
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(sidecar_path(path))
-        os.replace(tmp_data, path)
-        return count
+        return _write_in(tmp_dir, path, base, rows, meta, batch_size, description)
+    except (RuntimeError, OSError) as exc:
+        # MindSpore reports a full disk as "RuntimeError: ... Failed to seekp file." with a
+        # framework banner; say what it most likely is, in one line
+        detail = next((ln.strip() for ln in str(exc).splitlines() if "ERROR]" in ln or "Errno" in ln),
+                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise MsllmError(f"{path}: writing the MindRecord failed ({detail}); is the disk full or "
+                         "the directory not writable? Nothing was written.") from None
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _write_in(tmp_dir, path, base, rows, meta, batch_size, description) -> int:
+    """Write the MindRecord inside ``tmp_dir`` under ``base``, then move it to ``path``."""
+    from mindspore.mindrecord import FileWriter
+
+    tmp_data = os.path.join(tmp_dir, base)
+    writer = FileWriter(tmp_data, shard_num=1, overwrite=True)
+    writer.add_schema(SCHEMA, description)
+    count = 0
+    batch: list[dict] = []
+    for input_ids, labels in rows:
+        batch.append(
+            {
+                "input_ids": np.asarray(input_ids, dtype=np.int32),
+                "labels": np.asarray(labels, dtype=np.int32),
+            }
+        )
+        if len(batch) >= batch_size:
+            writer.write_raw_data(batch)
+            count += len(batch)
+            batch = []
+    if batch:
+        writer.write_raw_data(batch)
+        count += len(batch)
+    if count == 0:
+        raise MsllmError(f"{path}: no samples to write (expected at least one)")
+    writer.commit()
+    if meta is not None:
+        write_json_atomic(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), meta)
+    # Index and sidecar first, data file last: a reader given `path` never sees a data file
+    # whose .db is missing or stale (old output is replaced file by file).
+    os.replace(tmp_data + DB_SUFFIX, path + DB_SUFFIX)
+    if meta is not None:
+        os.replace(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), sidecar_path(path))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sidecar_path(path))
+    os.replace(tmp_data, path)
+    return count
 
 
 def read_header(path: str) -> dict:

@@ -8,16 +8,20 @@ optimizer moments (``adam_m.*``, ``adam_v.*``), ``global_step`` and ``loss_scale
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import hashlib
+import json
 import logging
 import os
 import re
 
 from msllm.errors import MsllmError
-from msllm.fileio import atomic_path
+from msllm.fileio import atomic_path, write_json_atomic
 
 log = logging.getLogger("msllm")
 
+SIDECAR_FORMAT = "msllm-ckpt-v1"
 _NAME = re.compile(r"^(?P<prefix>.+)_(?P<rank>\d+)-(?P<epoch>\d+)_(?P<step>\d+)\.(?P<ext>ckpt|safetensors)$")
 
 
@@ -41,44 +45,160 @@ def list_checkpoints(directory: str, prefix: str | None = None) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
-def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt") -> str:
-    """Save every parameter of ``cell`` to ``path`` atomically (temp name, then rename).
+def sidecar_path(path: str) -> str:
+    """``X.ckpt`` -> ``X.ckpt.json``: the checkpoint's manifest."""
+    return path + ".json"
 
-    Extra entries ``epoch_num`` and ``step_num`` (int) are stored with the parameters, as
-    MindFormers does. Returns ``path``.
+
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_sidecar(path: str, model_config=None, **extra) -> dict:
+    """Write the manifest of checkpoint ``path``: ``{"format": "msllm-ckpt-v1", "file", "size",
+    "sha256", "model_config": {...} | null, **extra}`` to ``path + ".json"``, atomically.
+
+    ``model_config`` is a :class:`LlamaConfig` or a dict of its fields; with it, tools can
+    rebuild the model (e.g. HF export) without a YAML.
+    """
+    if model_config is not None and not isinstance(model_config, dict):
+        model_config = dataclasses.asdict(model_config)
+    manifest = {"format": SIDECAR_FORMAT, "file": os.path.basename(path),
+                "size": os.path.getsize(path), "sha256": file_sha256(path),
+                "model_config": model_config, **extra}
+    write_json_atomic(sidecar_path(path), manifest)
+    return manifest
+
+
+def read_sidecar(path: str) -> dict | None:
+    """The manifest of checkpoint ``path``, or None if there is none.
+
+    Raises MsllmError if the manifest exists but is not valid JSON of the expected format.
+    """
+    side = sidecar_path(path)
+    if not os.path.exists(side):
+        return None
+    try:
+        with open(side, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MsllmError(f"checkpoint manifest {side!r} is unreadable: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise MsllmError(f"checkpoint manifest {side!r}: expected format {SIDECAR_FORMAT!r}")
+    return data
+
+
+def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt", model_config=None) -> str:
+    """Save every parameter of ``cell`` to ``path`` atomically, then its manifest.
+
+    The checkpoint is written under a temporary name and renamed; the manifest
+    (:func:`write_sidecar`: size, SHA-256, model config, epoch, step) is written after the
+    rename, so a checkpoint with a matching manifest is known to be complete. Extra entries
+    ``epoch_num`` and ``step_num`` (int) are stored with the parameters, as MindFormers does.
+    Returns ``path``.
     """
     import mindspore as ms
 
     with atomic_path(path) as tmp:
         ms.save_checkpoint(cell, tmp, append_dict={"epoch_num": epoch, "step_num": step}, format=fmt)
+    write_sidecar(path, model_config, epoch=epoch, step=step)
     return path
 
 
+def verify_checkpoint(path: str, full: bool = True) -> str | None:
+    """Why ``path`` is not a complete checkpoint, or None if it is: its manifest exists and
+    the file's size and (with ``full``) SHA-256 match the manifest."""
+    try:
+        manifest = read_sidecar(path)
+    except MsllmError as exc:
+        return str(exc)
+    if manifest is None:
+        return "no manifest (the save did not finish)"
+    if not os.path.exists(path):
+        return "file missing"
+    size = os.path.getsize(path)
+    if size != manifest.get("size"):
+        return f"size {size} bytes, manifest says {manifest.get('size')}"
+    if full and file_sha256(path) != manifest.get("sha256"):
+        return "SHA-256 differs from the manifest (corrupt)"
+    return None
+
+
+def good_checkpoints(directory: str, prefix: str | None = None, full: bool = True) -> dict[int, str]:
+    """``{step: path}`` of the complete checkpoints in ``directory`` (:func:`verify_checkpoint`;
+    ``full=False`` skips the SHA-256, for the frequent retention check).
+
+    Each incomplete or corrupt checkpoint newer than the newest good one is reported with a
+    warning naming it and the good one that will be used instead.
+    """
+    good: dict[int, str] = {}
+    bad: list[tuple[str, str]] = []
+    for path in list_checkpoints(directory, prefix):
+        reason = verify_checkpoint(path, full)
+        step = int(_NAME.match(os.path.basename(path))["step"])
+        if reason is None:
+            good[step] = path
+        else:
+            bad.append((path, reason))
+    newest_good = max(good) if good else -1
+    for path, reason in bad:
+        if int(_NAME.match(os.path.basename(path))["step"]) > newest_good:
+            log.warning("checkpoint %s is not usable (%s); using %s instead", path, reason,
+                        good[newest_good] if good else "no checkpoint")
+    return good
+
+
 def prune_checkpoints(directory: str, prefix: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` (>= 1) checkpoints of ``prefix``; returns the deleted."""
+    """Keep the newest ``keep`` (>= 1) complete checkpoints of ``prefix``; delete older ones
+    (complete or not). The newest complete checkpoint is never deleted, and nothing newer than
+    it is touched (it may be being written). Returns the deleted paths."""
     keep = max(1, keep)
-    paths = list_checkpoints(directory, prefix)
-    doomed = paths[:-keep]
+    good = good_checkpoints(directory, prefix, full=False)
+    if not good:
+        return []
+    kept_steps = sorted(good)[-keep:]
+    oldest_kept = kept_steps[0]
+    doomed = [p for p in list_checkpoints(directory, prefix)
+              if int(_NAME.match(os.path.basename(p))["step"]) < oldest_kept]
     for p in doomed:
         os.remove(p)
+        if os.path.exists(sidecar_path(p)):
+            os.remove(sidecar_path(p))
     return doomed
 
 
+def checkpoint_search_dir(path: str, rank: int) -> str | None:
+    """The directory holding rank ``rank``'s checkpoints for a ``load_checkpoint`` value: the
+    directory of a file, ``path/rank_{r}``, ``path/checkpoint/rank_{r}``, or ``path`` itself."""
+    if os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path))
+    for directory in (os.path.join(path, f"rank_{rank}"), os.path.join(path, "checkpoint", f"rank_{rank}"), path):
+        if os.path.isdir(directory) and list_checkpoints(directory):
+            return directory
+    return None
+
+
 def resolve_checkpoint(path: str, rank: int) -> str:
-    """A checkpoint file from ``load_checkpoint``: a file, or a directory holding ``rank_{r}/``
-    subdirectories or checkpoint files (then the newest step is taken).
+    """A checkpoint file from ``load_checkpoint``: the file itself, or the newest complete
+    checkpoint found by :func:`checkpoint_search_dir` (the newest by name if none has a manifest,
+    e.g. a checkpoint written by another tool).
 
     Raises MsllmError naming ``path`` if nothing loadable is there.
     """
     if os.path.isfile(path):
         return path
-    if not os.path.isdir(path):
+    if not os.path.exists(path):
         raise MsllmError(f"load_checkpoint {path!r} does not exist")
-    for directory in (os.path.join(path, f"rank_{rank}"), os.path.join(path, "checkpoint", f"rank_{rank}"), path):
-        found = list_checkpoints(directory)
-        if found:
-            return found[-1]
-    raise MsllmError(f"load_checkpoint {path!r}: no checkpoint files (*_R-E_S.ckpt) for rank {rank} found")
+    directory = checkpoint_search_dir(path, rank)
+    if directory is None:
+        raise MsllmError(f"load_checkpoint {path!r}: no checkpoint files (*_R-E_S.ckpt) for rank {rank} found")
+    good = good_checkpoints(directory)
+    return good[max(good)] if good else list_checkpoints(directory)[-1]
 
 
 def load_params(path: str) -> dict:

@@ -34,6 +34,7 @@ class StepRecord:
     overflow: bool
     loss_scale: float
     grad_norm: float
+    data_seconds: float = 0.0  # time spent waiting for the batch before the step
 
 
 @dataclass
@@ -79,6 +80,9 @@ class LossMonitor:
             "mfu": self.throughput.mfu(mean_s) if timed else None,
             "peak_tflops": self.throughput.peak_tflops,
             "flops_per_token": self.throughput.flops_per_token,
+            "data_wait_share": (sum(r.data_seconds for r in self.records[1:])
+                                / max(1e-12, sum(r.data_seconds + r.seconds for r in self.records[1:])))
+            if len(self.records) > 1 else 0.0,
             "losses": losses,
         }
 

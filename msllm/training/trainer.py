@@ -2,12 +2,24 @@
 
 Order matters: the process group is joined first (``setup_runtime``), before any weight is
 allocated, so a failing launch fails fast and a CPU scheduler process does no model work.
+
+Failure behaviour (see README "What msllm guarantees on failure"):
+- ``resume_training``: parameters, AdamW moments, optimizer step (and so the learning-rate
+  position), loss-scale state, step/epoch and the data position are restored from the newest
+  checkpoint that is complete on every rank; the next batch is the one the uninterrupted run
+  would have taken (the data order is a pure function of seed, epoch and rank, see
+  :mod:`msllm.data.dataset`). There is no other random state in the loop (no dropout).
+- SIGTERM/SIGINT, or an exception between steps: every rank saves a checkpoint of the last
+  completed step, logs where it is, and exits non-zero. In a multi-process run the ranks agree
+  on stopping at the same step (a one-integer all-reduce after each step), so their checkpoints
+  match.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 
 import numpy as np
@@ -21,6 +33,8 @@ from msllm.training.schedule import build_schedule
 from msllm.training.throughput import Throughput, measure_cpu_peak_tflops
 
 log = logging.getLogger("msllm")
+
+EXIT_STOPPED = 143  # 128 + SIGTERM, the shell convention for "terminated"
 
 
 def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
@@ -69,14 +83,85 @@ def setup_logging(rank: int) -> None:
                         force=True)
 
 
+class StopSignal:
+    """Turns SIGTERM / SIGINT into a flag the loop checks between steps (a handler that saved
+    from inside the signal could catch the step half-way)."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def __enter__(self):
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def _handle(self, signum, _frame):
+        self.signum = signum
+        log.warning("received %s: stopping after the current step", signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+class RankAgreement:
+    """Small collectives over the data-parallel ranks (CPU-safe: AllReduce sum and AllGather)."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        if world_size > 1:
+            from mindspore import ops
+
+            self._sum = ops.AllReduce()
+            self._gather = ops.AllGather()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any rank."""
+        if self.world_size == 1:
+            return flag
+        import mindspore as ms
+
+        # float32: the only dtype MindSpore 2.10's CPU AllReduce kernel takes
+        return float(self._sum(ms.Tensor([float(flag)], ms.float32)).asnumpy()[0]) > 0
+
+    def common_max(self, steps: list[int], width: int = 256) -> int | None:
+        """The largest value present in every rank's ``steps`` (None if there is none)."""
+        if self.world_size == 1:
+            return max(steps) if steps else None
+        import mindspore as ms
+
+        local = np.full(width, -1, np.float32)  # float32 holds step numbers exactly below 2^24
+        mine = sorted(steps)[-width:]
+        local[: len(mine)] = mine
+        every = self._gather(ms.Tensor(local)).asnumpy().reshape(self.world_size, width).astype(np.int64)
+        common = set(every[0].tolist())
+        for row in every[1:]:
+            common &= set(row.tolist())
+        common.discard(-1)
+        return max(common) if common else None
+
+
+def find_resume_checkpoint(cfg: RunConfig, rt: Runtime, agree: RankAgreement, out: str) -> tuple[str, int] | None:
+    """The checkpoint to resume from: the newest step whose checkpoint is complete (manifest,
+    size and SHA-256 match) on every rank. Returns (path, step) or None when there is none."""
+    source = cfg.load_checkpoint or os.path.join(out, "checkpoint")
+    directory = ckpt.checkpoint_search_dir(source, rt.rank)
+    good = ckpt.good_checkpoints(directory) if directory else {}
+    step = agree.common_max(sorted(good))
+    if step is None:
+        return None
+    return good[step], step
+
+
 def train(cfg: RunConfig) -> dict:
     """Train per ``cfg``; returns the run summary (also written to ``output_dir``).
 
     Writes: ``{output_dir}/msllm_config.yaml`` (resolved config, rank 0),
-    ``{output_dir}/checkpoint/rank_{r}/*.ckpt``, ``{output_dir}/train_summary_rank_{r}.json``.
+    ``{output_dir}/checkpoint/rank_{r}/*.ckpt`` (+ ``.json`` manifests),
+    ``{output_dir}/train_summary_rank_{r}.json``.
 
     Raises:
         MsllmError: bad config for the device, bad dataset, bad checkpoint.
+        SystemExit(143): stopped by SIGTERM/SIGINT after saving a checkpoint.
     """
     from msllm.data.dataset import build_train_data
     from msllm.models.llama.model import LlamaForCausalLM
@@ -92,28 +177,42 @@ def train(cfg: RunConfig) -> dict:
     accum = rc.gradient_accumulation_steps
     data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, rc.batch_size * accum,
                             cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, rt.rank,
-                            rt.world_size, cfg.train_dataset.num_parallel_workers,
+                            rt.world_size, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size)
-    total_steps = rc.train_steps or rc.epochs * data.steps_per_epoch
-    epochs = -(-total_steps // data.steps_per_epoch)
-    log.info("data: %s, %d steps per epoch on this rank, %d steps in %d epoch(s)",
-             ",".join(data.files), data.steps_per_epoch, total_steps, epochs)
+    spe = data.steps_per_epoch
+    total_steps = rc.train_steps or rc.epochs * spe
+    epochs = -(-total_steps // spe)
+    log.info("data: %s, %d samples, %d steps per epoch on this rank, %d steps in %d epoch(s)",
+             ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
     network = LlamaForCausalLM(mc)
     n_params = sum(p.size for p in network.trainable_params())
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
              n_params / 1e6, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.ffn_size,
              mc.vocab_size, mc.seq_length)
-    if cfg.run_mode == "finetune" and not cfg.load_checkpoint:
-        raise MsllmError("run_mode finetune needs load_checkpoint (the pretrained weights to start from)")
-    if cfg.load_checkpoint:
-        path = ckpt.resolve_checkpoint(cfg.load_checkpoint, rt.rank)
-        ckpt.load_into(network, ckpt.load_params(path), path)
-        log.info("loaded weights from %s", path)
-
     lr = build_schedule(cfg.lr_schedule, total_steps)
     optimizer = build_optimizer(network, cfg, lr)
     step_cell = build_train_step(network, optimizer, cfg, rt)
+    agree = RankAgreement(rt.world_size)
+
+    start_step = 0
+    resumed = None
+    if cfg.resume_training:
+        resumed = find_resume_checkpoint(cfg, rt, agree, out)
+        if resumed is None:
+            log.warning("resume_training: no checkpoint complete on all ranks under %s; starting "
+                        "from step 0", cfg.load_checkpoint or os.path.join(out, "checkpoint"))
+        else:
+            path, start_step = resumed
+            ckpt.load_into(step_cell, ckpt.load_params(path), path)
+            log.info("resumed from %s: step %d (epoch %d, batch %d of the epoch)", path, start_step,
+                     start_step // spe + 1, start_step % spe)
+    elif cfg.run_mode == "finetune" and not cfg.load_checkpoint:
+        raise MsllmError("run_mode finetune needs load_checkpoint (the pretrained weights to start from)")
+    elif cfg.load_checkpoint:
+        path = ckpt.resolve_checkpoint(cfg.load_checkpoint, rt.rank)
+        ckpt.load_into(network, ckpt.load_params(path), path)
+        log.info("loaded weights from %s", path)
 
     tokens_per_step = rc.batch_size * accum * mc.seq_length
     monitor = LossMonitor(epochs=epochs, total_steps=total_steps,
@@ -125,39 +224,66 @@ def train(cfg: RunConfig) -> dict:
 
     cc = cfg.callbacks.checkpoint
     ckpt_dir = ckpt.rank_dir(out, rt.rank)
-    saved = []
+    saved: list[str] = []
 
-    def save(epoch: int, step: int) -> None:
+    def save(step: int) -> str:
+        epoch = (step - 1) // spe + 1 if step else 1
         name = ckpt.checkpoint_name(cc.prefix, rt.rank, epoch, step, cc.format)
-        saved.append(ckpt.save_checkpoint(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format))
+        path = ckpt.save_checkpoint(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format,
+                                    model_config=mc)
+        saved.append(path)
         ckpt.prune_checkpoints(ckpt_dir, cc.prefix, cc.keep_checkpoint_max)
-        log.info("saved checkpoint %s", saved[-1])
+        log.info("saved checkpoint %s", path)
+        return path
 
-    step = 0
-    iterator = data.dataset.create_tuple_iterator(num_epochs=epochs)
-    for epoch in range(1, epochs + 1):
-        for _ in range(data.steps_per_epoch):
-            if step >= total_steps:
-                break
-            input_ids, labels = next(iterator)
-            t0 = time.perf_counter()
-            loss, overflow, scale, grad_norm = step_cell(input_ids, labels)
-            loss_v = float(loss.asnumpy())  # synchronises: the time below includes the whole step
-            seconds = time.perf_counter() - t0
-            step += 1
-            monitor.add(StepRecord(step, epoch, loss_v, seconds, float(lr[min(step, total_steps) - 1]),
-                                   bool(overflow.asnumpy()), float(scale.asnumpy()),
-                                   float(grad_norm.asnumpy())))
-            if not np.isfinite(loss_v):
-                raise MsllmError(f"loss became {loss_v} at step {step}; lower the learning rate")
-            if step % cc.save_checkpoint_steps == 0:
-                save(epoch, step)
+    step = start_step
+    lr_index = int(optimizer.global_step.asnumpy().reshape(-1)[0])
+    in_step = False
+    with StopSignal() as stop:
+        try:
+            for epoch in range(step // spe, epochs):
+                batches = data.epoch_batches(epoch, start_step=step - epoch * spe)
+                while step < min(total_steps, (epoch + 1) * spe):
+                    t_data = time.perf_counter()
+                    input_ids, labels = next(batches)
+                    t0 = time.perf_counter()
+                    in_step = True
+                    loss, overflow, scale, grad_norm = step_cell(input_ids, labels)
+                    loss_v = float(loss.asnumpy())  # synchronises: the time includes the whole step
+                    in_step = False
+                    seconds = time.perf_counter() - t0
+                    step += 1
+                    overflow_v = bool(overflow.asnumpy())
+                    monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),
+                                           overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
+                                           data_seconds=t0 - t_data))
+                    lr_index += 0 if overflow_v else 1
+                    if not np.isfinite(loss_v):
+                        raise MsllmError(f"loss became {loss_v} at step {step}; lower the learning rate")
+                    if step % cc.save_checkpoint_steps == 0:
+                        save(step)
+                    if agree.any(bool(stop.signum)):
+                        if not saved or not saved[-1].endswith(f"_{step}.{cc.format}"):
+                            save(step)
+                        log.error("stopped by a signal at step %d; checkpoint: %s; resume with "
+                                  "--resume_training=True", step, saved[-1])
+                        raise SystemExit(EXIT_STOPPED)
+        except (Exception, KeyboardInterrupt) as exc:
+            if in_step:
+                log.error("failed inside step %d (%s): parameters may be half-updated, not saving",
+                          step + 1, type(exc).__name__)
+            elif step > start_step and (not saved or not saved[-1].endswith(f"_{step}.{cc.format}")):
+                path = save(step)
+                log.error("failed after step %d (%s: %s); saved %s", step, type(exc).__name__, exc, path)
+            raise
     if cc.save_at_end and (not saved or not saved[-1].endswith(f"_{step}.{cc.format}")):
-        save(epochs, step)
+        save(step)
     summary = monitor.write(os.path.join(out, f"train_summary_rank_{rt.rank}.json"),
                             {"rank": rt.rank, "world_size": rt.world_size, "checkpoints": saved,
-                             "parameters": n_params})
-    log.info("done: %d steps, loss %.3f (first %d avg) -> %.3f (last %d avg), %.1f tokens/s/device; "
-             "checkpoints in %s", step, summary["first_avg_loss"], summary["avg_window"],
-             summary["last_avg_loss"], summary["avg_window"], summary["tgs"] or 0.0, ckpt_dir)
+                             "parameters": n_params, "start_step": start_step,
+                             "resumed_from": resumed[0] if resumed else None})
+    log.info("done: %d steps, loss %.3f (first %d avg) -> %.3f (last %d avg), %.1f tokens/s/device, "
+             "data wait %.1f%% of step time; checkpoints in %s", step, summary["first_avg_loss"],
+             summary["avg_window"], summary["last_avg_loss"], summary["avg_window"],
+             summary["tgs"] or 0.0, 100 * summary["data_wait_share"], ckpt_dir)
     return summary

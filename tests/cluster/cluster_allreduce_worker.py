@@ -5,7 +5,8 @@ Invoked exactly like ``run_msllm.py`` (``--config C --run_mode M [extra]``) by
 
 * ``--result_dir DIR``: each worker writes ``DIR/rank_{RANK_ID}.json`` with its rank info and the
   AllReduce result (the scheduler process, ``MS_ROLE=MS_SCHED``, writes nothing).
-* ``--fail_rank R``: the worker whose ``RANK_ID`` is R exits with status 3 before joining.
+* ``--fail_rank R``: the worker whose ``RANK_ID`` is R exits with status 3 before joining,
+  after ``--fail_delay`` seconds (default 0; the other ranks are then inside ``init()``).
 * ``--env_only``: write the environment and exit without touching MindSpore.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 
 def main() -> int:
@@ -23,6 +25,7 @@ def main() -> int:
     parser.add_argument("--output_dir", default=None)
     parser.add_argument("--result_dir", required=True)
     parser.add_argument("--fail_rank", type=int, default=-1)
+    parser.add_argument("--fail_delay", type=float, default=0.0)
     parser.add_argument("--env_only", action="store_true")
     args = parser.parse_args()
 
@@ -37,6 +40,7 @@ def main() -> int:
     }
     print(f"worker start role={role} rank={rank_env}", flush=True)
     if role != "MS_SCHED" and args.fail_rank >= 0 and rank_env == str(args.fail_rank):
+        time.sleep(args.fail_delay)
         print(f"rank {rank_env} failing on purpose", flush=True)
         return 3
     if args.env_only:

@@ -18,7 +18,7 @@ DATA = os.path.join(REPO, "examples", "data")
 ALPACA = os.path.join(DATA, "alpaca_en_demo.json")
 WIKI = os.path.join(DATA, "wiki_demo.txt")
 TOKENIZER = os.path.join(DATA, "tokenizer.model")
-BAD_INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bad_inputs")
+BAD_INPUTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs")
 
 
 def run_cli(script: str, *args: str, cwd: str | None = None) -> subprocess.CompletedProcess:

@@ -1,0 +1,402 @@
+"""Checkpoint resharding: full <-> sharded <-> differently sharded, wrapping MindSpore's
+``transform_checkpoints`` (whole directories, offline) and ``transform_checkpoint_by_rank``
+(one rank at start-up, ``auto_trans_ckpt: True``).
+
+Conventions (MindSpore / MindFormers):
+    * a checkpoint directory holds ``rank_{i}/*.ckpt``; when a rank directory holds several
+      checkpoints, the newest msllm checkpoint (``{prefix}_{rank}-{epoch}_{step}.ckpt``, highest
+      step) is used, otherwise the last name in lexical order (MindSpore's rule);
+    * a strategy argument is ``None``/``""`` (the checkpoint is full, unsharded), a strategy file
+      (per-rank or already merged), or a directory of per-rank strategy files. For a pipelined
+      layout the per-rank files are merged with ``mindspore.merge_pipeline_strategys`` (one file
+      per stage is enough); without pipelining any one rank's file describes the layout;
+    * output ranks are ``rank_{i}/{prefix}{i}.ckpt`` (MindSpore's naming), written to a temporary
+      directory that is renamed onto the destination only when every rank is done.
+
+Before MindSpore runs, the source checkpoint of the first needed rank is compared with the
+source strategy (every parameter the strategy lists for that rank's stage must be in the file
+with the slice shape the strategy implies), so a checkpoint/strategy mismatch is one clear
+:class:`MsllmError` rather than a numpy error deep inside MindSpore.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import tempfile
+from typing import Optional, Union
+
+from msllm.errors import MsllmError
+from msllm.fileio import atomic_path
+from msllm.parallel.layout import OPT_STATE_PREFIXES
+from msllm.parallel.strategy import (
+    StrategyRecord, atomic_dir, file_stage, list_strategy_files, read_strategy, write_strategy_files)
+
+_MSLLM_NAME = re.compile(r"^.+_\d+-\d+_(?P<step>\d+)\.ckpt$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def collect_rank_checkpoints(ckpt: str) -> dict[int, str]:
+    """``{rank: checkpoint file}`` from a file (rank 0, a full checkpoint), a directory of
+    ``rank_{i}/`` subdirectories, or a directory holding ``*.ckpt`` directly (rank 0).
+
+    Raises:
+        MsllmError: nothing there, or a rank directory without a checkpoint.
+    """
+    if os.path.isfile(ckpt):
+        return {0: os.path.abspath(ckpt)}
+    if not os.path.isdir(ckpt):
+        raise MsllmError(f"checkpoint path {ckpt!r} does not exist")
+    out: dict[int, str] = {}
+    rank_dirs = [d for d in glob.glob(os.path.join(ckpt, "rank_*"))
+                 if os.path.isdir(d) and d.rsplit("rank_", 1)[1].isdigit()]
+    for d in rank_dirs:
+        rank = int(d.rsplit("rank_", 1)[1])
+        files = sorted(f for f in glob.glob(os.path.join(d, "*.ckpt")) if os.path.isfile(f))
+        if not files:
+            raise MsllmError(f"checkpoint directory {d!r} holds no *.ckpt file")
+        out[rank] = os.path.abspath(newest(files))
+    if not out:
+        files = sorted(f for f in glob.glob(os.path.join(ckpt, "*.ckpt")) if os.path.isfile(f))
+        if not files:
+            if glob.glob(os.path.join(ckpt, "**", "*.safetensors"), recursive=True):
+                raise MsllmError(f"{ckpt!r} holds safetensors checkpoints; msllm's reshard handles .ckpt only")
+            raise MsllmError(f"checkpoint directory {ckpt!r} has neither rank_*/ subdirectories nor *.ckpt files")
+        out[0] = os.path.abspath(newest(files))
+    return dict(sorted(out.items()))
+
+
+def newest(files: list[str]) -> str:
+    """Highest-step msllm checkpoint among ``files``, else the lexically last (MindSpore)."""
+    steps = [(int(m["step"]), f) for f in files if (m := _MSLLM_NAME.match(os.path.basename(f)))]
+    return max(steps)[1] if steps else sorted(files)[-1]
+
+
+def resolve_strategy(arg: Optional[str], work_dir: str, what: str = "strategy") -> Optional[str]:
+    """A strategy argument -> one file MindSpore's transform functions can use (or None = full).
+
+    A directory of per-rank files with one pipeline stage -> the lowest-rank file (all of its
+    files must describe the same layout); with several stages -> merged into
+    ``{work_dir}/merged_{what}.json|.ckpt`` by ``mindspore.merge_pipeline_strategys``.
+
+    Raises:
+        MsllmError: missing path, empty directory, mixed formats, missing stages or disagreeing
+            per-rank files.
+    """
+    if arg is None or str(arg).strip() == "":
+        return None
+    if os.path.isfile(arg):
+        read_strategy(arg)  # parse errors -> MsllmError
+        return os.path.abspath(arg)
+    if not os.path.isdir(arg):
+        raise MsllmError(f"{what} {arg!r} does not exist (expected a strategy file or a directory of them)")
+    files = list_strategy_files(arg)
+    if not files:
+        raise MsllmError(f"{what} directory {arg!r} holds no strategy files (*.json or *.ckpt)")
+    exts = {os.path.splitext(p)[1] for p in files.values()}
+    if len(exts) > 1:
+        raise MsllmError(f"{what} directory {arg!r} mixes .json and .ckpt strategy files; keep one format")
+    by_stage: dict[int, list[str]] = {}
+    for path in files.values():
+        by_stage.setdefault(file_stage(path), []).append(path)
+    stages = sorted(by_stage)
+    if stages != list(range(len(stages))):
+        raise MsllmError(f"{what} directory {arg!r} has files of pipeline stages {stages}: stages "
+                         f"{sorted(set(range(max(stages) + 1)) - set(stages))} are missing")
+    for stage, paths in by_stage.items():
+        first = read_strategy(paths[0])
+        for p in paths[1:]:
+            if read_strategy(p) != first:
+                raise MsllmError(f"{what} files {paths[0]!r} and {p!r} are both stage {stage} but describe "
+                                 "different layouts: they are from different runs")
+    if len(stages) == 1:
+        ranked = [r for r in files if r >= 0]
+        return os.path.abspath(files[min(ranked)] if ranked else next(iter(files.values())))
+    import mindspore as ms
+
+    # merge_pipeline_strategys reads every *.json/*.ckpt of the directory: give it one file per stage
+    src = tempfile.mkdtemp(prefix=f"{what}_stages_", dir=work_dir)
+    for stage in stages:
+        p = by_stage[stage][0]
+        os.symlink(os.path.abspath(p), os.path.join(src, os.path.basename(p)))
+    merged = os.path.join(work_dir, f"merged_{what}{exts.pop()}")
+    ms.merge_pipeline_strategys(src, merged)
+    return merged
+
+
+def _strategy_shape(stra: dict[str, StrategyRecord]) -> tuple[int, int]:
+    """(ranks per stage, stages) of a read strategy."""
+    first = next(iter(stra.values()))
+    stages = sorted({s for r in stra.values() for s in r.stages})
+    return first.stage_device_num, len(stages)
+
+
+def _param_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    import mindspore as ms
+
+    try:
+        params = ms.load_checkpoint(path)
+    except Exception as exc:  # MindSpore raises ValueError/RuntimeError with long texts
+        raise MsllmError(f"checkpoint {path!r} cannot be read: {str(exc).splitlines()[0]}") from None
+    return {k: tuple(v.shape) for k, v in params.items()}
+
+
+def check_checkpoint_matches(ckpt_file: str, rank: int, stra: Optional[dict[str, StrategyRecord]],
+                             full_shapes: Optional[dict[str, tuple[int, ...]]] = None) -> dict[str, tuple]:
+    """Check that ``ckpt_file`` is rank ``rank``'s slice under strategy ``stra`` (None = full).
+
+    Every parameter the strategy places on the rank's stage must be in the file (optimizer
+    moments may be absent: a weights-only checkpoint), and its shape
+    must be the slice shape the strategy implies (from the strategy's ``tensor_shape`` or
+    ``full_shapes``; when neither knows the full shape, the file's shape must at least be
+    consistent: divisible back to an integral full shape). Returns the file's shapes.
+
+    Raises:
+        MsllmError: naming the file, the parameter, and the expected and found shapes.
+    """
+    shapes = _param_shapes(ckpt_file)
+    if stra is None:
+        return shapes
+    _check_states_covered(shapes, stra, ckpt_file, "source")
+    per_stage, _ = _strategy_shape(stra)
+    stage = rank // per_stage
+    wanted = {n: r for n, r in stra.items() if stage in r.stages
+              and (n in shapes or n.split(".", 1)[0] not in OPT_STATE_PREFIXES)}
+    missing = [n for n in wanted if n not in shapes]
+    if missing:
+        raise MsllmError(f"checkpoint {ckpt_file!r} (rank {rank}) lacks {len(missing)} parameter(s) the source "
+                         f"strategy places on its stage {stage}, e.g. {missing[0]!r}: the strategy does not "
+                         "belong to this checkpoint")
+    for name, rec in wanted.items():
+        full = rec.tensor_shape or (full_shapes or {}).get(name)
+        got = shapes[name]
+        if full is not None:
+            want = rec.slice_shape(full)
+            if tuple(got) != tuple(want):
+                raise MsllmError(f"checkpoint {ckpt_file!r} (rank {rank}): {name} has shape {tuple(got)}, the "
+                                 f"source strategy implies the slice {want} of {tuple(full)}: wrong strategy "
+                                 "for this checkpoint")
+        elif len(got) != len(rec.tensor_map):
+            raise MsllmError(f"checkpoint {ckpt_file!r} (rank {rank}): {name} has {len(got)} axes, the source "
+                             f"strategy's tensor map {list(rec.tensor_map)} has {len(rec.tensor_map)}")
+    return shapes
+
+
+def _check_states_covered(names, stra: dict[str, StrategyRecord], where: str, which: str) -> None:
+    """Optimizer moments of a sharded weight must be in the strategy too: MindSpore copies
+    parameters a strategy does not list unchanged to every rank, which would leave full-size
+    moments beside sliced weights."""
+    for name in names:
+        head, _, base = name.partition(".")
+        if head in OPT_STATE_PREFIXES and base in stra and name not in stra:
+            raise MsllmError(f"{where}: {name!r} is in the checkpoint but the {which} strategy lists only its "
+                             f"weight {base!r}; use a strategy saved with optimizer states (msllm's strategy "
+                             "files, or MindSpore's strategy_ckpt_config only_trainable_params=False)")
+
+
+def _stage_ckpts(files: dict[int, str], root: str) -> str:
+    """A directory ``root/rank_{i}/<file>`` of symlinks, so MindSpore sees one file per rank."""
+    os.makedirs(root, exist_ok=True)
+    for rank, path in files.items():
+        d = os.path.join(root, f"rank_{rank}")
+        os.makedirs(d, exist_ok=True)
+        os.symlink(path, os.path.join(d, os.path.basename(path)))
+    return root
+
+
+def _check_prefix(prefix: str) -> None:
+    if not prefix or "/" in prefix or prefix.startswith("."):
+        raise MsllmError(f"prefix {prefix!r}: expected a file-name prefix such as 'checkpoint_'")
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole directories
+
+
+def transform_checkpoints(src_ckpt_dir: str, dst_ckpt_dir: str, src_strategy: Optional[str] = None,
+                          dst_strategy: Optional[str] = None, prefix: str = "checkpoint_",
+                          overwrite: bool = False) -> dict[int, str]:
+    """Reshard every rank of a checkpoint: ``src_ckpt_dir`` (layout ``src_strategy``, None = full)
+    -> ``dst_ckpt_dir/rank_{i}/{prefix}{i}.ckpt`` (layout ``dst_strategy``, None = full, one rank).
+
+    Returns ``{rank: output file}``. The destination appears atomically; an existing non-empty
+    destination is refused unless ``overwrite``.
+
+    Raises:
+        MsllmError: missing inputs, ranks missing for the source strategy, a checkpoint that does
+            not match its strategy, or MindSpore failing (its message attached).
+    """
+    _check_prefix(prefix)
+    if os.path.exists(dst_ckpt_dir) and os.listdir(dst_ckpt_dir) and not overwrite:
+        raise MsllmError(f"dst_ckpt_dir {dst_ckpt_dir!r} exists and is not empty; remove it or pass overwrite")
+    files = collect_rank_checkpoints(src_ckpt_dir)
+    parent = os.path.dirname(os.path.abspath(dst_ckpt_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".reshard_work_", dir=parent)
+    try:
+        src_file = resolve_strategy(src_strategy, work, "src_strategy")
+        dst_file = resolve_strategy(dst_strategy, work, "dst_strategy")
+        src = read_strategy(src_file) if src_file else None
+        dst = read_strategy(dst_file) if dst_file else None
+        if src is None:
+            if set(files) != {0}:
+                raise MsllmError(f"src_ckpt_dir {src_ckpt_dir!r} holds ranks {sorted(files)} but no source strategy "
+                                 "was given; a sharded checkpoint needs its strategy (--src_ckpt_strategy)")
+            need = [0]
+        else:
+            per_stage, stages = _strategy_shape(src)
+            need = list(range(per_stage * stages))
+            missing = sorted(set(need) - set(files))
+            if missing:
+                raise MsllmError(f"source strategy describes {len(need)} ranks ({stages} stage(s) x {per_stage}) but "
+                                 f"src_ckpt_dir {src_ckpt_dir!r} lacks rank(s) {missing[:8]}"
+                                 f"{' ...' if len(missing) > 8 else ''}")
+            extra = sorted(set(files) - set(need))
+            if extra:
+                raise MsllmError(f"src_ckpt_dir {src_ckpt_dir!r} has rank(s) {extra[:8]} beyond the {len(need)} ranks "
+                                 "of the source strategy: wrong strategy for this checkpoint")
+        shapes0 = check_checkpoint_matches(files[need[0]], need[0], src)
+        if dst is not None:
+            _check_dst_covers(dst, shapes0, src, dst_file)
+        staged = _stage_ckpts({r: files[r] for r in need}, os.path.join(work, "src"))
+        out_tmp = os.path.join(work, "out")
+        import mindspore as ms
+
+        try:
+            ms.transform_checkpoints(staged, out_tmp, prefix, src_file, dst_file)
+        except Exception as exc:
+            raise MsllmError(f"mindspore.transform_checkpoints failed: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        per_stage_d, stages_d = _strategy_shape(dst) if dst else (1, 1)
+        written = collect_rank_checkpoints(out_tmp) if os.path.isdir(out_tmp) else {}
+        if sorted(written) != list(range(per_stage_d * stages_d)):
+            raise MsllmError(f"transform wrote ranks {sorted(written)}, expected 0..{per_stage_d * stages_d - 1}")
+        with atomic_dir(dst_ckpt_dir) as tmp:
+            os.rmdir(tmp)
+            os.replace(out_tmp, tmp)
+        return {r: os.path.join(os.path.abspath(dst_ckpt_dir), f"rank_{r}", os.path.basename(p))
+                for r, p in written.items()}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_dst_covers(dst: dict[str, StrategyRecord], ckpt_shapes: dict, src, dst_file: str) -> None:
+    """Destination strategy vs the checkpoint's parameters: every destination parameter must exist
+    in the source (else it is the strategy of another model; optimizer moments may be absent, a
+    weights-only checkpoint), and full shapes must match and divide."""
+    src_names = set(src) if src is not None else set(ckpt_shapes)
+    _check_states_covered(ckpt_shapes, dst, f"destination strategy {dst_file!r}", "destination")
+    unknown = [n for n in dst if n not in src_names and n.split(".", 1)[0] not in OPT_STATE_PREFIXES]
+    if unknown:
+        raise MsllmError(f"destination strategy {dst_file!r} lists {len(unknown)} parameter(s) the source "
+                         f"checkpoint lacks, e.g. {unknown[0]!r}: it belongs to another model")
+    for name, rec in dst.items():
+        if name not in src_names:
+            continue
+        full = rec.tensor_shape or (src[name].tensor_shape if src is not None else ckpt_shapes.get(name))
+        if full is None:
+            continue
+        if rec.tensor_shape and src is None and tuple(ckpt_shapes[name]) != tuple(rec.tensor_shape):
+            raise MsllmError(f"destination strategy {dst_file!r}: {name} has full shape {list(rec.tensor_shape)}, "
+                             f"the checkpoint's is {list(ckpt_shapes[name])}: different model shapes")
+        strat = rec.mp_strategy()
+        if any(s % k for s, k in zip(full, strat)):
+            raise MsllmError(f"destination strategy {dst_file!r}: {name} of shape {list(full)} cannot be split "
+                             f"{list(strat)} ways")
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank at start-up (auto_trans_ckpt)
+
+
+def reshard_for_start(load_checkpoint: str, src_strategy: Optional[str], dst_layout: Union[str, object],
+                      rank: int, work_dir: str, prefix: str = "checkpoint_",
+                      stage_layers=None) -> str:
+    """``auto_trans_ckpt: True``: produce this rank's slice of ``load_checkpoint`` for the layout
+    it is about to train with; returns the path of a checkpoint to load into the sharded network.
+
+    Args:
+        load_checkpoint: a full checkpoint file, or a directory (``rank_{i}/*.ckpt``; a full
+            checkpoint may also be ``DIR/rank_0/x.ckpt`` or ``DIR/x.ckpt``).
+        src_strategy: strategy of ``load_checkpoint`` (file or directory); None/"" = full.
+        dst_layout: the destination strategy (file or directory of per-rank files), or a
+            :class:`RunConfig` whose model and ``parallel_config`` define it (strategy files are
+            then written privately for this rank under ``work_dir``).
+        rank: this process's global rank.
+        work_dir: where to write; the result is ``{work_dir}/rank_{rank}/{prefix}{rank}.ckpt``.
+        stage_layers: explicit layers per pipeline stage when ``dst_layout`` is a RunConfig.
+
+    Only the source ranks this rank needs are read (``mindspore.rank_list_for_transform``), so
+    every rank can run it concurrently; each rank writes only its own files. The output file is
+    written under a temporary name and renamed.
+
+    Raises:
+        MsllmError: as :func:`transform_checkpoints`, plus a rank outside the destination layout.
+    """
+    import mindspore as ms
+
+    _check_prefix(prefix)
+    files = collect_rank_checkpoints(load_checkpoint)
+    private = os.path.join(os.path.abspath(work_dir), f".rank_{rank}_work")
+    shutil.rmtree(private, ignore_errors=True)
+    os.makedirs(private)
+    try:
+        if isinstance(dst_layout, (str, os.PathLike)):
+            dst_arg = str(dst_layout)
+        else:
+            from msllm.parallel.layout import validate_run_layout
+
+            cfg = dst_layout
+            validate_run_layout(cfg, stage_layers=stage_layers)
+            dst_arg = os.path.join(private, "dst_strategy")
+            write_strategy_files(cfg.model_config, cfg.parallel_config, dst_arg, stage_layers)
+        dst_file = resolve_strategy(dst_arg, private, "dst_strategy")
+        src_file = resolve_strategy(src_strategy, private, "src_strategy")
+        if dst_file is None:
+            raise MsllmError("reshard_for_start needs a destination layout (dst_layout)")
+        dst = read_strategy(dst_file)
+        per_stage, stages = _strategy_shape(dst)
+        if not 0 <= rank < per_stage * stages:
+            raise MsllmError(f"rank {rank} is outside the destination layout of {per_stage * stages} ranks")
+        src = read_strategy(src_file) if src_file else None
+        if src is None and set(files) != {0}:
+            raise MsllmError(f"load_checkpoint {load_checkpoint!r} holds ranks {sorted(files)} but no source "
+                             "strategy was given (src_strategy): a sharded checkpoint needs its strategy")
+        needed = sorted(ms.rank_list_for_transform(rank, src_file, dst_file)) if src_file else [0]
+        missing = [r for r in needed if r not in files]
+        if missing:
+            raise MsllmError(f"rank {rank} needs source rank(s) {missing} of {load_checkpoint!r}, which are missing")
+        shapes = check_checkpoint_matches(files[needed[0]], needed[0], src)
+        _check_dst_covers(dst, shapes, src, dst_file)
+        out = os.path.join(os.path.abspath(work_dir), f"rank_{rank}", f"{prefix}{rank}.ckpt")
+        with atomic_path(out) as tmp:
+            try:
+                ms.transform_checkpoint_by_rank(rank, {r: files[r] for r in needed}, tmp, src_file, dst_file)
+            except Exception as exc:
+                raise MsllmError(f"mindspore.transform_checkpoint_by_rank failed for rank {rank}: "
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        return out
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def expected_rank_count(strategy: Optional[str]) -> int:
+    """Ranks a strategy (file or directory) describes; 1 for None (full)."""
+    if strategy is None or str(strategy).strip() == "":
+        return 1
+    work = tempfile.mkdtemp(prefix=".strategy_count_")
+    try:
+        f = resolve_strategy(strategy, work)
+        per_stage, stages = _strategy_shape(read_strategy(f))
+        return per_stage * stages
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["check_checkpoint_matches", "collect_rank_checkpoints", "expected_rank_count", "newest",
+           "reshard_for_start", "resolve_strategy", "transform_checkpoints"]

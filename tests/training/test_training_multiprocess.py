@@ -1,0 +1,173 @@
+"""Real multi-process data-parallel training through scripts/run_distribute.sh on CPU:
+ranks end with identical parameters; a SIGKILLed or SIGTERMed run resumes and ends exactly where
+the uninterrupted run ends (deterministic mode, bit-exact)."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from msllm.cluster.rank_table import make_rank_table, save_rank_table
+from msllm.data.conversation import convert_alpaca_file
+from msllm.data.preprocess import preprocess_to_mindrecord
+from msllm.training import checkpoint as ckpt
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
+EX = os.path.join(ROOT, "examples", "data")
+STEPS = 10
+SMALL = ["--model.model_config.seq_length=64", "--model.model_config.hidden_size=64",
+         "--model.model_config.num_layers=2", "--model.model_config.num_heads=2",
+         "--model.model_config.n_kv_heads=1", "--runner_config.batch_size=2",
+         f"--runner_config.train_steps={STEPS}", "--callbacks.checkpoint.save_checkpoint_steps=3",
+         "--callbacks.checkpoint.keep_checkpoint_max=10", "--callbacks.loss_monitor.per_print_times=1",
+         "--deterministic=True", "--lr_schedule.warmup_ratio=0.2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dp")
+    conv = str(d / "conv.json")
+    convert_alpaca_file(os.path.join(EX, "alpaca_en_demo.json"), conv)
+    data = str(d / "alpaca_64.mindrecord")
+    preprocess_to_mindrecord(conv, "qa", os.path.join(EX, "tokenizer.model"), 64, data, progress=False)
+    table = str(d / "hccl_2p.json")
+    save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
+    return {"data": data, "table": table}
+
+
+def launch(setup, out, extra=(), wait=True):
+    env = dict(os.environ, MSLLM_OUTPUT_DIR=str(out), MS_SCHED_PORT=str(free_port()),
+               MSLLM_KILL_TIMEOUT="10", GLOG_v="3")
+    cmd = ["bash", os.path.join(ROOT, "scripts", "run_distribute.sh"), setup["table"], TINY, "[0,2]",
+           "train", "2", f"--train_dataset_dir={setup['data']}", *SMALL, *extra]
+    p = subprocess.Popen(cmd, cwd=str(out.parent), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    if wait:
+        text, _ = p.communicate(timeout=600)
+        return p.returncode, text
+    return p
+
+
+def params_of(path):
+    return {k: v.asnumpy() for k, v in ckpt.load_params(path).items()
+            if not k.startswith(("epoch_num", "step_num"))}
+
+
+def summary(out, rank):
+    return json.loads((out / f"train_summary_rank_{rank}.json").read_text())
+
+
+def rank_log(out, rank):
+    p = out / "log" / f"rank_{rank}" / "msllm.log"
+    return p.read_text() if p.exists() else ""
+
+
+def wait_for(pred, timeout=300):
+    t = time.time()
+    while time.time() - t < timeout:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("a") / "out"
+    out.mkdir()
+    rc, text = launch(setup, out)
+    assert rc == 0, text[-3000:]
+    return out
+
+
+def test_data_parallel_ranks_end_with_identical_parameters(uninterrupted):
+    out = uninterrupted
+    s0, s1 = summary(out, 0), summary(out, 1)
+    assert s0["steps"] == s1["steps"] == STEPS and s0["world_size"] == 2
+    # the ranks read different data ...
+    assert s0["losses"][0] != s1["losses"][0]
+    # ... yet hold the same parameters and optimizer state after every update
+    p0 = params_of(ckpt.list_checkpoints(str(out / "checkpoint" / "rank_0"))[-1])
+    p1 = params_of(ckpt.list_checkpoints(str(out / "checkpoint" / "rank_1"))[-1])
+    assert p0.keys() == p1.keys()
+    for k in p0:
+        np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+
+
+def test_deterministic_runs_are_bit_identical(setup, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    rc, text = launch(setup, out)
+    assert rc == 0, text[-3000:]
+    for rank in (0, 1):
+        assert summary(out, rank)["losses"] == summary(uninterrupted, rank)["losses"]
+
+
+def check_resumed_equals_uninterrupted(out, ref, resumed_from_step):
+    for rank in (0, 1):
+        s = summary(out, rank)
+        assert s["start_step"] == resumed_from_step
+        assert s["losses"] == summary(ref, rank)["losses"][resumed_from_step:], f"rank {rank}"
+        last = ckpt.list_checkpoints(str(out / "checkpoint" / f"rank_{rank}"))[-1]
+        ref_last = ckpt.list_checkpoints(str(ref / "checkpoint" / f"rank_{rank}"))[-1]
+        assert os.path.basename(last) == os.path.basename(ref_last)
+        a, b = params_of(last), params_of(ref_last)
+        for k in b:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_sigkill_of_one_rank_then_resume_matches_uninterrupted(setup, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    kill_at = random.Random().randint(4, 7)  # a random step after the step-3 checkpoint
+    p = launch(setup, out, wait=False)
+    assert wait_for(lambda: f"step:[{kill_at:5d}/" in rank_log(out, 1)), rank_log(out, 1)[-2000:]
+    pid_line = [ln for ln in (out / "log" / "pids_0_2.txt").read_text().splitlines()
+                if ln.split()[:2] == ["worker", "1"]][0]
+    os.kill(int(pid_line.split()[2]), signal.SIGKILL)
+    t = time.time()
+    text, _ = p.communicate(timeout=300)
+    stopped_in = time.time() - t
+    assert p.returncode != 0
+    assert "rank 1" in text and "rank_1/msllm.log" in text  # the launcher names the failed rank and its log
+    assert stopped_in < 60  # the surviving ranks are stopped, not left hanging
+    rc, text = launch(setup, out, ["--resume_training=True"])
+    assert rc == 0, text[-3000:]
+    resumed = summary(out, 0)["start_step"]
+    assert resumed in (3, 6) and resumed <= kill_at
+    check_resumed_equals_uninterrupted(out, uninterrupted, resumed)
+
+
+def test_sigterm_saves_on_every_rank_then_resume_matches_uninterrupted(setup, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    p = launch(setup, out, wait=False)
+    assert wait_for(lambda: "step:[    4/" in rank_log(out, 0))
+    p.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+    text, _ = p.communicate(timeout=300)
+    assert p.returncode != 0
+    steps = []
+    for rank in (0, 1):
+        log = rank_log(out, rank)
+        assert "stopped by a signal at step" in log, log[-2000:]
+        good = ckpt.good_checkpoints(str(out / "checkpoint" / f"rank_{rank}"))
+        steps.append(max(good))
+    assert steps[0] == steps[1] and steps[0] >= 4  # both ranks saved the same, last completed step
+    rc, text = launch(setup, out, ["--resume_training=True"])
+    assert rc == 0, text[-3000:]
+    check_resumed_equals_uninterrupted(out, uninterrupted, steps[0])
