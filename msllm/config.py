@@ -280,7 +280,14 @@ class DatasetConfig:
 
 @dataclass
 class RunConfig:
-    """A whole run: the top level of ``configs/llama/run_llama_*.yaml``."""
+    """A whole run: the top level of ``configs/llama/run_llama_*.yaml``.
+
+    deterministic: MindSpore ``set_context(deterministic="ON")``: bit-identical losses across
+        runs on the same device and layout (used by the resume tests).
+    profile / profile_start_step / profile_stop_step: write a MindSpore profile
+        (``mindspore.Profiler``) of steps start..stop (1-based, inclusive) to
+        ``output_dir/profile/rank_{r}``.
+    """
 
     seed: int = 0
     output_dir: str = "./output"
@@ -290,6 +297,9 @@ class RunConfig:
     auto_trans_ckpt: bool = False
     only_save_strategy: bool = False
     deterministic: bool = False
+    profile: bool = False
+    profile_start_step: int = 1
+    profile_stop_step: int = 10
     context: ContextConfig = field(default_factory=ContextConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     parallel_config: ParallelLayoutConfig = field(default_factory=ParallelLayoutConfig)
@@ -315,6 +325,9 @@ class RunConfig:
         self.model_config.validate("model.model_config")
         if self.run_mode not in RUN_MODES:
             raise MsllmError(f"run_mode={self.run_mode!r}: expected one of {RUN_MODES}")
+        if self.profile and not 1 <= self.profile_start_step <= self.profile_stop_step:
+            raise MsllmError(f"profile_start_step={self.profile_start_step} / profile_stop_step="
+                             f"{self.profile_stop_step}: expected 1 <= start <= stop")
         ds_bs = self.train_dataset.batch_size
         if ds_bs is not None and ds_bs != self.runner_config.batch_size:
             raise MsllmError(f"train_dataset.batch_size={ds_bs} disagrees with "

@@ -46,10 +46,16 @@ def env_world_size() -> int:
 def check_device_support(cfg: RunConfig) -> None:
     """Raise one clear :class:`MsllmError` if ``cfg`` asks the device for something it cannot do.
 
+    Any device: ``runner_config.sink_mode`` is not implemented.
     CPU: no model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
     rather than silently slow).
     """
+    if cfg.runner_config.sink_mode:
+        raise MsllmError(
+            "runner_config.sink_mode=True: msllm's trainer runs one compiled step per host call "
+            "and does not implement data sinking yet (on CPU MindSpore has no sink mode at all); "
+            "set runner_config.sink_mode: False")
     if cfg.context.device_target != "CPU":
         return
     pc = cfg.parallel_config

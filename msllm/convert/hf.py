@@ -1255,6 +1255,9 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the published directory gets the usual mode
     try:
         names = (["model.safetensors"] if len(shards) == 1 else
                  [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])

@@ -45,7 +45,8 @@ class ParityReport:
     """Result of :func:`check_parity`.
 
     max_abs_diff: max |logit difference| over (T, V); tokens: the prompt ids (T of them);
-    hf_next / msllm_next: greedy continuations (ids); hf_text / msllm_text: their decoded text.
+    hf_next / msllm_next: greedy continuations (ids); hf_text / msllm_text: their decoded text;
+    reference_std: standard deviation of the HF logits (the scale the difference is measured on).
     """
 
     max_abs_diff: float
@@ -56,6 +57,7 @@ class ParityReport:
     hf_text: str
     msllm_text: str
     modulo_vocab: bool
+    reference_std: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -65,7 +67,8 @@ class ParityReport:
         """Human-readable summary, one fact per line."""
         note = " (ids mod vocab_size)" if self.modulo_vocab else ""
         return [f"verify: {len(self.tokens)} prompt tokens{note}: {SENTENCE!r}",
-                f"verify: max |logit diff| = {self.max_abs_diff:.3e} (tolerance {self.tolerance:g})",
+                f"verify: max |logit diff| = {self.max_abs_diff:.3e} (tolerance {self.tolerance:g}; "
+                f"HF logits std {self.reference_std:.3g})",
                 f"verify: HF greedy    {self.hf_next} {self.hf_text!r}",
                 f"verify: msllm greedy {self.msllm_next} {self.msllm_text!r}",
                 f"verify: {'PASSED' if self.ok else 'FAILED'}"]
@@ -222,7 +225,8 @@ def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None,
 
     def text(next_ids):
         return tok.decode([i for i in next_ids if i < tok.vocab_size])
-    return ParityReport(diff, tolerance, ids, hf_next, ms_next, text(hf_next), text(ms_next), modulo)
+    return ParityReport(diff, tolerance, ids, hf_next, ms_next, text(hf_next), text(ms_next), modulo,
+                        float(np.std(ref)))
 
 
 def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: str = "float32",
@@ -236,6 +240,7 @@ def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: st
     ``bin`` (``pytorch_model.bin``, or shards + ``pytorch_model.bin.index.json`` with
     ``max_shard_size``, as transformers 4 wrote them). Returns the model (float32, eval).
     """
+    import copy
     import json
 
     import torch
@@ -255,7 +260,14 @@ def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: st
     if out_dir is None:
         return model
     tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    saved = model.to(tdtype)
+    saved = model
+    if tdtype != torch.float32:
+        # round the returned model's weights (not its buffers: the rotary inv_freq stays float32,
+        # as from_pretrained(dtype=float32) recomputes it) and save a low-precision copy
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(tdtype).float())
+        saved = copy.deepcopy(model).to(tdtype)
     if fmt == "safetensors":
         saved.save_pretrained(out_dir, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     elif fmt == "bin":
@@ -278,7 +290,7 @@ def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: st
                 json.dump({"metadata": {}, "weight_map": weight_map}, fh)
     else:
         raise ValueError(f"fmt {fmt!r}: expected safetensors or bin")
-    return model.float()
+    return model
 
 
 __all__ = ["SENTENCE", "DEFAULT_TOLERANCE", "ParityError", "ParityReport", "sentence_ids", "greedy",

@@ -262,7 +262,7 @@ def transform_checkpoints(src_ckpt_dir: str, dst_ckpt_dir: str, src_strategy: Op
                                  "of the source strategy: wrong strategy for this checkpoint")
         shapes0 = check_checkpoint_matches(files[need[0]], need[0], src)
         if dst is not None:
-            _check_dst_covers(dst, shapes0, src, dst_file)
+            _check_dst_covers(dst, shapes0, src, str(dst_strategy))
         staged = _stage_ckpts({r: files[r] for r in need}, os.path.join(work, "src"))
         out_tmp = os.path.join(work, "out")
         import mindspore as ms
@@ -372,7 +372,7 @@ def reshard_for_start(load_checkpoint: str, src_strategy: Optional[str], dst_lay
         if missing:
             raise MsllmError(f"rank {rank} needs source rank(s) {missing} of {load_checkpoint!r}, which are missing")
         shapes = check_checkpoint_matches(files[needed[0]], needed[0], src)
-        _check_dst_covers(dst, shapes, src, dst_file)
+        _check_dst_covers(dst, shapes, src, dst_arg)
         out = os.path.join(os.path.abspath(work_dir), f"rank_{rank}", f"{prefix}{rank}.ckpt")
         with atomic_path(out) as tmp:
             try:

@@ -140,6 +140,21 @@ class RankAgreement:
         return max(common) if common else None
 
 
+def start_profiler(out: str, rank: int):
+    """A MindSpore profiler writing to ``out/profile/rank_{rank}``, not yet started."""
+    import mindspore as ms
+
+    return ms.Profiler(start_profile=False, output_path=os.path.join(out, "profile", f"rank_{rank}"))
+
+
+def stop_profiler(profiler, out: str, rank: int) -> None:
+    """Stop, analyse, and say where the profile is."""
+    profiler.stop()
+    profiler.analyse()
+    log.info("profile written to %s (trace_view.json opens in chrome://tracing or Perfetto)",
+             os.path.join(out, "profile", f"rank_{rank}"))
+
+
 def find_resume_checkpoint(cfg: RunConfig, rt: Runtime, agree: RankAgreement, out: str) -> tuple[str, int] | None:
     """The checkpoint to resume from: the newest step whose checkpoint is complete (manifest,
     size and SHA-256 match) on every rank. Returns (path, step) or None when there is none."""
@@ -236,6 +251,7 @@ def train(cfg: RunConfig) -> dict:
         log.info("saved checkpoint %s", path)
         return path
 
+    profiler = start_profiler(out, rt.rank) if cfg.profile else None
     step = start_step
     lr_index = int(optimizer.global_step.asnumpy().reshape(-1)[0])
     in_step = False
@@ -246,6 +262,8 @@ def train(cfg: RunConfig) -> dict:
                 while step < min(total_steps, (epoch + 1) * spe):
                     t_data = time.perf_counter()
                     input_ids, labels = next(batches)
+                    if profiler is not None and step + 1 == cfg.profile_start_step:
+                        profiler.start()
                     t0 = time.perf_counter()
                     in_step = True
                     loss, overflow, scale, grad_norm = step_cell(input_ids, labels)
@@ -258,6 +276,9 @@ def train(cfg: RunConfig) -> dict:
                                            overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
                                            data_seconds=t0 - t_data))
                     lr_index += 0 if overflow_v else 1
+                    if profiler is not None and step == cfg.profile_stop_step:
+                        stop_profiler(profiler, out, rt.rank)
+                        profiler = None
                     if not np.isfinite(loss_v):
                         raise MsllmError(f"loss became {loss_v} at step {step}; lower the learning rate")
                     if step % cc.save_checkpoint_steps == 0:
@@ -276,6 +297,8 @@ def train(cfg: RunConfig) -> dict:
                 path = save(step)
                 log.error("failed after step %d (%s: %s); saved %s", step, type(exc).__name__, exc, path)
             raise
+    if profiler is not None and step >= cfg.profile_start_step:  # the run ended inside the window
+        stop_profiler(profiler, out, rt.rank)
     if cc.save_at_end and (not saved or not saved[-1].endswith(f"_{step}.{cc.format}")):
         save(step)
     summary = monitor.write(os.path.join(out, f"train_summary_rank_{rt.rank}.json"),

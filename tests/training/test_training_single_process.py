@@ -52,7 +52,8 @@ def test_train_loss_falls_and_checkpoints_are_kept_and_loadable(tmp_path, alpaca
              "--model.model_config.seq_length=64", f"--train_dataset_dir={alpaca_mindrecord}",
              f"--output_dir={out}", "--runner_config.train_steps=40", "--runner_config.batch_size=8",
              "--lr_schedule.learning_rate=3e-3", "--callbacks.checkpoint.save_checkpoint_steps=10",
-             "--callbacks.checkpoint.keep_checkpoint_max=2"])
+             "--callbacks.checkpoint.keep_checkpoint_max=2",
+             "--profile=True", "--profile_start_step=2", "--profile_stop_step=3"])
     assert r.returncode == 0, r.stderr[-3000:]
     log = r.stdout + r.stderr
     assert "step:[   40/   40]" in log and "tgs:" in log and "MFU:" in log
@@ -62,6 +63,8 @@ def test_train_loss_falls_and_checkpoints_are_kept_and_loadable(tmp_path, alpaca
     files = ckpt.list_checkpoints(str(out / "checkpoint" / "rank_0"))
     assert [os.path.basename(f) for f in files] == ["checkpoint_0-1_30.ckpt", "checkpoint_0-1_40.ckpt"]
     assert (out / "msllm_config.yaml").exists()
+    traces = [os.path.join(d, f) for d, _, fs in os.walk(out / "profile" / "rank_0") for f in fs]
+    assert any(t.endswith("trace_view.json") for t in traces), traces
     cfg = load_config(str(out / "msllm_config.yaml"))
     assert cfg.runner_config.train_steps == 40
     # the last checkpoint holds weights, optimizer moments, step and loss scale
@@ -98,8 +101,9 @@ def test_checkpoint_shape_mismatch_is_one_clear_error(tmp_path):
     ("--parallel_config.pipeline_stage=2", "cannot compile operator sharding or pipeline stages on CPU"),
     ("--parallel.parallel_mode=1", "use parallel_mode: 0"),
     ("--model.model_config.compute_dtype=bfloat16", "no bf16 kernels"),
+    ("--runner_config.sink_mode=True", "does not implement data sinking"),
 ])
-def test_cpu_refuses_layouts_it_cannot_compile(tmp_path, override, message):
+def test_refuses_what_it_cannot_do(tmp_path, override, message):
     r = run(["--config", TINY, override, "--parallel_config.data_parallel=1", f"--output_dir={tmp_path}"])
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,206 @@
+"""Shared pieces of the msllm benchmarks: shapes, the real data, common initial weights, RSS.
+
+Imports only numpy and the standard library so that every framework's worker (each in its own
+interpreter / venv) can use it. The data and the initial weights are written once into
+``benchmarks/.cache`` (git-ignored) by the parent process and read by the workers, so msllm,
+MindFormers and PyTorch train from the same weights on the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CACHE = os.path.join(HERE, ".cache")
+MAIN_PY = os.path.join(ROOT, ".venv", "bin", "python")
+MF_VENV = os.environ.get("MF_VENV", os.path.join(HERE, ".venv-mindformers"))
+MF_PY = os.path.join(MF_VENV, "bin", "python")
+EXAMPLES = os.path.join(ROOT, "examples", "data")
+
+# The two shapes of issue #6. "tiny" = the reference shape of shared NOTES.md.
+SHAPES = {
+    "tiny": dict(vocab_size=32000, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=688,
+                 seq_length=256, batch_size=8),
+    "medium": dict(vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1376,
+                   seq_length=512, batch_size=4),
+}
+
+# Optimiser of every framework: AdamW as msllm's trainer configures it (configs/llama/*.yaml),
+# MindSpore AdamWeightDecay semantics (no bias correction), constant learning rate so that the
+# losses of the three frameworks can be compared step by step.
+OPTIM = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+INIT_STD = 0.02
+RMS_EPS = 1e-5
+
+
+def shape(name: str) -> dict:
+    return dict(SHAPES[name])
+
+
+def matmul_params(s: dict) -> int:
+    """N of 6N: every weight that takes part in a matmul (not the embedding lookup, not norms)."""
+    c, f, l_ = s["hidden_size"], s["intermediate_size"], s["num_layers"]
+    return l_ * (4 * c * c + 3 * c * f) + s["vocab_size"] * c
+
+
+def num_params(s: dict) -> int:
+    c = s["hidden_size"]
+    return matmul_params(s) + s["vocab_size"] * c + (2 * s["num_layers"] + 1) * c
+
+
+def flops_per_token(s: dict) -> float:
+    """6N + 12 L H D T (PaLM, Chowdhery et al. 2022, appendix B); H*D = hidden."""
+    return 6.0 * matmul_params(s) + 12.0 * s["num_layers"] * s["hidden_size"] * s["seq_length"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: examples/data/alpaca_en_demo.json -> conversation -> msllm preprocess (real tokenizer)
+
+
+def data_file(seq_length: int) -> str:
+    return os.path.join(CACHE, f"alpaca_seq{seq_length}.npz")
+
+
+def prepare_data(seq_length: int) -> str:
+    """Tokenize the bundled Alpaca records with msllm's preprocessing into (N, seq+1) int32
+    ``input_ids``/``labels`` (no shuffle) and save them as .npz; returns the path. Runs in the
+    msllm venv (it imports msllm)."""
+    out = data_file(seq_length)
+    if os.path.exists(out):
+        return out
+    os.makedirs(CACHE, exist_ok=True)
+    code = f"""
+import os, sys, tempfile, numpy as np
+sys.path.insert(0, {ROOT!r})
+from msllm.data.conversation import convert_alpaca_file
+from msllm.data.preprocess import preprocess_to_mindrecord
+from msllm.data.mindrecord import read_mindrecord_arrays
+d = tempfile.mkdtemp(dir={CACHE!r})
+conv = os.path.join(d, "conv.json")
+convert_alpaca_file(os.path.join({EXAMPLES!r}, "alpaca_en_demo.json"), conv)
+mr = os.path.join(d, "alpaca.mindrecord")
+preprocess_to_mindrecord(conv, "qa", os.path.join({EXAMPLES!r}, "tokenizer.model"), {seq_length}, mr,
+                         shuffle=False, progress=False)
+a = read_mindrecord_arrays(mr)
+np.savez({out!r}, input_ids=a["input_ids"], labels=a["labels"])
+import shutil; shutil.rmtree(d)
+"""
+    env = dict(os.environ, GLOG_v="3")
+    subprocess.run([MAIN_PY, "-c", code], check=True, env=env)
+    return out
+
+
+def batches(path: str, batch_size: int, steps: int):
+    """``steps`` batches (input_ids, labels), each (batch_size, seq+1) int32, taken in file order
+    and wrapping around."""
+    d = np.load(path)
+    ids, lab = d["input_ids"], d["labels"]
+    n = ids.shape[0]
+    out = []
+    for s in range(steps):
+        idx = [(s * batch_size + i) % n for i in range(batch_size)]
+        out.append((ids[idx], lab[idx]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Initial weights (msllm / Hugging Face names; MindFormers names via msllm.convert table)
+
+
+def weights_file(name: str) -> str:
+    return os.path.join(CACHE, f"init_{name}.npz")
+
+
+def prepare_weights(name: str, seed: int = 0) -> str:
+    """Normal(0, 0.02) matrices and embedding, ones for norms, under msllm parameter names."""
+    out = weights_file(name)
+    if os.path.exists(out):
+        return out
+    os.makedirs(CACHE, exist_ok=True)
+    s = shape(name)
+    c, f, v = s["hidden_size"], s["intermediate_size"], s["vocab_size"]
+    rng = np.random.default_rng(seed)
+
+    def normal(*shp):
+        return (rng.standard_normal(shp, dtype=np.float32) * INIT_STD).astype(np.float32)
+
+    w = {"model.embed_tokens.embedding_table": normal(v, c)}
+    for i in range(s["num_layers"]):
+        p = f"model.layers.{i}."
+        for n in ("q", "k", "v", "o"):
+            w[p + f"self_attn.{n}_proj.weight"] = normal(c, c)
+        w[p + "mlp.gate_proj.weight"] = normal(f, c)
+        w[p + "mlp.up_proj.weight"] = normal(f, c)
+        w[p + "mlp.down_proj.weight"] = normal(c, f)
+        w[p + "input_layernorm.weight"] = np.ones(c, np.float32)
+        w[p + "post_attention_layernorm.weight"] = np.ones(c, np.float32)
+    w["model.norm.weight"] = np.ones(c, np.float32)
+    w["lm_head.weight"] = normal(v, c)
+    np.savez(out, **w)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement helpers used inside workers
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process (VmHWM), MiB."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def emit(result: dict) -> None:
+    """Print the worker's result as the one line the parent parses."""
+    sys.stdout.write("BENCH_RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def parse_result(stdout: str) -> dict | None:
+    for line in stdout.splitlines():
+        if line.startswith("BENCH_RESULT "):
+            return json.loads(line[len("BENCH_RESULT "):])
+    return None
+
+
+def loadavg() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def machine() -> dict:
+    """lscpu model name, cores, RAM, kernel, python."""
+    model = platform.processor()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    mem = 0
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) / 1024 / 1024
+    return {"cpu": model, "cores": os.cpu_count(), "ram_gib": round(mem, 1),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def median(xs):
+    return float(np.median(np.asarray(xs, np.float64))) if len(xs) else float("nan")

@@ -1,0 +1,215 @@
+"""Checkpoint resharding with mindspore.transform_checkpoints on msllm's strategy files: round
+trips are bit-exact, every rank holds the slice its layout predicts, errors are clear."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from msllm.config import ParallelLayoutConfig, RunConfig
+from msllm.errors import MsllmError
+from msllm.models.llama.config import preset
+from msllm.parallel.layout import param_layouts, slice_for_rank, stage_of_rank
+from msllm.parallel.reshard import (
+    collect_rank_checkpoints, reshard_for_start, resolve_strategy, transform_checkpoints)
+from msllm.parallel.strategy import write_strategy_files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# tiny with 4 kv heads (MHA) so that model_parallel=4 is valid; the GQA tiny (2 kv heads) below
+MHA = preset("tiny", n_kv_heads=4)
+GQA = preset("tiny")
+A = ParallelLayoutConfig(data_parallel=2, model_parallel=2, optimizer_shard=True)
+B = ParallelLayoutConfig(model_parallel=4)
+PP = ParallelLayoutConfig(model_parallel=2, pipeline_stage=2, micro_batch_num=2, vocab_emb_dp=False)
+
+
+def save_full_train_checkpoint(mc, path, seed):
+    """A full checkpoint of the train step (weights, AdamW moments with random values, step, loss
+    scale), as the trainer saves it; returns {name: array}."""
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    from msllm.cluster.context import Runtime
+    from msllm.models.llama.model import LlamaForCausalLM
+    from msllm.training.trainer import build_optimizer, build_train_step
+
+    ms.set_seed(seed)
+    cfg = RunConfig()
+    cfg.model.model_config = mc
+    net = LlamaForCausalLM(mc)
+    opt = build_optimizer(net, cfg, np.full(4, 1e-4, np.float32))
+    step = build_train_step(net, opt, cfg, Runtime(0, 1, "CPU"))
+    rng = np.random.default_rng(seed)
+    for p in opt.moments1 + opt.moments2:
+        p.set_data(ms.Tensor(rng.standard_normal(p.shape).astype(np.float32)))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ms.save_checkpoint(step, path)
+    return {p.name: p.asnumpy() for p in step.get_parameters()}
+
+
+def load(path):
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(path).items()}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reshard")
+    full_mha = save_full_train_checkpoint(MHA, str(d / "full_mha" / "rank_0" / "full.ckpt"), 1)
+    full_gqa = save_full_train_checkpoint(GQA, str(d / "full_gqa" / "rank_0" / "full.ckpt"), 2)
+    write_strategy_files(MHA, A, str(d / "strategy_A"))
+    write_strategy_files(MHA, B, str(d / "strategy_B"))
+    write_strategy_files(GQA, PP, str(d / "strategy_PP"))
+    write_strategy_files(preset("tiny", n_kv_heads=4, num_layers=6), B, str(d / "strategy_2L"))
+    return d, full_mha, full_gqa
+
+
+def assert_rank_slices(out_dir, full, mc, layout):
+    """Every rank's checkpoint holds exactly its stage's parameters, each the predicted slice;
+    parameters outside the strategy (step, loss scale ...) are copied unchanged."""
+    lays = param_layouts(mc, layout)
+    ranks = collect_rank_checkpoints(str(out_dir))
+    assert sorted(ranks) == list(range(layout.device_num))
+    per_stage = layout.data_parallel * layout.model_parallel
+    for rank, path in ranks.items():
+        got = load(path)
+        stage = stage_of_rank(rank, layout)
+        want_names = {n for n in full if n not in lays or lays[n].stage == stage}
+        assert set(got) == want_names, rank
+        for name, arr in got.items():
+            want = slice_for_rank(full[name], lays[name], rank % per_stage) if name in lays else full[name]
+            assert arr.shape == want.shape and np.array_equal(arr, want), (rank, name)
+
+
+def assert_equal_full(path, full):
+    got = load(path)
+    assert set(got) == set(full)
+    for name in full:
+        assert np.array_equal(got[name], full[name]), name
+
+
+def test_full_to_dp2mp2_to_mp4_to_full_is_bit_exact(work):
+    d, full, _ = work
+    transform_checkpoints(str(d / "full_mha"), str(d / "A"), None, str(d / "strategy_A"))
+    assert_rank_slices(d / "A", full, MHA, A)
+    # optimizer sharding really split the weights: q_proj is (128,128) -> (32,128) on each rank
+    assert load(collect_rank_checkpoints(str(d / "A"))[3])["model.layers.0.self_attn.q_proj.weight"].shape == (32, 128)
+    transform_checkpoints(str(d / "A"), str(d / "B"), str(d / "strategy_A"), str(d / "strategy_B"))
+    assert_rank_slices(d / "B", full, MHA, B)
+    out = transform_checkpoints(str(d / "B"), str(d / "back"), str(d / "strategy_B"), "")
+    assert list(out) == [0] and os.path.basename(out[0]) == "checkpoint_0.ckpt"
+    assert_equal_full(out[0], full)
+
+
+def test_full_to_pipeline_mp2_to_full_is_bit_exact(work):
+    d, _, full = work
+    transform_checkpoints(str(d / "full_gqa"), str(d / "PP"), "", str(d / "strategy_PP"))
+    assert_rank_slices(d / "PP", full, GQA, PP)
+    # stage 0 ranks have no head, stage 1 ranks no embedding
+    r0, r3 = (load(collect_rank_checkpoints(str(d / "PP"))[r]) for r in (0, 3))
+    assert "model.embed_tokens.embedding_table" in r0 and "lm_head.weight" not in r0
+    assert "lm_head.weight" in r3 and "model.layers.0.mlp.up_proj.weight" not in r3
+    out = transform_checkpoints(str(d / "PP"), str(d / "PP_back"), str(d / "strategy_PP"), None)
+    assert_equal_full(out[0], full)
+
+
+def test_errors_are_clear(work):
+    d, _, _ = work
+    with pytest.raises(MsllmError, match="does not exist"):
+        transform_checkpoints(str(d / "nope"), str(d / "x"), None, str(d / "strategy_A"))
+    with pytest.raises(MsllmError, match="holds ranks \\[0, 1, 2, 3\\] but no source strategy"):
+        transform_checkpoints(str(d / "A"), str(d / "x"), None, None)
+    with pytest.raises(MsllmError, match="wrong strategy for this checkpoint"):
+        transform_checkpoints(str(d / "A"), str(d / "x"), str(d / "strategy_B"), None)
+    with pytest.raises(MsllmError, match="exists and is not empty"):
+        transform_checkpoints(str(d / "full_mha"), str(d / "A"), None, str(d / "strategy_A"))
+    with pytest.raises(MsllmError, match="strategy_PP.*k_proj.weight has full shape \\[64, 128\\], the checkpoint's "
+                       "is \\[128, 128\\]: different model shapes"):
+        transform_checkpoints(str(d / "full_mha"), str(d / "x"), None, str(d / "strategy_PP"))  # GQA strategy
+    with pytest.raises(MsllmError, match="lists .* parameter\\(s\\) the source checkpoint lacks"):
+        transform_checkpoints(str(d / "full_mha"), str(d / "x"), None, str(d / "strategy_2L"))  # 2-layer model
+    with pytest.raises(MsllmError, match="src_strategy .* does not exist"):
+        transform_checkpoints(str(d / "A"), str(d / "x"), str(d / "missing"), None)
+    # a rank missing from a sharded checkpoint
+    broken = d / "A_broken"
+    for r in (0, 1, 2):
+        os.makedirs(broken / f"rank_{r}")
+        src = collect_rank_checkpoints(str(d / "A"))[r]
+        os.symlink(src, broken / f"rank_{r}" / os.path.basename(src))
+    with pytest.raises(MsllmError, match="lacks rank\\(s\\) \\[3\\]"):
+        transform_checkpoints(str(broken), str(d / "x"), str(d / "strategy_A"), None)
+    # a pipeline strategy directory missing a stage
+    half = d / "strategy_half"
+    os.makedirs(half)
+    for r in (0, 1):
+        os.symlink(d / "strategy_PP" / f"ckpt_strategy_rank_{r}.json", half / f"ckpt_strategy_rank_{r}.json")
+    os.symlink(d / "strategy_PP" / "ckpt_strategy_rank_2.json", half / "ckpt_strategy_rank_2.json")
+    resolve_strategy(str(half), str(d))  # stages 0 and 1 present: fine
+    os.unlink(half / "ckpt_strategy_rank_0.json")
+    os.unlink(half / "ckpt_strategy_rank_1.json")
+    with pytest.raises(MsllmError, match="stages \\[0\\] are missing"):
+        resolve_strategy(str(half), str(d))
+    assert not os.path.exists(d / "x")
+
+
+def test_newest_checkpoint_of_a_rank_is_used(work, tmp_path):
+    d, full, _ = work
+    rank_dir = tmp_path / "run" / "rank_0"
+    os.makedirs(rank_dir)
+    src = str(d / "full_mha" / "rank_0" / "full.ckpt")
+    os.symlink(src, rank_dir / "checkpoint_0-1_1000.ckpt")       # newest by step, not by name
+    with open(rank_dir / "checkpoint_0-1_900.ckpt", "wb") as fh:
+        fh.write(b"not a checkpoint")
+    assert collect_rank_checkpoints(str(tmp_path / "run"))[0].endswith("checkpoint_0-1_1000.ckpt")
+    out = transform_checkpoints(str(tmp_path / "run"), str(tmp_path / "out"), None, str(d / "strategy_B"))
+    assert len(out) == 4
+
+
+def test_reshard_for_start_gives_each_rank_its_slice(work, tmp_path):
+    d, full_mha, full_gqa = work
+    full_file = str(d / "full_gqa" / "rank_0" / "full.ckpt")
+    lays = param_layouts(GQA, PP)
+    for rank in range(4):      # from a full checkpoint file to the pipelined layout
+        path = reshard_for_start(full_file, None, str(d / "strategy_PP"), rank, str(tmp_path / "start"))
+        assert path == str(tmp_path / "start" / f"rank_{rank}" / f"checkpoint_{rank}.ckpt")
+        got = load(path)
+        for name, arr in got.items():
+            want = slice_for_rank(full_gqa[name], lays[name], rank % 2) if name in lays else full_gqa[name]
+            assert np.array_equal(arr, want), (rank, name)
+        assert {n for n in got if n in lays} == {n for n in lays if lays[n].stage == stage_of_rank(rank, PP)}
+    # from the sharded (dp2, mp2, optimizer-sharded) checkpoint to a RunConfig layout (mp4)
+    cfg = RunConfig()
+    cfg.model.model_config = MHA
+    cfg.parallel_config = B
+    cfg.parallel.parallel_mode = 1
+    lays_b = param_layouts(MHA, B)
+    path = reshard_for_start(str(d / "A"), str(d / "strategy_A"), cfg, 2, str(tmp_path / "start_b"))
+    got = load(path)
+    assert set(got) == set(full_mha)
+    for name, arr in got.items():
+        want = slice_for_rank(full_mha[name], lays_b[name], 2) if name in lays_b else full_mha[name]
+        assert np.array_equal(arr, want), name
+    assert os.listdir(tmp_path / "start_b") == ["rank_2"]          # private work files removed
+    with pytest.raises(MsllmError, match="rank 4 is outside the destination layout of 4 ranks"):
+        reshard_for_start(full_file, None, str(d / "strategy_PP"), 4, str(tmp_path / "start"))
+
+
+def test_transform_ckpt_tool(work, tmp_path):
+    d, full, _ = work
+    env = dict(os.environ, GLOG_v="3")
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "transform_ckpt.py"), "--src_ckpt_strategy",
+           str(d / "strategy_A"), "--dst_ckpt_strategy", "", "--src_ckpt_dir", str(d / "A"),
+           "--dst_ckpt_dir", str(tmp_path / "merged"), "--prefix", "llama_"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "wrote 1 rank checkpoint(s)" in r.stdout
+    assert_equal_full(str(tmp_path / "merged" / "rank_0" / "llama_0.ckpt"), full)
+    r = subprocess.run(cmd[:-4] + ["--dst_ckpt_dir", str(tmp_path / "m2"), "--src_ckpt_strategy", str(d / "strategy_B")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "wrong strategy" in r.stderr
+    assert "Traceback" not in r.stderr and not glob.glob(str(tmp_path / "m2*"))
