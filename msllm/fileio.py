@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 import tempfile
@@ -76,3 +77,12 @@ def write_json_atomic(path: str, obj: object, indent: int | None = 2) -> None:
     with atomic_open(path, "w") as fh:
         json.dump(obj, fh, indent=indent, ensure_ascii=False)
         fh.write("\n")
+
+
+def file_digest(path: str, algorithm: str = "sha256") -> str:
+    """Hex digest (``hashlib`` algorithm name) of the file at ``path``, read in 1 MiB chunks."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

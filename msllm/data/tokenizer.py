@@ -9,22 +9,18 @@ embedding row works; 0 is what MindFormers' LLaMA configs use (``pad_token_id: 0
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Sequence
 
 from msllm.errors import MsllmError
+from msllm.fileio import file_digest
 
 DEFAULT_PAD_ID = 0
 
 
 def file_md5(path: str) -> str:
     """Hex MD5 of the file at ``path`` (used to record which tokenizer built a dataset)."""
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(path, "md5")
 
 
 class LlamaTokenizer:

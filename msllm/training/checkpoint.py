@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import logging
 import os
 import re
 
 from msllm.errors import MsllmError
-from msllm.fileio import atomic_path, write_json_atomic
+from msllm.fileio import atomic_path, file_digest, write_json_atomic
 
 log = logging.getLogger("msllm")
 
@@ -51,12 +50,8 @@ def sidecar_path(path: str) -> str:
 
 
 def file_sha256(path: str) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """Hex SHA-256 of a file."""
+    return file_digest(path, "sha256")
 
 
 def write_sidecar(path: str, model_config=None, **extra) -> dict:
