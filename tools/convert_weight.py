@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     from msllm.convert import hf
     from msllm.convert.verify import ParityError
 
+    if args.verify:
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise MsllmError(f"--verify needs torch and transformers ({exc}); pip install -e \".[convert]\"") from None
     t0 = time.perf_counter()
     try:
         if args.reversed:

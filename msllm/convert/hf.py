@@ -223,11 +223,20 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     Bit-identical to ``torch.Tensor.to(torch.bfloat16)`` (c10 ``round_to_nearest_even``).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
-    u = x.view(np.uint32)
-    out = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        out[nan] = 0x7FC0
+    flat_in, out = x.reshape(-1), np.empty(x.shape, np.uint16)
+    flat_out = out.reshape(-1)
+    step = 1 << 20  # in blocks, so the temporaries stay small next to a large tensor
+    for start in range(0, flat_in.size, step):
+        block = flat_in[start:start + step]
+        u = block.view(np.uint32)
+        t = u >> np.uint32(16)
+        t &= np.uint32(1)
+        t += np.uint32(0x7FFF)
+        t += u
+        t >>= np.uint32(16)
+        part = flat_out[start:start + step]
+        part[:] = t
+        part[np.isnan(block)] = 0x7FC0
     return out
 
 
@@ -249,7 +258,8 @@ def cast(data: np.ndarray, src: str, dst: Optional[str]) -> np.ndarray:
     f32 = bf16_bits_to_f32(data) if src == "bfloat16" else data
     if dst == "bfloat16":
         return f32_to_bf16_bits(f32.astype(np.float32, copy=False))
-    return f32.astype(_STORAGE[dst])
+    with np.errstate(over="ignore"):  # out-of-range values become +-inf, as in torch
+        return f32.astype(_STORAGE[dst])
 
 
 def to_float32(data: np.ndarray, dtype: str) -> np.ndarray:
@@ -257,7 +267,8 @@ def to_float32(data: np.ndarray, dtype: str) -> np.ndarray:
     return cast(data, dtype, "float32")
 
 
-def _nbytes(shape: Iterable[int], dtype: str) -> int:
+def tensor_nbytes(shape: Iterable[int], dtype: str) -> int:
+    """Bytes of a tensor of ``shape`` and msllm dtype name ``dtype``."""
     return int(np.prod(tuple(shape), dtype=np.int64)) * np.dtype(_STORAGE[dtype]).itemsize
 
 
@@ -342,7 +353,7 @@ def read_safetensors_header(path: str) -> tuple[int, dict[str, tuple[str, tuple[
         if code not in _ST_CODES:
             raise MsllmError(f"{path}: tensor {name} has dtype {code}; supported: {sorted(_ST_CODES)}")
         dtype = _ST_CODES[code]
-        if end - begin != _nbytes(shape, dtype) or begin < 0 or start + end > size:
+        if end - begin != tensor_nbytes(shape, dtype) or begin < 0 or start + end > size:
             raise MsllmError(f"{path}: tensor {name}: data_offsets {[begin, end]} do not match shape "
                              f"{list(shape)} {code} or run past the end of the file ({size} bytes)")
         out[name] = (dtype, shape, start + begin, start + end)
@@ -361,7 +372,10 @@ def _safetensors_refs(path: str, files: _Files) -> dict[str, TensorRef]:
 
 def _torch_load(path: str) -> dict:
     """``torch.load(path, weights_only=True)`` memory-mapped when the file allows it."""
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise MsllmError(f"{path}: reading .bin/.pth weights needs torch (pip install -e \".[convert]\")") from None
 
     try:
         try:
@@ -464,7 +478,8 @@ def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
                          f"architectures={archs!r}); expected model_type 'llama' and ['LlamaForCausalLM']")
 
     def need_int(key, default=None):
-        value = hf.get(key, default)
+        value = hf.get(key)
+        value = default if value is None else value
         if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise MsllmError(f"{where}: {key} must be a positive integer, got {value!r}")
         return value
@@ -598,8 +613,8 @@ class HFSource:
     """A LLaMA checkpoint directory ready to convert.
 
     kind: ``safetensors``, ``bin`` or ``meta``; config: the msllm config it describes;
-    raw_config: ``config.json`` (or ``params.json``) as read; params: ``{msllm name: (TensorRef,
-    transform or None)}`` in checkpoint order, validated against the config (names, shapes);
+    raw_config: ``config.json`` (or ``params.json``) as read; params: ``{msllm name: TensorRef}``
+    in checkpoint order, validated against the config (names, shapes), loading HF-layout values;
     files: the weight files read.
     """
 
@@ -651,11 +666,13 @@ def _check_params(named: dict, cfg: LlamaConfig, where: str, naming: str) -> dic
     tensor or a shape that disagrees with ``where``'s config."""
     shapes = param_shapes(cfg)
     for msllm_name, (src_name, shape, path) in named.items():
-        if msllm_name not in shapes:
-            if msllm_name == "lm_head.weight":
-                continue  # tied: the output head is the embedding
+        if msllm_name not in shapes and msllm_name != "lm_head.weight":  # tied: lm_head is ignored
             raise MsllmError(f"{path}: unknown tensor {src_name} (layer index >= num_layers="
                              f"{cfg.num_layers} of {where}?)")
+    for msllm_name in shapes:  # model order, so the first mismatch reported is the earliest weight
+        if msllm_name not in named:
+            continue
+        src_name, shape, path = named[msllm_name]
         if tuple(shape) != shapes[msllm_name]:
             raise MsllmError(f"{path}: tensor {src_name} has shape {list(shape)}, but {where} implies "
                              f"{list(shapes[msllm_name])}")
@@ -707,7 +724,7 @@ def open_hf_source(hf_dir: str) -> HFSource:
             if ref.dtype not in FLOAT_DTYPES:
                 raise MsllmError(f"{ref.where}: tensor {name} has dtype {ref.dtype}; expected a float tensor")
             named[msllm_name] = (name, ref.shape, ref.where)
-            params[msllm_name] = (ref, None)
+            params[msllm_name] = ref
         shapes = _check_params(named, cfg, cfg_path, "hf")
     except BaseException:
         files.close()
@@ -767,7 +784,7 @@ def _open_meta(hf_dir: str, paths: list[str]) -> HFSource:
             return permute_meta_to_hf(w, heads) if heads else w
 
         named[msllm_name] = (name, shape, parts[0].where)
-        params[msllm_name] = (TensorRef(name, shape, parts[0].dtype, parts[0].where, load), None)
+        params[msllm_name] = TensorRef(name, shape, parts[0].dtype, parts[0].where, load)
     shapes = _check_params(named, cfg, params_path, "meta")
     return HFSource(hf_dir, "meta", cfg, raw, {k: params[k] for k in shapes}, paths)
 
@@ -855,7 +872,7 @@ class CkptEntry:
         fh = fh or open(self.path, "rb")
         try:
             total = sum(n for _, n in self.slices)
-            expected = _nbytes(self.shape, self.dtype)
+            expected = tensor_nbytes(self.shape, self.dtype)
             if total != expected:
                 raise MsllmError(f"{self.path}: entry {self.name} holds {total} bytes, its shape "
                                  f"{list(self.shape)} {self.dtype} needs {expected}")
@@ -1001,7 +1018,7 @@ class SafetensorsWriter:
         self.specs = list(specs)
         header, offset = {"__metadata__": metadata or {"format": "pt"}}, 0
         for name, dtype, shape in self.specs:
-            n = _nbytes(shape, dtype)
+            n = tensor_nbytes(shape, dtype)
             header[name] = {"dtype": _ST_CODE_OF[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
             offset += n
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -1117,7 +1134,7 @@ def convert_hf_to_msllm(hf_dir: str, out_path: str, dtype: Optional[str] = None,
     try:
         with atomic_path(out_path) as tmp:
             with CkptWriter(tmp) as writer, _progress(len(src.params), "hf -> msllm", progress) as bar:
-                for name, (ref, _) in src.params.items():
+                for name, ref in src.params.items():
                     out_dtype = dtype or ref.dtype
                     data = cast(ref.load(), ref.dtype, out_dtype)
                     writer.write(name, data, out_dtype)
@@ -1139,19 +1156,21 @@ def msllm_model_config(ckpt_path: str, config_path: Optional[str]) -> LlamaConfi
     ``model.model_config`` of run YAML ``config_path``.
 
     Raises MsllmError naming what is missing (no manifest / no model_config in it, and no
-    ``--config``), a manifest whose size disagrees with the file, or a manifest config that
-    disagrees with the ``--config`` one in a shape field.
+    ``--config``), a file whose size or SHA-256 disagrees with its manifest
+    (:func:`msllm.training.checkpoint.verify_checkpoint`), or a manifest config that disagrees
+    with the ``--config`` one in a shape field.
     """
     from msllm.config import from_dict, load_config
-    from msllm.training.checkpoint import read_sidecar, sidecar_path
+    from msllm.training.checkpoint import read_sidecar, sidecar_path, verify_checkpoint
 
     manifest = read_sidecar(ckpt_path)
     yaml_cfg = load_config(config_path).model_config if config_path else None
     side_cfg = None
     if manifest is not None:
-        if manifest.get("size") not in (None, os.path.getsize(ckpt_path)):
-            raise MsllmError(f"{ckpt_path} is {os.path.getsize(ckpt_path)} bytes but its manifest "
-                             f"{sidecar_path(ckpt_path)} says {manifest['size']} (truncated or replaced?)")
+        problem = verify_checkpoint(ckpt_path, full=True)  # size and SHA-256 against the manifest
+        if problem:
+            raise MsllmError(f"{ckpt_path} does not match its manifest {sidecar_path(ckpt_path)}: {problem} "
+                             "(truncated or replaced?)")
         if manifest.get("model_config") is not None:
             try:
                 side_cfg = from_dict(LlamaConfig, manifest["model_config"], "model_config")
@@ -1245,7 +1264,7 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
     weights = msllm_weights(ckpt_path, cfg)
     out_dtype = {n: dtype or r.dtype for n, r in weights.items()}
     hf_names = {n: msllm_to_hf_name(n) for n in weights}
-    sizes = [(n, _nbytes(r.shape, out_dtype[n])) for n, r in weights.items()]
+    sizes = [(n, tensor_nbytes(r.shape, out_dtype[n])) for n, r in weights.items()]
     shards = plan_shards(sizes, limit)
     total = sum(n for _, n in sizes)
     counts: dict[str, int] = {}
@@ -1295,7 +1314,7 @@ def read_hf_tensors(hf_dir: str) -> dict[str, np.ndarray]:
     """All weights of an HF directory as ``{HF name: storage array}`` (tests and small models)."""
     src = open_hf_source(hf_dir)
     try:
-        return {msllm_to_hf_name(n): ref.load() for n, (ref, _) in src.params.items()}
+        return {msllm_to_hf_name(n): ref.load() for n, ref in src.params.items()}
     finally:
         src.close()
 

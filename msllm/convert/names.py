@@ -7,14 +7,13 @@ value. The name table and the layout notes are in :mod:`msllm.convert.mindformer
 
 from __future__ import annotations
 
-from msllm.convert.mindformers import concat_splits, is_mindformers_name, mindformers_to_msllm_name
+from msllm.convert.mindformers import (concat_splits, is_mindformers_name, mindformers_to_msllm_name,
+                                       msllm_to_mindformers_name)
 from msllm.errors import MsllmError
 
 
 def _is_msllm_only(name: str) -> bool:
     """A weight name that MindFormers does not use (so a mix with MindFormers names is an error)."""
-    from msllm.convert.mindformers import msllm_to_mindformers_name
-
     new = msllm_to_mindformers_name(name)
     return new is not None and new != name
 
@@ -59,7 +58,7 @@ def to_msllm_names(params: dict, source: str) -> dict:
             do not split; the message names ``source`` and the tensor.
     """
     mapping = msllm_name_map(params, source)
-    if all(k == v for k, v in mapping.items()):
+    if not any(is_mindformers_name(n) for n in params):
         return params
     out: dict = {}
     for old, value in params.items():

@@ -205,22 +205,29 @@ def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None,
     the checkpoint) and through msllm loaded from ``ckpt_path``; return the :class:`ParityReport`.
 
     ``round_to``: the dtype a conversion cast to (see :func:`round_weights`), so a cast output is
-    compared with the equally rounded reference. Does not raise on a mismatch (see
-    :meth:`ParityReport.ok`); raises MsllmError for bad inputs.
+    compared with the equally rounded reference. The MindSpore execution mode is restored
+    afterwards. Does not raise on a mismatch (see :meth:`ParityReport.ok`); raises MsllmError for
+    bad inputs.
     """
     from msllm.data.tokenizer import LlamaTokenizer
+
+    import mindspore as ms
 
     n_new = max(1, n_new)
     ids, modulo = sentence_ids(cfg.vocab_size, tokenizer_path, max_len=max(2, cfg.max_positions - n_new))
     if hf is None:
         hf = hf_model(hf_dir) if hf_dir else hf_model_from_ckpt(ckpt_path, cfg)
-    net = msllm_network(cfg, ckpt_path, len(ids) + n_new, mode)
-    round_weights(hf, net, round_to)
-    hf_fn, ms_fn = hf_logits_fn(hf), msllm_logits_fn(net)
-    ref = hf_fn(ids)
-    got = ms_fn(ids)
-    diff = float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64))))
-    hf_next, ms_next = greedy(hf_fn, ids, n_new), greedy(ms_fn, ids, n_new)
+    previous_mode = ms.get_context("mode")
+    try:
+        net = msllm_network(cfg, ckpt_path, len(ids) + n_new, mode)
+        round_weights(hf, net, round_to)
+        hf_fn, ms_fn = hf_logits_fn(hf), msllm_logits_fn(net)
+        ref = hf_fn(ids)
+        got = ms_fn(ids)
+        diff = float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64))))
+        hf_next, ms_next = greedy(hf_fn, ids, n_new), greedy(ms_fn, ids, n_new)
+    finally:
+        ms.set_context(mode=previous_mode)  # leave the process's execution mode as it was
     tok = LlamaTokenizer(tokenizer_path or DEFAULT_TOKENIZER)
 
     def text(next_ids):
@@ -293,6 +300,46 @@ def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: st
     return model
 
 
+def write_random_hf_dir(out_dir: str, seed: int = 0, dtype: str = "float32", max_shard_size="2GB",
+                        **config) -> dict:
+    """Write a random LLaMA HF directory (``config.json`` + safetensors) without torch, one tensor
+    at a time, so models of any size can be made with little memory (memory benchmarks).
+
+    ``config``: HF ``LlamaConfig`` fields (``vocab_size``, ``hidden_size``, ``intermediate_size``,
+    ``num_hidden_layers``, ``num_attention_heads``, optional ``num_key_value_heads``...). Values
+    are N(0, 1/in_features) (norms 1 + N(0, 0.2)). Returns the ``config.json`` dict.
+    """
+    import json
+
+    from msllm.convert.hf import (SafetensorsWriter, cast, hf_config_to_msllm, msllm_to_hf_name, param_shapes,
+                                  parse_size, plan_shards, tensor_nbytes)
+
+    hf_cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": dtype, **config}
+    cfg = hf_config_to_msllm(hf_cfg, "config")
+    shapes = {msllm_to_hf_name(n): s for n, s in param_shapes(cfg).items()}
+    shards = plan_shards([(n, tensor_nbytes(s, dtype)) for n, s in shapes.items()], parse_size(max_shard_size))
+    os.makedirs(out_dir, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    weight_map = {}
+    for fname, shard in zip(names, shards):
+        with SafetensorsWriter(os.path.join(out_dir, fname), [(n, dtype, shapes[n]) for n in shard]) as w:
+            for n in shard:
+                shape = shapes[n]
+                x = (1 + 0.2 * rng.standard_normal(shape, np.float32)) if len(shape) == 1 else \
+                    rng.standard_normal(shape, np.float32) / np.float32(np.sqrt(shape[1]))
+                w.write(n, cast(x, "float32", dtype))
+                weight_map[n] = fname
+    if len(shards) > 1:
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as fh:
+            json.dump({"metadata": {"total_size": sum(tensor_nbytes(s, dtype) for s in shapes.values())},
+                       "weight_map": weight_map}, fh)
+    with open(os.path.join(out_dir, "config.json"), "w") as fh:
+        json.dump(hf_cfg, fh, indent=2)
+    return hf_cfg
+
+
 __all__ = ["SENTENCE", "DEFAULT_TOLERANCE", "ParityError", "ParityReport", "sentence_ids", "greedy",
            "msllm_network", "hf_model", "hf_model_from_ckpt", "round_weights", "check_parity",
-           "make_random_hf_model"]
+           "make_random_hf_model", "write_random_hf_dir"]

@@ -197,14 +197,22 @@ def resolve_checkpoint(path: str, rank: int) -> str:
 
 
 def load_params(path: str) -> dict:
-    """Read a checkpoint into ``{name: Parameter}``; MsllmError naming the file if unreadable."""
+    """Read a checkpoint into ``{name: Parameter}`` under msllm names.
+
+    Checkpoints in MindFormers' LLaMA naming (``model.layers.0.attention.wq.weight`` ...) are
+    renamed (:func:`msllm.convert.names.to_msllm_names`), so MindFormers users can bring theirs.
+    Raises MsllmError naming the file if it is unreadable.
+    """
     import mindspore as ms
+
+    from msllm.convert.names import to_msllm_names
 
     fmt = "safetensors" if path.endswith(".safetensors") else "ckpt"
     try:
-        return ms.load_checkpoint(path, format=fmt)
+        params = ms.load_checkpoint(path, format=fmt)
     except Exception as exc:  # MindSpore raises ValueError/RuntimeError with long texts
         raise MsllmError(f"checkpoint {path!r} cannot be read: {str(exc).splitlines()[0]}") from None
+    return to_msllm_names(params, path)
 
 
 def load_into(cell, params: dict, path: str, strict: bool = True) -> list[str]:

@@ -95,12 +95,11 @@ def test_graph_mode_gives_the_same_logits(tmp_path):
     model = make_random_hf_model(str(tmp_path / "hf"), seed=5, **cfg_kw)
     out = str(tmp_path / "m.ckpt")
     res = hf.convert_hf_to_msllm(str(tmp_path / "hf"), out, progress=False)
-    try:
-        report = check_parity(res.config, out, hf=model, mode="graph", n_new=2)
-    finally:
-        import mindspore as ms
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+    import mindspore as ms
+    before = ms.get_context("mode")
+    report = check_parity(res.config, out, hf=model, mode="graph", n_new=2)
     assert report.max_abs_diff < 1e-4 and report.hf_next == report.msllm_next
+    assert ms.get_context("mode") == before  # the check leaves the process's mode alone
 
 
 def test_cli_hf_to_msllm_with_verify_prints_the_model_config(tmp_path):

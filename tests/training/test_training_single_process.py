@@ -121,3 +121,31 @@ def test_finetune_needs_a_checkpoint(tmp_path, alpaca_mindrecord):
              "--model.model_config.seq_length=64", f"--train_dataset_dir={alpaca_mindrecord}",
              f"--output_dir={tmp_path}"])
     assert r.returncode == 2 and "needs load_checkpoint" in r.stderr
+
+
+@pytest.mark.slow
+def test_finetune_from_a_mindformers_named_checkpoint(tmp_path, alpaca_mindrecord):
+    """A MindFormers user's checkpoint (its LLaMA parameter names) is a valid load_checkpoint."""
+    import mindspore as ms
+    from msllm.convert.mindformers import msllm_to_mindformers_name
+    from msllm.models.llama.model import LlamaForCausalLM
+    ms.set_device("CPU")
+    cfg = load_config(TINY, ["--model.model_config.seq_length=64"])
+    net = LlamaForCausalLM(cfg.model_config)
+    entries = [{"name": msllm_to_mindformers_name(p.name), "data": p} for p in net.trainable_params()]
+    assert any(e["name"] == "model.layers.0.attention.wq.weight" for e in entries)
+    mf = str(tmp_path / "mindformers_llama.ckpt")
+    ms.save_checkpoint(entries, mf)
+    out = tmp_path / "out"
+    r = run(["--config", TINY, "--run_mode", "finetune", "--parallel_config.data_parallel=1",
+             "--model.model_config.seq_length=64", f"--train_dataset_dir={alpaca_mindrecord}",
+             f"--output_dir={out}", "--runner_config.train_steps=2", f"--load_checkpoint={mf}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"loaded weights from {mf}" in r.stdout + r.stderr
+    # the first step's loss is the loaded model's loss on that batch, not a fresh random init's
+    from msllm.data.dataset import build_train_data
+    data = build_train_data(alpaca_mindrecord, 64, cfg.runner_config.batch_size, True, True, 0, 1, cfg.seed)
+    input_ids, labels = next(data.epoch_batches(0))
+    expected = float(net(input_ids, labels).asnumpy())
+    first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
+    assert abs(first - expected) < 1e-4, (first, expected)
