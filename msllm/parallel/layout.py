@@ -50,7 +50,7 @@ MindSpore writes when ``optimizer_weight_shard_aggregated_save`` is off
 from __future__ import annotations
 
 import math
-import re
+import os
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional, Sequence
 
@@ -272,6 +272,12 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     (B, H, T, D); scores, mask add and Softmax (B, H, T, T) with the mask (T, T); RMSNorm ops
     (B, T, C) with statistics (B, T, 1); MLP element-wise ops (N, F); embedding Gather
     (V, C) x (N,); loss LogSoftmax (N, V) and GatherD (N, V) x (N, 1).
+
+    Not covered (the model computes them with functional ops, which MindSpore gives its default
+    strategy and redistributes around): the half-splits of ``Attention.rotate`` (tensor slicing),
+    ``repeat_kv``'s ``broadcast_to``, RMSNorm's ``+ eps`` and the loss's masking/sum. And
+    ``Attention.transpose`` is one primitive used for both (B, T, H, D) -> (B, H, T, D) and back,
+    so it can carry only one strategy: the q/k/v one; the output transpose is redistributed.
     """
     mc, pc = model_config, parallel_config
     sp = pc.use_seq_parallel and pc.model_parallel > 1
@@ -652,8 +658,6 @@ def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
     Raises:
         MsllmError: the layout needs a mode the config does not set (:func:`validate_run_layout`).
     """
-    import os
-
     validate_run_layout(run_config)
     pc = run_config.parallel_config
     mode = run_config.parallel.mode_name

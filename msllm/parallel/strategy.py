@@ -23,8 +23,13 @@ operators, ``"stage"`` of every strategy item is that stage, and the device matr
 into a file whose parameter names are ``"{stage}-{name}"``; that merged file is what
 ``transform_checkpoints`` needs for a pipelined layout (:mod:`msllm.parallel.reshard` does it).
 
-Writing never builds the network or allocates weights: a 70B layout over 64 ranks takes well
-under a second (identical files within a stage are serialised once).
+``OP_NAME`` is msllm's path of the primitive (``model.layers.3.self_attn.q_proj.matmul``), not
+MindSpore's graph node name: the checkpoint tools read only its ``stage``, but the files are not
+meant as ``strategy_ckpt_config["load_file"]`` for compilation (Ascend runs get their strategies
+from :func:`msllm.parallel.layout.apply_layout`).
+
+Writing never builds the network or allocates weights: a 70B layout over 64 ranks takes about a
+second on this 2-core machine (identical files within a stage are serialised once).
 """
 
 from __future__ import annotations
@@ -148,10 +153,13 @@ def write_strategy_files(model_config, parallel_config, out_dir: str,
                        "vocab_emb_dp": pc.vocab_emb_dp, "use_seq_parallel": pc.use_seq_parallel,
                        "device_num": pc.device_num, "layers_per_stage": counts},
             "format": fmt,
-            "per_rank_bytes": {r: rank_param_bytes(layouts, r, pc) for r in range(pc.device_num)},
+            # every rank of a stage holds the same amount (the splits are even)
+            "rank_bytes_by_stage": {s: {"ranks": [s * per_stage, (s + 1) * per_stage - 1],
+                                        **rank_param_bytes(layouts, s * per_stage, pc)}
+                                    for s in range(pc.pipeline_stage)},
         }
         with open(os.path.join(tmp, SUMMARY_NAME), "w", encoding="utf-8") as fh:
-            fh.write("# per-rank bytes: parameter slices (weights) and AdamW moments of each rank\n")
+            fh.write("# bytes one rank of each stage stores: parameter slices (weights) and AdamW moments\n")
             yaml.safe_dump(summary, fh, sort_keys=False)
         paths = [os.path.join(out_dir, strategy_file_name(r, fmt)) for r in range(pc.device_num)]
     return paths

@@ -1,0 +1,122 @@
+"""Memory planner: terms against independent counts, the activation formula's structure
+(Korthikanti et al. 2022), recompute, optimizer sharding, pipelining, suggestions, the CLI."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from msllm.config import RunConfig, load_config
+from msllm.errors import MsllmError
+from msllm.models.llama.config import LlamaConfig, preset
+from msllm.parallel.planner import layer_activation_bytes, parse_memory, plan, suggest_layouts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GiB = 1 << 30
+
+
+def cfg_for(mc, **pc):
+    cfg = RunConfig()
+    cfg.model.model_config = mc
+    for k, v in pc.items():
+        setattr(cfg.parallel_config, k, v)
+    cfg.parallel.enable_parallel_optimizer = cfg.parallel_config.optimizer_shard
+    if cfg.parallel_config.model_parallel > 1 or cfg.parallel_config.pipeline_stage > 1:
+        cfg.parallel.parallel_mode = 1
+    return cfg
+
+
+def test_parse_memory():
+    assert parse_memory("64GB") == 64 * GiB == parse_memory("64 GiB") == parse_memory(64 * GiB)
+    assert parse_memory("512MB") == 512 << 20 and parse_memory("1.5G") == 3 * GiB // 2
+    with pytest.raises(MsllmError, match="expected a size such as 64GB"):
+        parse_memory("64 parsecs")
+
+
+def test_single_device_fp32_terms_are_16_bytes_per_parameter():
+    mc = preset("7b")                                 # fp32 compute: no weight copies
+    p = plan(cfg_for(mc))
+    st = p["stages"][0]
+    n = mc.num_params()
+    assert st["weights"] == 4 * n and st["gradients"] == 4 * n and st["optimizer_states"] == 8 * n
+    assert st["weight_copies"] == 0 and st["grad_accumulation"] == 0
+    assert p["total"] == st["total"] == sum(st[k] for k in ("weights", "weight_copies", "gradients",
+                                                             "grad_accumulation", "optimizer_states",
+                                                             "activations", "head_and_loss", "constants"))
+
+
+def test_optimizer_shard_divides_weights_grads_and_states_by_dp():
+    mc = preset("7b")
+    n = mc.num_params()
+    norms = (2 * mc.num_layers + 1) * mc.hidden_size      # never optimizer-sharded
+    st = plan(cfg_for(mc, data_parallel=8, optimizer_shard=True))["stages"][0]
+    assert st["optimizer_states"] == 8 * ((n - norms) // 8 + norms)
+    assert st["weights"] == st["gradients"] == 4 * ((n - norms) // 8 + norms)
+    assert st["weight_copies"] == 4 * (n - norms)         # the all-gathered fp32 slices (no recompute)
+    off = plan(cfg_for(mc, data_parallel=8))["stages"][0]
+    assert off["optimizer_states"] == 8 * n               # plain data parallel: full replicas
+
+
+def test_activation_formula_structure():
+    # fp16 everywhere, f = 4h: s b h (12/t_sp + 48/t) + 2 a s^2 b / t  (module docstring)
+    mc = LlamaConfig(hidden_size=1024, num_heads=16, num_layers=2, intermediate_size=4096, seq_length=2048,
+                     compute_dtype="float16", layernorm_compute_type="float16", softmax_compute_type="float16",
+                     param_init_type="float16")
+    s, b, h, a = 2048, 2, 1024, 16
+    for t in (1, 2, 8):
+        got = layer_activation_bytes(mc, b, tp=t)["stored"]
+        assert got == pytest.approx(s * b * h * (12 + 48 / t) + 2 * a * s * s * b / t)
+        sp = layer_activation_bytes(mc, b, tp=t, seq_parallel=True)["stored"]
+        assert sp == pytest.approx(layer_activation_bytes(mc, b)["stored"] / t)   # Korthikanti eq. 3: all / t
+    assert layer_activation_bytes(mc, b, recompute="full")["stored"] == 2 * s * b * h       # eq. 4: 2sbh
+    full = layer_activation_bytes(mc, b)["stored"]
+    select = layer_activation_bytes(mc, b, recompute="select")["stored"]
+    assert full - select == pytest.approx(2 * a * s * s * b + 3 * 2 * s * b * 4096)
+    # fp32 softmax of a bf16 model stores the fp32 probabilities and their bf16 copy
+    bf = LlamaConfig(hidden_size=1024, num_heads=16, num_layers=2, intermediate_size=4096, seq_length=2048,
+                     compute_dtype="bfloat16")
+    assert layer_activation_bytes(bf, 1)["stored"] == pytest.approx(
+        2048 * 1024 * (2 * (4 + 2) + 2 * 2 + 4 * 2) + 5 * 2 * 2048 * 4096 + 16 * 2048 * 2048 * (4 + 2))
+
+
+def test_recompute_and_pipeline_in_flight_micro_batches():
+    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml"))
+    p = plan(cfg, parse_memory("64GB"))
+    stages = p["stages"]
+    assert [s["micro_batches_in_flight"] for s in stages] == [4, 3, 2, 1]     # 1F1B: p - i
+    assert [s["layers"] for s in stages] == [20, 20, 20, 20]
+    full_layer = layer_activation_bytes(cfg.model_config, 1, tp=8, recompute="full")
+    for s in stages:
+        assert s["activations"] == pytest.approx(20 * full_layer["stored"] * s["micro_batches_in_flight"]
+                                                 + full_layer["full"])
+    assert p["worst_stage"] == 0 and p["fits"] and stages[3]["head_and_loss"] > 0 == stages[0]["head_and_loss"]
+    none = plan(cfg, recompute="none")
+    assert none["stages"][0]["activations"] > 10 * stages[0]["activations"]
+
+
+def test_suggestions_fit_and_use_the_same_device_count():
+    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_13b.yaml"))
+    mem = parse_memory("32GB")
+    assert not plan(cfg, mem)["fits"]
+    found = suggest_layouts(cfg, mem, limit=50)
+    assert found
+    for s in found:
+        assert s["data_parallel"] * s["model_parallel"] * s["pipeline_stage"] == 16
+        assert s["total"] <= mem and s["model_parallel"] <= 8
+        assert cfg.model_config.num_heads % s["model_parallel"] == 0
+    order = [("none", "select", "full").index(s["recompute"]) for s in found]
+    assert order == sorted(order)
+
+
+def test_plan_memory_tool():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plan_memory.py"), "--config",
+                        os.path.join(ROOT, "configs", "llama", "run_llama_7b.yaml"), "--device_memory", "64GB",
+                        "--suggest", "3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "stage 0 (32 layers, 1 mb)" in r.stdout and "-> fits" in r.stdout
+    assert "layouts of 8 devices that fit" in r.stdout
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plan_memory.py"), "--config",
+                        os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml"), "--device_memory", "lots"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "error: device memory 'lots'" in r.stderr
