@@ -282,6 +282,9 @@ class DatasetConfig:
 class RunConfig:
     """A whole run: the top level of ``configs/llama/run_llama_*.yaml``.
 
+    auto_trans_ckpt / src_strategy_path_or_dir: reshard ``load_checkpoint`` (full, or sharded
+        with the given strategy file or directory) to this run's layout at start
+        (:func:`msllm.parallel.reshard.reshard_for_start`).
     deterministic: MindSpore ``set_context(deterministic="ON")``: bit-identical losses across
         runs on the same device and layout (used by the resume tests).
     profile / profile_start_step / profile_stop_step: write a MindSpore profile
@@ -295,6 +298,7 @@ class RunConfig:
     load_checkpoint: str = ""
     resume_training: bool = False
     auto_trans_ckpt: bool = False
+    src_strategy_path_or_dir: str = ""
     only_save_strategy: bool = False
     deterministic: bool = False
     profile: bool = False

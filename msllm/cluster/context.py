@@ -46,7 +46,8 @@ def env_world_size() -> int:
 def check_device_support(cfg: RunConfig) -> None:
     """Raise one clear :class:`MsllmError` if ``cfg`` asks the device for something it cannot do.
 
-    Any device: ``runner_config.sink_mode`` is not implemented.
+    Any device: ``runner_config.sink_mode`` and training with ``pipeline_stage`` > 1 are not
+    implemented; semi-auto parallel needs ``full_batch``.
     CPU: no model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
     rather than silently slow).
@@ -57,6 +58,7 @@ def check_device_support(cfg: RunConfig) -> None:
             "and does not implement data sinking yet (on CPU MindSpore has no sink mode at all); "
             "set runner_config.sink_mode: False")
     if cfg.context.device_target != "CPU":
+        check_layout_trainable(cfg)
         return
     pc = cfg.parallel_config
     if pc.model_parallel > 1 or pc.pipeline_stage > 1:
@@ -76,6 +78,21 @@ def check_device_support(cfg: RunConfig) -> None:
             f"model.model_config.compute_dtype={mc.compute_dtype!r} / param_init_type="
             f"{mc.param_init_type!r}: MindSpore 2.10 on CPU has no bf16 kernels (MatMul, Softmax ...) "
             "and fp16 only runs slower; use float32 on CPU")
+
+
+def check_layout_trainable(cfg: RunConfig) -> None:
+    """Raise MsllmError for layouts msllm's trainer cannot train on any device (see
+    :func:`check_device_support`)."""
+    pc = cfg.parallel_config
+    if pc.pipeline_stage > 1:
+        raise MsllmError(
+            f"parallel_config.pipeline_stage={pc.pipeline_stage}: msllm lays out pipeline stages, "
+            "writes their strategy files, reshards and plans memory for them, but its train step "
+            "has no pipeline schedule (PipelineCell micro-batching) yet, so it does not train them; "
+            "use pipeline_stage: 1 for training")
+    if cfg.parallel.mode_name != "data_parallel" and not cfg.parallel.full_batch:
+        raise MsllmError("parallel.full_batch must be True with semi_auto_parallel: every rank reads "
+                         "the global batch and MindSpore splits it by the layout")
 
 
 def setup_runtime(cfg: RunConfig) -> Runtime:
@@ -112,10 +129,6 @@ def setup_runtime(cfg: RunConfig) -> Runtime:
 
         init()
         rank, world = get_rank(), get_group_size()
-        from mindspore import ParallelMode
-
-        ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL,
-                                     gradients_mean=cfg.parallel.gradients_mean, device_num=world)
     want = cfg.parallel_config.device_num
     if want != world:
         pc = cfg.parallel_config
@@ -124,6 +137,11 @@ def setup_runtime(cfg: RunConfig) -> Runtime:
             f"{pc.data_parallel} x {pc.model_parallel} x {pc.pipeline_stage} = {want} processes, but "
             f"{world} were started; start {want} (scripts/run_distribute.sh ... RANK_SIZE={want}) "
             f"or override --parallel_config.data_parallel={world}")
+    from msllm.parallel.layout import parallel_context_kwargs  # validates the layout against the model
+
+    kwargs = parallel_context_kwargs(cfg, rank)
+    if world > 1:
+        ms.set_auto_parallel_context(**kwargs)
     ms.set_seed(cfg.seed)
     np.random.seed(cfg.seed)
     ms.dataset.config.set_seed(cfg.seed)

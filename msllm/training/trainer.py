@@ -58,7 +58,9 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
 
     rw = cfg.runner_wrapper
     reducer = None
-    if rt.world_size > 1:
+    # data parallel: msllm all-reduces gradients itself; semi-auto parallel: MindSpore inserts
+    # the collectives the layout implies
+    if rt.world_size > 1 and cfg.parallel.mode_name == "data_parallel":
         reducer = nn.DistributedGradReducer(optimizer.parameters, mean=cfg.parallel.gradients_mean,
                                             degree=rt.world_size)
     step = TrainStep(network, optimizer, loss_scale=rw.loss_scale, scale_sense=rw.scale_sense,
@@ -155,6 +157,32 @@ def stop_profiler(profiler, out: str, rank: int) -> None:
              os.path.join(out, "profile", f"rank_{rank}"))
 
 
+def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, data) -> str:
+    """``auto_trans_ckpt``: reshard ``load_checkpoint`` (full, or sharded per
+    ``src_strategy_path_or_dir``) to this rank's slice of the run's layout and load it.
+
+    With data parallel the slice is the whole model, loaded like any checkpoint. With operator
+    sharding (Ascend) the parameters only take their sliced shapes once the step is compiled,
+    so the step is compiled on the first batch first (MindSpore's ``load_distributed_checkpoint``
+    flow); that path cannot compile on CPU and is unverified here.
+    """
+    from msllm.parallel.reshard import reshard_for_start
+
+    path = reshard_for_start(cfg.load_checkpoint, cfg.src_strategy_path_or_dir or None, cfg, rt.rank,
+                             os.path.join(out, "transformed_checkpoint"))
+    params = ckpt.load_params(path)
+    if cfg.parallel.mode_name == "data_parallel":
+        ckpt.load_into(network, params, path)
+    else:
+        import mindspore as ms
+
+        input_ids, labels = next(data.epoch_batches(0))
+        step_cell.compile(input_ids, labels)
+        ms.load_param_into_net(network, params, strict_load=False)
+    log.info("auto_trans_ckpt: resharded %s to this rank's layout: %s", cfg.load_checkpoint, path)
+    return path
+
+
 def find_resume_checkpoint(cfg: RunConfig, rt: Runtime, agree: RankAgreement, out: str) -> tuple[str, int] | None:
     """The checkpoint to resume from: the newest step whose checkpoint is complete (manifest,
     size and SHA-256 match) on every rank. Returns (path, step) or None when there is none."""
@@ -190,9 +218,14 @@ def train(cfg: RunConfig) -> dict:
 
     rc, mc = cfg.runner_config, cfg.model_config
     accum = rc.gradient_accumulation_steps
-    data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, rc.batch_size * accum,
-                            cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, rt.rank,
-                            rt.world_size, cfg.seed, cfg.train_dataset.num_parallel_workers,
+    sharded = cfg.parallel.mode_name != "data_parallel"
+    # semi-auto parallel (full_batch): every rank reads the same global batch and MindSpore
+    # splits it by the layout; data parallel: each rank reads its own shard
+    data_rank, data_world, dp_batches = (0, 1, cfg.parallel_config.data_parallel) if sharded \
+        else (rt.rank, rt.world_size, 1)
+    data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, rc.batch_size * accum * dp_batches,
+                            cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, data_rank,
+                            data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size)
     spe = data.steps_per_epoch
     total_steps = rc.train_steps or rc.epochs * spe
@@ -201,6 +234,10 @@ def train(cfg: RunConfig) -> dict:
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
     network = LlamaForCausalLM(mc)
+    if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
+        from msllm.parallel.layout import apply_layout
+
+        apply_layout(network, cfg.parallel_config, cfg.recompute_config)
     n_params = sum(p.size for p in network.trainable_params())
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
              n_params / 1e6, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.ffn_size,
@@ -224,6 +261,8 @@ def train(cfg: RunConfig) -> dict:
                      start_step // spe + 1, start_step % spe)
     elif cfg.run_mode == "finetune" and not cfg.load_checkpoint:
         raise MsllmError("run_mode finetune needs load_checkpoint (the pretrained weights to start from)")
+    elif cfg.load_checkpoint and cfg.auto_trans_ckpt:
+        load_resharded(network, step_cell, cfg, rt, out, data)
     elif cfg.load_checkpoint:
         path = ckpt.resolve_checkpoint(cfg.load_checkpoint, rt.rank)
         ckpt.load_into(network, ckpt.load_params(path), path)

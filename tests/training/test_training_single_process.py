@@ -149,3 +149,45 @@ def test_finetune_from_a_mindformers_named_checkpoint(tmp_path, alpaca_mindrecor
     expected = float(net(input_ids, labels).asnumpy())
     first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
     assert abs(first - expected) < 1e-4, (first, expected)
+
+
+def test_pipeline_training_is_refused_on_every_device():
+    from msllm.cluster.context import check_device_support
+    from msllm.errors import MsllmError
+    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml"))  # Ascend, pp 4
+    with pytest.raises(MsllmError, match="pipeline_stage=4.*no pipeline schedule"):
+        check_device_support(cfg)
+    check_device_support(load_config(os.path.join(ROOT, "configs", "llama", "run_llama_13b.yaml")))
+
+
+@pytest.mark.slow
+def test_auto_trans_ckpt_merges_a_model_parallel_checkpoint_at_start(tmp_path, alpaca_mindrecord):
+    """A checkpoint sharded model_parallel=2 (with its strategy files) trains on 1 CPU process with
+    auto_trans_ckpt: the first loss is the full model's loss on the first batch."""
+    import mindspore as ms
+    from msllm.config import ParallelLayoutConfig
+    from msllm.data.dataset import build_train_data
+    from msllm.models.llama.model import LlamaForCausalLM
+    from msllm.parallel.reshard import transform_checkpoints
+    from msllm.parallel.strategy import write_strategy_files
+    ms.set_device("CPU")
+    cfg = load_config(TINY, ["--model.model_config.seq_length=64"])
+    net = LlamaForCausalLM(cfg.model_config)
+    full = tmp_path / "full" / "rank_0"
+    full.mkdir(parents=True)
+    ms.save_checkpoint(net, str(full / "checkpoint_0.ckpt"))
+    strategy = tmp_path / "strategy_mp2"
+    write_strategy_files(cfg.model_config, ParallelLayoutConfig(model_parallel=2), str(strategy))
+    transform_checkpoints(str(tmp_path / "full"), str(tmp_path / "mp2"), None, str(strategy))
+    assert sorted(os.listdir(tmp_path / "mp2")) == ["rank_0", "rank_1"]
+    out = tmp_path / "out"
+    r = run(["--config", TINY, "--parallel_config.data_parallel=1", "--model.model_config.seq_length=64",
+             f"--train_dataset_dir={alpaca_mindrecord}", f"--output_dir={out}", "--runner_config.train_steps=1",
+             f"--load_checkpoint={tmp_path / 'mp2'}", f"--src_strategy_path_or_dir={strategy}",
+             "--auto_trans_ckpt=True"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "auto_trans_ckpt: resharded" in r.stdout + r.stderr
+    data = build_train_data(alpaca_mindrecord, 64, cfg.runner_config.batch_size, True, True, 0, 1, cfg.seed)
+    expected = float(net(*next(data.epoch_batches(0))).asnumpy())
+    first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
+    assert abs(first - expected) < 1e-4, (first, expected)
