@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -191,3 +192,38 @@ def test_auto_trans_ckpt_merges_a_model_parallel_checkpoint_at_start(tmp_path, a
     expected = float(net(*next(data.epoch_batches(0))).asnumpy())
     first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
     assert abs(first - expected) < 1e-4, (first, expected)
+
+
+@pytest.mark.slow
+def test_exception_between_steps_saves_the_last_completed_step(tmp_path, alpaca_mindrecord):
+    """The input pipeline fails before step 4 (as a vanished disk would): the run saves step 3,
+    names it in the log, and exits non-zero; resuming from it continues at step 4."""
+    out = tmp_path / "out"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r})
+        import msllm.data.dataset as dataset
+        original = dataset.TrainData.epoch_batches
+        def failing(self, epoch, start_step=0):
+            for i, batch in enumerate(original(self, epoch, start_step)):
+                if i == 3:
+                    raise RuntimeError("the dataset disk went away")
+                yield batch
+        dataset.TrainData.epoch_batches = failing
+        from msllm.cli import main
+        main(sys.argv[1:])
+    """)
+    args = ["--config", TINY, "--parallel_config.data_parallel=1", "--model.model_config.seq_length=64",
+            f"--train_dataset_dir={alpaca_mindrecord}", f"--output_dir={out}", "--runner_config.train_steps=6",
+            "--callbacks.checkpoint.save_checkpoint_steps=100"]
+    env = dict(os.environ, GLOG_v="3")
+    r = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    log = r.stdout + r.stderr
+    assert "failed after step 3 (RuntimeError: the dataset disk went away); saved" in log, log[-3000:]
+    good = ckpt.good_checkpoints(str(out / "checkpoint" / "rank_0"))
+    assert list(good) == [3]
+    r = run(args + ["--resume_training=True"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "train_summary_rank_0.json").read_text())
+    assert s["start_step"] == 3 and s["steps"] == 3
