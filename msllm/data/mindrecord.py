@@ -108,15 +108,23 @@ def write_mindrecord(
     tmp_dir = tempfile.mkdtemp(prefix=f".{base}.", suffix=".tmp", dir=parent)
     try:
         return _write_in(tmp_dir, path, base, rows, meta, batch_size, description)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _storage_call(path: str, fn, *args):
+    """Call a MindSpore writer method; turn its failure into one MsllmError.
+
+    MindSpore reports a full disk as ``RuntimeError: ... Failed to seekp file.`` inside a
+    framework banner; the message says what it most likely is, in one line.
+    """
+    try:
+        return fn(*args)
     except (RuntimeError, OSError) as exc:
-        # MindSpore reports a full disk as "RuntimeError: ... Failed to seekp file." with a
-        # framework banner; say what it most likely is, in one line
         detail = next((ln.strip() for ln in str(exc).splitlines() if "ERROR]" in ln or "Errno" in ln),
                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise MsllmError(f"{path}: writing the MindRecord failed ({detail}); is the disk full or "
                          "the directory not writable? Nothing was written.") from None
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def _write_in(tmp_dir, path, base, rows, meta, batch_size, description) -> int:
@@ -124,7 +132,7 @@ def _write_in(tmp_dir, path, base, rows, meta, batch_size, description) -> int:
     from mindspore.mindrecord import FileWriter
 
     tmp_data = os.path.join(tmp_dir, base)
-    writer = FileWriter(tmp_data, shard_num=1, overwrite=True)
+    writer = _storage_call(path, FileWriter, tmp_data, 1, True)
     writer.add_schema(SCHEMA, description)
     count = 0
     batch: list[dict] = []
@@ -136,15 +144,15 @@ def _write_in(tmp_dir, path, base, rows, meta, batch_size, description) -> int:
             }
         )
         if len(batch) >= batch_size:
-            writer.write_raw_data(batch)
+            _storage_call(path, writer.write_raw_data, batch)
             count += len(batch)
             batch = []
     if batch:
-        writer.write_raw_data(batch)
+        _storage_call(path, writer.write_raw_data, batch)
         count += len(batch)
     if count == 0:
         raise MsllmError(f"{path}: no samples to write (expected at least one)")
-    writer.commit()
+    _storage_call(path, writer.commit)
     if meta is not None:
         write_json_atomic(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), meta)
     # Index and sidecar first, data file last: a reader given `path` never sees a data file
