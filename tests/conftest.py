@@ -23,3 +23,17 @@ def tokenizer_path() -> str:
 @pytest.fixture(scope="session")
 def alpaca_path() -> str:
     return os.path.join(EXAMPLES, "alpaca_en_demo.json")
+
+
+@pytest.fixture(scope="session")
+def alpaca_mindrecord(tmp_path_factory) -> str:
+    """The bundled real Alpaca records, converted and tokenized at seq_length 64 (999 samples)."""
+    from msllm.data.conversation import convert_alpaca_file
+    from msllm.data.preprocess import preprocess_to_mindrecord
+
+    d = tmp_path_factory.mktemp("alpaca64")
+    conv = str(d / "conv.json")
+    convert_alpaca_file(os.path.join(EXAMPLES, "alpaca_en_demo.json"), conv)
+    out = str(d / "alpaca_64.mindrecord")
+    preprocess_to_mindrecord(conv, "qa", os.path.join(EXAMPLES, "tokenizer.model"), 64, out, progress=False)
+    return out

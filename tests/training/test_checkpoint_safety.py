@@ -4,13 +4,10 @@ a full disk leaves no partial file."""
 
 import logging
 import os
-import resource
-import signal
 import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 import mindspore as ms

@@ -14,15 +14,12 @@ import numpy as np
 import pytest
 
 from msllm.cluster.rank_table import make_rank_table, save_rank_table
-from msllm.data.conversation import convert_alpaca_file
-from msllm.data.preprocess import preprocess_to_mindrecord
 from msllm.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
-EX = os.path.join(ROOT, "examples", "data")
 STEPS = 10
 SMALL = ["--model.model_config.seq_length=64", "--model.model_config.hidden_size=64",
          "--model.model_config.num_layers=2", "--model.model_config.num_heads=2",
@@ -39,15 +36,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dp")
-    conv = str(d / "conv.json")
-    convert_alpaca_file(os.path.join(EX, "alpaca_en_demo.json"), conv)
-    data = str(d / "alpaca_64.mindrecord")
-    preprocess_to_mindrecord(conv, "qa", os.path.join(EX, "tokenizer.model"), 64, data, progress=False)
-    table = str(d / "hccl_2p.json")
+def setup(tmp_path_factory, alpaca_mindrecord):
+    table = str(tmp_path_factory.mktemp("dp") / "hccl_2p.json")
     save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
-    return {"data": data, "table": table}
+    return {"data": alpaca_mindrecord, "table": table}
 
 
 def launch(setup, out, extra=(), wait=True):

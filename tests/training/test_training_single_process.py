@@ -11,14 +11,11 @@ import numpy as np
 import pytest
 
 from msllm.config import load_config
-from msllm.data.conversation import convert_alpaca_file
-from msllm.data.preprocess import preprocess_to_mindrecord
 from msllm.training import checkpoint as ckpt
 from msllm.training.schedule import cosine_with_warmup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
-EX = os.path.join(ROOT, "examples", "data")
 
 
 def test_cosine_schedule_shape():
@@ -26,16 +23,6 @@ def test_cosine_schedule_shape():
     assert lr.shape == (100,) and lr.dtype == np.float32
     assert lr[0] == pytest.approx(1e-4) and lr[9] == pytest.approx(1e-3)
     assert np.all(np.diff(lr[10:]) <= 0) and lr[-1] == pytest.approx(1e-5, rel=0.05)
-
-
-@pytest.fixture(scope="module")
-def alpaca_mindrecord(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    conv = str(d / "conv.json")
-    convert_alpaca_file(os.path.join(EX, "alpaca_en_demo.json"), conv)
-    out = str(d / "alpaca_64.mindrecord")
-    preprocess_to_mindrecord(conv, "qa", os.path.join(EX, "tokenizer.model"), 64, out, progress=False)
-    return out
 
 
 def run(args, cwd=ROOT):
