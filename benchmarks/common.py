@@ -165,6 +165,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def rss_mib() -> float:
+    """Current resident set size of this process (VmRSS), MiB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def emit(result: dict) -> None:
     """Print the worker's result as the one line the parent parses."""
     sys.stdout.write("BENCH_RESULT " + json.dumps(result) + "\n")

@@ -6,6 +6,8 @@ Usage: python msllm_worker.py '{"shape": "tiny", "steps": 20, "warmup": 3, "vari
                                 "spawn_time": <time.time() of the parent at spawn>}'
 variant: ``default`` (the YAML's dynamic loss scale 65536 + clip 1.0) or ``noscale``
 (``loss_scale: none``, no clipping: the same update as MindFormers' plain TrainOneStepCell).
+``compact_loss``: false = dense output head over every position, as MindFormers computes it.
+``name``: the label reported (default msllm / msllm-<variant>).
 Extra keys: ``jit_level`` (O0/O1), ``threads`` (runtime_num_threads), ``context`` (dict passed
 to ms.set_context after setup_runtime).
 Prints one ``BENCH_RESULT {json}`` line.
@@ -40,6 +42,7 @@ def main():
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.trainer import build_optimizer, build_train_step
     import_s = time.perf_counter() - t
+    rss = {"after_import": common.rss_mib()}
 
     t = time.perf_counter()
     o = common.OPTIM
@@ -67,7 +70,8 @@ def main():
         ms.set_context(runtime_num_threads=int(args["threads"]))
     if args.get("context"):
         ms.set_context(**args["context"])
-    net = LlamaForCausalLM(cfg.model_config)
+    # compact_loss None = the model's default (CPU: head + loss on target positions only)
+    net = LlamaForCausalLM(cfg.model_config, compact_loss=args.get("compact_loss"))
     init = common.np.load(common.prepare_weights(args["shape"]))
     params = {p.name: p for p in net.trainable_params()}
     assert set(params) == set(init.files), sorted(set(params) ^ set(init.files))[:5]
@@ -77,18 +81,21 @@ def main():
     opt = build_optimizer(net, cfg, lr)
     step = build_train_step(net, opt, cfg, rt=type("RT", (), {"world_size": 1})())
     build_s = time.perf_counter() - t
+    rss["after_build"] = common.rss_mib()
 
     data = common.batches(common.data_file(s["seq_length"]), s["batch_size"], warmup + steps)
-    losses, times = [], []
+    losses, times, cpus = [], [], []
     first_step_s = None
     startup_to_first_step = None
     for i, (ids, lab) in enumerate(data):
         a, b = Tensor(ids), Tensor(lab)
-        t = time.perf_counter()
+        c0, t = time.process_time(), time.perf_counter()
         loss, overflow, scale, norm = step(a, b)
         lv = float(loss.asnumpy())
         dt = time.perf_counter() - t
+        cpus.append(time.process_time() - c0)
         if i == 0:
+            rss["after_first_step"] = common.rss_mib()
             first_step_s = dt
             startup_to_first_step = time.time() - spawn
         losses.append(lv)
@@ -97,12 +104,14 @@ def main():
     tokens = s["batch_size"] * s["seq_length"]
     med = common.median(meas)
     common.emit({
-        "framework": "msllm" if args.get("variant", "default") == "default" else f"msllm-{args['variant']}",
+        "framework": args.get("name") or ("msllm" if args.get("variant", "default") == "default"
+                                         else f"msllm-{args['variant']}"),
+        "compact_loss": bool(net.compact_loss),
         "variant": args.get("variant", "default"), "shape": args["shape"],
         "mindspore": ms.__version__, "import_s": import_s, "build_s": build_s,
         "first_step_s": first_step_s, "startup_to_first_step_s": startup_to_first_step,
-        "step_s_median": med, "step_s_all": times, "tokens_per_s": tokens / med,
-        "losses": losses, "peak_rss_mib": common.peak_rss_mib(),
+        "step_s_median": med, "step_s_all": times, "cpu_s_median": common.median(cpus[warmup:]), "tokens_per_s": tokens / med,
+        "losses": losses, "peak_rss_mib": common.peak_rss_mib(), "rss_mib": rss,
         "jit_level": cfg.context.jit_level,
     })
 

@@ -1,0 +1,217 @@
+"""Where does msllm's training step spend its time? Times parts of the step separately, each as
+its own compiled graph (GRAPH_MODE), on the benchmark shapes and the real Alpaca batches:
+
+  forward      network(input_ids, labels) -> loss
+  fwd+bwd      loss and gradients (GradOperation), no optimizer
+  head+loss    the output head matmul + CausalMLLoss alone on (B*T, C) hidden states
+  optimizer    nn.AdamWeightDecay on fixed gradients
+  step         the whole TrainStep (default: dynamic loss scale + clip) and the noscale variant
+
+and optionally runs ``mindspore.Profiler`` over a few full steps (``--profiler DIR``) and prints
+the top operators by total time.
+
+    .venv/bin/python benchmarks/profile_step.py --shape tiny [--repeats 5] [--profiler /tmp/prof]
+
+Wall time and process CPU time (user+sys of all threads) are printed per part: on a loaded
+machine wall time swings, CPU time much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+sys.path.insert(0, common.ROOT)
+
+
+def timed(fn, repeats):
+    """(first call s, median wall s, median cpu s) of fn() (fn must synchronise)."""
+    t = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t
+    walls, cpus = [], []
+    for _ in range(repeats):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return first, common.median(walls), common.median(cpus)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--parts", default="forward,fwdbwd,head,optimizer,step,step_noscale")
+    p.add_argument("--jit_level", default="O0")
+    p.add_argument("--profiler", default="", help="directory: also run mindspore.Profiler over the step")
+    p.add_argument("--json", default="", help="write the results here")
+    p.add_argument("--context", default="{}", help="JSON passed to ms.set_context (e.g. graph kernel flags)")
+    p.add_argument("--code", default="", help="HEAD or a directory with model.py + step.py to profile "
+                   "instead of the working tree (see ab_step.py)")
+    a = p.parse_args(argv)
+    os.environ.setdefault("GLOG_v", "3")
+
+    import numpy as np
+
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+
+    from msllm.models.llama.config import LlamaConfig
+    from msllm.models.llama.model import LlamaForCausalLM
+    from msllm.training.step import TrainStep
+
+    if a.code:
+        import tempfile
+
+        import ab_step
+
+        d = ab_step.version_dir(a.code, tempfile.mkdtemp(), "A")
+        mfile, sfile = ab_step.files_of(d)
+        LlamaForCausalLM = ab_step.load_module(mfile, "model_profiled").LlamaForCausalLM  # noqa: N806
+        TrainStep = ab_step.load_module(sfile, "step_profiled").TrainStep  # noqa: N806
+        print(f"code: {mfile}, {sfile}")
+
+    s = common.shape(a.shape)
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE, jit_config={"jit_level": a.jit_level}, **json.loads(a.context))
+    cfg = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], num_layers=s["num_layers"],
+                      num_heads=s["num_heads"], intermediate_size=s["intermediate_size"],
+                      seq_length=s["seq_length"])
+    common.prepare_data(s["seq_length"])
+    init = np.load(common.prepare_weights(a.shape))
+    ids, lab = common.batches(common.data_file(s["seq_length"]), s["batch_size"], 1)[0]
+    ids, lab = Tensor(ids), Tensor(lab)
+    tokens = s["batch_size"] * s["seq_length"]
+
+    def fresh():
+        net = LlamaForCausalLM(cfg)
+        for q in net.trainable_params():
+            q.set_data(Tensor(init[q.name]))
+        return net
+
+    def adamw(net):
+        params = net.trainable_params()
+        o = common.OPTIM
+        return nn.AdamWeightDecay(
+            [{"params": [q for q in params if q.ndim >= 2], "weight_decay": o["weight_decay"]},
+             {"params": [q for q in params if q.ndim < 2], "weight_decay": 0.0}],
+            learning_rate=Tensor(np.full(1000, o["lr"], np.float32)), beta1=o["beta1"], beta2=o["beta2"],
+            eps=o["eps"])
+
+    results = {}
+    parts = a.parts.split(",")
+    print(f"shape {a.shape}: {s}, jit_level {a.jit_level}, load {common.loadavg()}", flush=True)
+
+    def report(name, r):
+        first, wall, cpu = r
+        results[name] = {"first_s": first, "wall_s": wall, "cpu_s": cpu, "load": common.loadavg()}
+        print(f"{name:14s} first {first:7.2f} s   wall {wall * 1e3:8.1f} ms   cpu {cpu * 1e3:8.1f} ms"
+              f"   ({tokens / wall:7.0f} tok/s wall)   load {common.loadavg()}", flush=True)
+
+    if "forward" in parts:
+        net = fresh()
+        net.set_train(False)
+
+        class Fwd(nn.Cell):
+            def __init__(self, n):
+                super().__init__()
+                self.n = n
+
+            def construct(self, x, y):
+                return self.n(x, y)
+
+        f = Fwd(net)
+        report("forward", timed(lambda: f(ids, lab).asnumpy(), a.repeats))
+
+    if "fwdbwd" in parts:
+        net = fresh()
+        net.set_train(True)
+
+        class FwdBwd(nn.Cell):
+            def __init__(self, n):
+                super().__init__()
+                self.n = n
+                self.w = ms.ParameterTuple(n.trainable_params())
+                self.g = ops.GradOperation(get_by_list=True)
+
+            def construct(self, x, y):
+                return self.g(self.n, self.w)(x, y)
+
+        fb = FwdBwd(net)
+        report("fwd+bwd", timed(lambda: fb(ids, lab)[0].asnumpy(), a.repeats))
+
+    if "head" in parts:
+        net = fresh()
+        net.set_train(True)
+
+        class Head(nn.Cell):
+            def __init__(self, n):
+                super().__init__()
+                self.lm_head = n.lm_head
+                self.loss = n.loss
+                self.w = ms.ParameterTuple(n.lm_head.trainable_params())
+                self.g = ops.GradOperation(get_by_list=True)
+                self.v = s["vocab_size"]
+
+            def fwd(self, h, y):
+                return self.loss(self.lm_head(h).reshape(1, -1, self.v), y)
+
+            def construct(self, h, y):
+                return self.g(self.fwd, self.w)(h, y)
+
+        h = Tensor(np.random.default_rng(0).standard_normal((tokens, s["hidden_size"]), np.float32))
+        y = lab[:, 1:].reshape(1, -1)
+        hd = Head(net)
+        report("head+loss f+b", timed(lambda: hd(h, y)[0].asnumpy(), a.repeats))
+
+    if "optimizer" in parts:
+        net = fresh()
+        opt = adamw(net)
+        grads = tuple(Tensor(np.full(q.shape, 1e-3, np.float32)) for q in opt.parameters)
+
+        class Opt(nn.Cell):
+            def __init__(self, o):
+                super().__init__()
+                self.o = o
+
+            def construct(self, g):
+                return self.o(g)
+
+        oc = Opt(opt)
+
+        def run_opt():
+            oc(grads)
+            net.lm_head.weight.asnumpy()
+
+        report("optimizer", timed(run_opt, a.repeats))
+
+    for name, kw in (("step", {}), ("step_noscale", {"loss_scale": "none", "max_grad_norm": None})):
+        if name not in parts:
+            continue
+        net = fresh()
+        st = TrainStep(net, adamw(net), **kw)
+        st.set_train()
+        report(name, timed(lambda: st(ids, lab)[0].asnumpy(), a.repeats))
+        if a.profiler and name == "step":
+            prof = ms.Profiler(output_path=a.profiler)
+            for _ in range(3):
+                st(ids, lab)[0].asnumpy()
+            prof.stop()
+            prof.analyse()
+            print(f"profiler output in {a.profiler}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"shape": a.shape, "jit_level": a.jit_level, "tokens": tokens, "results": results}, fh,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

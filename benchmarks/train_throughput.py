@@ -1,0 +1,283 @@
+"""Training throughput, side by side: msllm vs MindFormers 1.9.0 vs PyTorch (eager, torch.compile)
+on the same LLaMA shapes, the same initial weights and the same real batches (bundled Alpaca
+records, msllm preprocessing, LLaMA tokenizer), fp32, AdamW, one process, 2 CPU threads.
+
+Each framework runs in its own subprocess (MindFormers in ``benchmarks/.venv-mindformers``,
+made by ``benchmarks/setup_mindformers.sh``), and the runs alternate round by round
+(msllm, mindformers, torch-eager, torch-compile, msllm-noscale, msllm, mindformers, ...), so the
+machine's background load hits all of them alike. Matmul peaks (MindSpore, torch, numpy) are
+measured in the same invocation, before and after the runs, for MFU.
+
+    .venv/bin/python benchmarks/train_throughput.py --shape tiny            # ~10-14 min idle
+    .venv/bin/python benchmarks/train_throughput.py --shape medium
+
+Reports per framework: tokens/s (median over rounds of each run's median step time after
+warm-up), step time, process CPU seconds per step, first step (compile) time, start-up to end of
+first step (process spawn -> first loss), import time, peak RSS (VmHWM of the worker), MFU
+(6N + 12LHDT FLOPs/token over the best MindSpore matmul GFLOP/s) and the ratio to MindFormers
+(paired per round, median). Losses: every framework starts from the same weights and sees the
+same batches; msllm ``noscale`` (no loss scale, no clipping) does exactly MindFormers' update, so
+their first losses are compared (max |diff|).
+
+Writes ``benchmarks/results/train_throughput_<shape>.json`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+WORKERS = {
+    "msllm": ("main", "msllm_worker.py", {"variant": "default"}),
+    "msllm-noscale": ("main", "msllm_worker.py", {"variant": "noscale"}),
+    "msllm-dense": ("main", "msllm_worker.py", {"variant": "default", "compact_loss": False,
+                                                "name": "msllm-dense"}),
+    "mindformers": ("mf", "mf_worker.py", {}),
+    "torch-eager": ("main", "torch_worker.py", {"compile": False}),
+    "torch-compile": ("main", "torch_worker.py", {"compile": True}),
+}
+# (measured steps in round 0, in later rounds, warm-up steps): round 0 gives 20 (tiny) / 10
+# (medium) losses per framework for the loss comparison, later rounds only throughput.
+DEFAULT_STEPS = {"tiny": (18, 10, 2), "medium": (6, 4, 2)}
+# frameworks run only in round 0 (msllm-noscale: its losses are what is compared with
+# MindFormers'); medium steps are ~4x longer, so there only msllm, MindFormers and torch eager
+# are repeated
+ONCE = {"tiny": ("msllm-noscale",), "medium": ("msllm-noscale", "msllm-dense", "torch-compile")}
+
+
+def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float, extra: dict,
+               env_extra: dict | None = None) -> dict:
+    venv, script, kw = WORKERS[name]
+    py = common.MAIN_PY if venv == "main" else common.MF_PY
+    args = {"shape": shape, "steps": steps, "warmup": warmup, **kw, **extra, "spawn_time": time.time()}
+    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1", **(env_extra or {}))
+    for k in ("MS_WORKER_NUM", "RANK_SIZE", "MS_ROLE", "RANK_TABLE_FILE"):
+        env.pop(k, None)
+    load_before = common.loadavg()
+    with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as cwd:  # MindFormers writes ./output
+        t = time.time()
+        try:
+            p = subprocess.run([py, os.path.join(HERE, "workers", script), json.dumps(args)], cwd=cwd,
+                               env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"framework": name, "error": f"timeout after {timeout:.0f} s", "load_before": load_before}
+        wall = time.time() - t
+    res = common.parse_result(p.stdout)
+    if res is None:
+        tail = (p.stdout[-1500:] + "\n" + p.stderr[-2500:]).strip()
+        return {"framework": name, "error": f"rc={p.returncode}: {tail}", "load_before": load_before}
+    res.update(framework=name, wall_s=wall, load_before=load_before, load_after=common.loadavg())
+    return res
+
+
+def measure_peaks() -> dict:
+    """fp32 matmul GFLOP/s of MindSpore, torch and numpy, each in its own process (torch's
+    OpenMP threads keep spinning after a matmul and would slow a MindSpore matmul after it)."""
+    env = dict(os.environ, GLOG_v="3")
+    out = {"load": common.loadavg()}
+    for lib in ("mindspore", "torch", "numpy"):
+        p = subprocess.run([common.MAIN_PY, os.path.join(HERE, "workers", "peak_worker.py"),
+                            json.dumps({"repeats": 10, "which": [lib]})], env=env,
+                           capture_output=True, text=True, timeout=600)
+        r = common.parse_result(p.stdout)
+        if r is None:
+            out[f"{lib}_error"] = p.stderr[-1000:]
+        else:
+            out.update({k: v for k, v in r.items() if k != "load"})
+    return out
+
+
+def summarise(shape: str, runs: list[dict], peaks: list[dict]) -> dict:
+    s = common.shape(shape)
+    fpt = common.flops_per_token(s)
+    best = {}
+    for key in ("mindspore_gflops", "torch_gflops", "numpy_gflops"):
+        vals = [p[key] for p in peaks if key in p]
+        best[key] = max(vals) if vals else None
+    names = []
+    for r in runs:
+        if r["framework"] not in names:
+            names.append(r["framework"])
+    table = {}
+    for n in names:
+        ok = [r for r in runs if r["framework"] == n and "error" not in r]
+        if not ok:
+            table[n] = {"error": [r["error"] for r in runs if r["framework"] == n][0]}
+            continue
+        tps = [r["tokens_per_s"] for r in ok]
+        cold = [r for r in ok if r["round"] == 0] or ok  # compile / start-up: the cold (first) run
+        best_step = min(min(r["step_s_all"][-(len(r["step_s_all"]) - r.get("warmup", 2)):]) for r in ok)
+        row = {
+            "runs": len(ok), "tokens_per_s": common.median(tps), "tokens_per_s_min": min(tps),
+            "tokens_per_s_max": max(tps), "step_s": common.median([r["step_s_median"] for r in ok]),
+            "best_step_s": best_step,
+            "tokens_per_s_best_step": s["batch_size"] * s["seq_length"] / best_step,
+            "cpu_s_per_step": common.median([r["cpu_s_median"] for r in ok]),
+            "first_step_s": common.median([r["first_step_s"] for r in cold]),
+            "startup_to_first_step_s": common.median([r["startup_to_first_step_s"] for r in cold]),
+            "first_step_s_later_rounds": [r["first_step_s"] for r in ok if r["round"] > 0],
+            "import_s": common.median([r["import_s"] for r in ok]),
+            "build_s": common.median([r["build_s"] for r in ok]),
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
+            "loads": [r["load_before"] for r in ok],
+        }
+        row["tokens_per_cpu_s"] = s["batch_size"] * s["seq_length"] / row["cpu_s_per_step"]
+        # MFU against the machine's best demonstrated fp32 GEMM rate (the max over MindSpore,
+        # torch and numpy: torch's GEMM is the fastest here), and against MindSpore's own MatMul
+        top = max([v for v in best.values() if v] or [0])
+        if top:
+            row["mfu"] = row["tokens_per_s"] * fpt / (top * 1e9)
+        if best["mindspore_gflops"]:
+            row["mfu_vs_ms_peak"] = row["tokens_per_s"] * fpt / (best["mindspore_gflops"] * 1e9)
+        table[n] = row
+    # paired ratios: run i of X / run i of MindFormers (same round)
+    by_round: dict[int, dict[str, dict]] = {}
+    for r in runs:
+        if "error" not in r:
+            by_round.setdefault(r["round"], {})[r["framework"]] = r
+    for n in names:
+        if n == "mindformers" or "error" in table.get(n, {}):
+            continue
+        ratios = [rd[n]["tokens_per_s"] / rd["mindformers"]["tokens_per_s"]
+                  for rd in by_round.values() if n in rd and "mindformers" in rd]
+        cpu_ratios = [rd["mindformers"]["cpu_s_median"] / rd[n]["cpu_s_median"]
+                      for rd in by_round.values() if n in rd and "mindformers" in rd]
+        if "mindformers" in table and "error" not in table["mindformers"]:
+            table[n]["best_step_ratio_vs_mindformers"] = (table["mindformers"]["best_step_s"]
+                                                          / table[n]["best_step_s"])
+        if ratios:
+            table[n]["ratio_vs_mindformers"] = common.median(ratios)
+            table[n]["ratio_vs_mindformers_all"] = ratios
+            table[n]["cpu_ratio_vs_mindformers"] = common.median(cpu_ratios)
+        eager = [rd[n]["tokens_per_s"] / rd["torch-eager"]["tokens_per_s"]
+                 for rd in by_round.values() if n in rd and "torch-eager" in rd and n != "torch-eager"]
+        if eager:
+            table[n]["ratio_vs_torch_eager"] = common.median(eager)
+    # loss agreement (first round of each framework)
+    first = {}
+    for r in runs:
+        if "error" not in r and r["framework"] not in first:
+            first[r["framework"]] = r["losses"]
+    loss_cmp = {}
+    ref = first.get("mindformers")
+    if ref:
+        for n, l in first.items():
+            if n != "mindformers":
+                k = min(len(l), len(ref))
+                loss_cmp[n] = {"steps": k, "max_abs_diff": max(abs(a - b) for a, b in zip(l[:k], ref[:k])),
+                               "first_loss": l[0], "last_loss": l[k - 1]}
+        loss_cmp["mindformers"] = {"steps": len(ref), "first_loss": ref[0], "last_loss": ref[-1]}
+    return {"shape": shape, "shape_params": s, "flops_per_token": fpt, "params": common.num_params(s),
+            "best_peaks_gflops": best, "frameworks": table, "losses": loss_cmp}
+
+
+def markdown(summary: dict) -> str:
+    p = summary["best_peaks_gflops"]
+    lines = [f"Shape `{summary['shape']}` {summary['shape_params']}, {summary['params'] / 1e6:.2f}M params, "
+             f"{summary['flops_per_token'] / 1e6:.1f} MFLOP/token; best fp32 matmul 2048^3 in this run: "
+             f"MindSpore {p['mindspore_gflops'] or 0:.0f}, torch {p['torch_gflops'] or 0:.0f}, "
+             f"numpy {p['numpy_gflops'] or 0:.0f} GFLOP/s", "",
+             "| framework | tokens/s (median, min-max) | tokens/s best step | step s | CPU s/step "
+             "| x MindFormers (wall, paired) | x MF (best step) | x MF (CPU s) | x torch eager | first step s "
+             "| spawn->1st loss s | import s | peak RSS MiB | MFU (best GEMM) | MFU (MS MatMul) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, r in summary["frameworks"].items():
+        if "error" in r:
+            lines.append(f"| {n} | error: {r['error'][:200]} |")
+            continue
+        lines.append(
+            f"| {n} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) "
+            f"| {r['tokens_per_s_best_step']:.0f} | {r['step_s']:.2f} | {r['cpu_s_per_step']:.2f} "
+            f"| {r.get('ratio_vs_mindformers', 1.0):.2f} | {r.get('best_step_ratio_vs_mindformers', 1.0):.2f} "
+            f"| {r.get('cpu_ratio_vs_mindformers', 1.0):.2f} | {r.get('ratio_vs_torch_eager', float('nan')):.2f} "
+            f"| {r['first_step_s']:.1f} | {r['startup_to_first_step_s']:.1f} | {r['import_s']:.1f} "
+            f"| {r['peak_rss_mib']:.0f} | {100 * r.get('mfu', 0):.1f}% | {100 * r.get('mfu_vs_ms_peak', 0):.1f}% |")
+    if summary["losses"]:
+        lines += ["", "| framework | losses compared | first loss | last loss | max abs diff vs MindFormers |",
+                  "|---|---|---|---|---|"]
+        for n, c in summary["losses"].items():
+            lines.append(f"| {n} | {c['steps']} | {c['first_loss']:.6f} | {c['last_loss']:.6f} "
+                         f"| {c.get('max_abs_diff', 0):.2e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p.add_argument("--frameworks",
+                   default="msllm,mindformers,torch-eager,torch-compile,msllm-dense,msllm-noscale")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=None, help="measured steps per run in round 0 (tiny 18, medium 8)")
+    p.add_argument("--steps_later", type=int, default=None, help="measured steps in later rounds (tiny 10, medium 5)")
+    p.add_argument("--warmup", type=int, default=None, help="steps not measured (the first compiles)")
+    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
+    p.add_argument("--extra", default="{}", help="JSON merged into every worker's arguments")
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
+    a = p.parse_args(argv)
+    steps, steps_later, warmup = DEFAULT_STEPS[a.shape]
+    steps = a.steps or steps
+    steps_later = a.steps_later or steps_later
+    warmup = a.warmup if a.warmup is not None else warmup
+    names = [n.strip() for n in a.frameworks.split(",") if n.strip()]
+    for n in names:
+        if n not in WORKERS:
+            p.error(f"unknown framework {n!r}; expected some of {', '.join(WORKERS)}")
+    if "mindformers" in names and not os.path.exists(common.MF_PY):
+        sys.exit(f"{common.MF_PY} missing: run bash benchmarks/setup_mindformers.sh first")
+    s = common.shape(a.shape)
+    info = common.machine()
+    print(f"# {info}\n# shape {a.shape}: {s}; {steps} measured steps after {warmup} warm-up; "
+          f"{a.rounds} rounds of {names}", flush=True)
+    common.prepare_data(s["seq_length"])
+    common.prepare_weights(a.shape)
+    extra = json.loads(a.extra)
+    t0 = time.time()
+    peaks = [measure_peaks()]
+    print(f"peaks: {peaks[-1]}", flush=True)
+    runs = []
+    # one torch.compile cache per invocation: round 0 compiles cold, later rounds find the cache
+    inductor_cache = tempfile.mkdtemp(prefix="bench_inductor_")
+    for rnd in range(a.rounds):
+        for n in names:
+            if rnd > 0 and n in ONCE[a.shape]:
+                continue
+            r = run_worker(n, a.shape, steps if rnd == 0 else steps_later, warmup, a.timeout, extra,
+                           {"TORCHINDUCTOR_CACHE_DIR": inductor_cache})
+            r["round"], r["warmup"] = rnd, warmup
+            runs.append(r)
+            if "error" in r:
+                print(f"round {rnd} {n}: ERROR {r['error'][-800:]}", flush=True)
+            else:
+                print(f"round {rnd} {n:14s} {r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s "
+                      f"cpu {r['cpu_s_median']:.2f} s  first {r['first_step_s']:.1f} s  spawn->1st "
+                      f"{r['startup_to_first_step_s']:.1f} s  import {r['import_s']:.1f} s  "
+                      f"RSS {r['peak_rss_mib']:.0f} MiB  load {r['load_before']} -> {r['load_after']}",
+                      flush=True)
+        peaks.append(measure_peaks())
+        print(f"peaks: {peaks[-1]}", flush=True)
+    shutil.rmtree(inductor_cache, ignore_errors=True)
+    summary = summarise(a.shape, runs, peaks)
+    summary.update(machine=info, command=" ".join([os.path.relpath(sys.executable, common.ROOT)] + sys.argv),
+                   steps=steps, warmup=warmup, rounds=a.rounds, total_seconds=time.time() - t0,
+                   extra=extra, peaks=peaks, runs=runs)
+    out = a.out or os.path.join(HERE, "results", f"train_throughput_{a.shape}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print()
+    print(markdown(summary))
+    print(f"\n{time.time() - t0:.0f} s in total; results in {out}")
+
+
+if __name__ == "__main__":
+    main()
