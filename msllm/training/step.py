@@ -3,7 +3,9 @@ overflow skip, global-norm clipping and the optimizer update, compiled together 
 
 The pattern is MindSpore's ``nn.TrainOneStepWithLossScaleCell``, written out because that cell's
 overflow check uses NPU float-status kernels that do not exist on CPU; here overflow is
-"any gradient is not finite", which works on every device.
+"the global gradient norm is not finite", i.e. some gradient is inf/NaN (or the fp32 sum of the
+squared scaled gradients itself overflows, a norm above ~1e19 times the loss scale), which works
+on every device.
 """
 
 from __future__ import annotations
