@@ -17,11 +17,15 @@ setup(
         "pyyaml",
         "tqdm",
         "safetensors",
+        # training curves: TensorBoard events (MindFormers 1.5+ writes them with tensorboardX) and a loss plot
+        "tensorboardX",
+        "matplotlib",
     ],
     extras_require={
         # weight conversion only; torch 2.13.0 is the CPU build (a plain "torch" pulls CUDA wheels)
         "convert": ["torch==2.13.0", "transformers"],
-        "dev": ["pytest", "torch==2.13.0", "transformers"],
+        # test references: transformers (HF models, generation), peft (LoRA), lm-eval (scoring)
+        "dev": ["pytest", "torch==2.13.0", "transformers", "peft", "lm-eval==0.4.13", "tensorboard"],
     },
     entry_points={
         "console_scripts": [

@@ -1,11 +1,18 @@
 """``run_msllm.py`` / ``python -m msllm`` / the ``msllm`` console script.
 
 ``--config CONFIG`` plus overrides in either form ``--section.key=value`` or
-``--section.key value`` (values are parsed as YAML scalars). MindFormers' own flags are overrides
-of the same-named top-level keys (``--run_mode``, ``--load_checkpoint``, ``--resume_training``,
-``--only_save_strategy``, ``--auto_trans_ckpt``, ``--output_dir``, ``--seed``), and
-``--train_dataset_dir`` sets ``train_dataset.dataset_dir``. ``--show`` prints the resolved model
-shapes, parameter count and FLOPs per token and exits without building anything.
+``--section.key value`` (values are parsed as YAML scalars).
+
+MindFormers' ``run_mindformer.py`` flags work unchanged: ``--run_mode``, ``--load_checkpoint``,
+``--resume_training``, ``--only_save_strategy``, ``--auto_trans_ckpt``,
+``--src_strategy_path_or_dir``, ``--output_dir``, ``--seed`` set the same-named top-level keys;
+``--train_dataset`` / ``--train_dataset_dir`` and ``--eval_dataset`` / ``--eval_dataset_dir`` set
+``{train,eval}_dataset.dataset_dir``; ``--device_id`` / ``--device_target`` set ``context.*``;
+``--predict_data`` is the text or file to run ``--run_mode predict`` on; ``--use_parallel`` must
+agree with how the process was started (True under ``run_distribute.sh`` with several ranks,
+False alone): a disagreement is an error, since msllm takes parallelism from the launcher.
+``--template`` and ``--adapter`` (LoRA) apply to predict and eval. ``--show`` prints the resolved
+model shapes, parameter count and FLOPs per token and exits without building anything.
 """
 
 from __future__ import annotations
@@ -16,7 +23,31 @@ import sys
 from msllm.config import load_config, to_dict
 from msllm.errors import MsllmError, cli_main
 
-ALIASES = {"train_dataset_dir": "train_dataset.dataset_dir"}
+ALIASES = {"train_dataset_dir": "train_dataset.dataset_dir", "train_dataset": "train_dataset.dataset_dir",
+           "eval_dataset_dir": "eval_dataset.dataset_dir", "eval_dataset": "eval_dataset.dataset_dir",
+           "device_id": "context.device_id", "device_target": "context.device_target"}
+
+
+def check_use_parallel(value: str | None) -> None:
+    """``--use_parallel`` (MindFormers) must match the launch: True needs a multi-rank launcher
+    (``run_distribute.sh``), False a single process. Raises MsllmError on a mismatch."""
+    if value is None:
+        return
+    import yaml
+
+    flag = yaml.safe_load(value)
+    if not isinstance(flag, bool):
+        raise MsllmError(f"--use_parallel {value!r}: expected True or False")
+    from msllm.cluster.context import env_world_size
+
+    world = env_world_size()
+    if flag and world == 1:
+        raise MsllmError("--use_parallel True, but this process was started alone: start parallel runs "
+                         "with scripts/run_distribute.sh RANK_TABLE CONFIG [START,END] MODE RANK_SIZE "
+                         "(msllm takes the ranks from the launcher)")
+    if not flag and world > 1:
+        raise MsllmError(f"--use_parallel False, but the launcher started {world} ranks: pass "
+                         "--use_parallel True or launch a single process")
 
 
 def split_overrides(argv: list[str]) -> list[str]:
@@ -58,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="run YAML, e.g. configs/llama/run_llama_tiny.yaml")
     parser.add_argument("--show", action="store_true", help="print model shapes and sizes, then exit")
     parser.add_argument("--print_config", action="store_true", help="print the resolved config, then exit")
+    parser.add_argument("--use_parallel", help="MindFormers' flag: must agree with the launch (see above)")
+    parser.add_argument("--predict_data", help="predict: a prompt, or a .txt/.json/.jsonl file of prompts")
+    parser.add_argument("--template", help="predict/eval: prompt template (default: the checkpoint's)")
+    parser.add_argument("--adapter", help="predict/eval: a LoRA adapter checkpoint applied to the base")
     args, rest = parser.parse_known_args(argv)
+    check_use_parallel(args.use_parallel)
     cfg = load_config(args.config, split_overrides(rest))
     if args.show:
         show(cfg)
@@ -73,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
 
         out = save_strategy_for_run(cfg)
         print(f"strategy files for {cfg.parallel_config.device_num} rank(s) written to {out}")
+        return 0
+    if cfg.run_mode == "predict":
+        from msllm.generation.predict import run_predict
+
+        run_predict(cfg, args.predict_data, template=args.template, adapter=args.adapter)
+        return 0
+    if cfg.run_mode == "eval":
+        from msllm.eval.runner import run_eval
+
+        run_eval(cfg, template=args.template, adapter=args.adapter)
         return 0
     from msllm.training.trainer import train
 

@@ -24,10 +24,12 @@ import yaml
 
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_open
+from msllm.generation.config import GenerationConfig
 from msllm.models.llama.config import LlamaConfig
 
 PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
-RUN_MODES = ("train", "finetune")
+# what run_msllm.py (and run_distribute.sh's MODE) can do; the one list every front checks
+RUN_MODES = ("train", "finetune", "predict", "eval")
 
 
 @dataclass
@@ -279,6 +281,23 @@ class DatasetConfig:
 
 
 @dataclass
+class TensorBoardConfig:
+    """``tensorboard`` (MindFormers 1.5+): TensorBoard event files written with tensorboardX.
+
+    tensorboard_dir: where events go (``""``: no TensorBoard); each rank writes
+        ``{tensorboard_dir}/rank_{r}``.
+    tensorboard_queue_size: events buffered before a write (tensorboardX ``max_queue``).
+    """
+
+    tensorboard_dir: str = ""
+    tensorboard_queue_size: int = 10
+
+    def validate(self, where: str) -> None:
+        if self.tensorboard_queue_size < 1:
+            raise MsllmError(f"{where}.tensorboard_queue_size must be >= 1, got {self.tensorboard_queue_size}")
+
+
+@dataclass
 class RunConfig:
     """A whole run: the top level of ``configs/llama/run_llama_*.yaml``.
 
@@ -290,6 +309,10 @@ class RunConfig:
     profile / profile_start_step / profile_stop_step: write a MindSpore profile
         (``mindspore.Profiler``) of steps start..stop (1-based, inclusive) to
         ``output_dir/profile/rank_{r}``.
+    do_eval / eval_step_interval / eval_epoch_interval: evaluation loss and perplexity on
+        ``eval_dataset`` during training, every so many steps / epochs (MindFormers' keys;
+        an interval <= 0 turns that trigger off).
+    generation_config: decoding settings for predict, chat and generative evaluation.
     """
 
     seed: int = 0
@@ -304,6 +327,9 @@ class RunConfig:
     profile: bool = False
     profile_start_step: int = 1
     profile_stop_step: int = 10
+    do_eval: bool = False
+    eval_step_interval: int = -1
+    eval_epoch_interval: int = 1
     context: ContextConfig = field(default_factory=ContextConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     parallel_config: ParallelLayoutConfig = field(default_factory=ParallelLayoutConfig)
@@ -315,10 +341,20 @@ class RunConfig:
     runner_wrapper: RunnerWrapperConfig = field(default_factory=RunnerWrapperConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    eval_dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(shuffle=False, drop_remainder=False))
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
     def model_config(self) -> LlamaConfig:
         return self.model.model_config
+
+    @property
+    def fast_paths(self) -> bool:
+        """Build the model with its CPU fast paths (2-D norm/softmax views, loss over target
+        positions only): on CPU without operator sharding. Elsewhere the model keeps the shapes
+        the parallel layouts are written for (:mod:`msllm.models.llama.model`)."""
+        return self.context.device_target == "CPU" and self.parallel.mode_name == "data_parallel"
 
     def validate(self) -> None:
         """Check each section, then the rules that join sections."""

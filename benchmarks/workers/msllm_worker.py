@@ -70,8 +70,9 @@ def main():
         ms.set_context(runtime_num_threads=int(args["threads"]))
     if args.get("context"):
         ms.set_context(**args["context"])
-    # compact_loss None = the model's default (CPU: head + loss on target positions only)
-    net = LlamaForCausalLM(cfg.model_config, compact_loss=args.get("compact_loss"))
+    # compact_loss None = the model's default (with the CPU fast paths: head + loss on target
+    # positions only)
+    net = LlamaForCausalLM(cfg.model_config, compact_loss=args.get("compact_loss"), fast_paths=cfg.fast_paths)
     init = common.np.load(common.prepare_weights(args["shape"]))
     params = {p.name: p for p in net.trainable_params()}
     assert set(params) == set(init.files), sorted(set(params) ^ set(init.files))[:5]

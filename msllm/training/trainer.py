@@ -233,7 +233,7 @@ def train(cfg: RunConfig) -> dict:
     log.info("data: %s, %d samples, %d steps per epoch on this rank, %d steps in %d epoch(s)",
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
-    network = LlamaForCausalLM(mc)
+    network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
     if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
         from msllm.parallel.layout import apply_layout
 

@@ -30,6 +30,30 @@ def llama_intermediate_size(hidden_size: int, multiple_of: int, ffn_dim_multipli
 
 
 @dataclass
+class PetConfig:
+    """``model.model_config.pet_config``: parameter-efficient fine-tuning (MindFormers' keys,
+    ``configs/llama2/lora_llama2_7b.yaml``).
+
+    pet_type: ``lora`` (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
+    lora_rank: r, the rank of the update B A (> 0).
+    lora_alpha: the update is scaled by lora_alpha / lora_rank.
+    lora_dropout: dropout on the adapter's input during training (0 = none).
+    target_modules: regex matched (``re.fullmatch``) against module names in msllm/HF naming
+        (``model.layers.0.self_attn.q_proj``) or MindFormers naming (``model.layers.0.attention.wq``).
+    lora_a_init / lora_b_init: initialisers of A (r, in) and B (out, r); PEFT's defaults:
+        A Kaiming-uniform (a = sqrt(5)), B zeros, so the adapted model starts equal to the base.
+    """
+
+    pet_type: str = "lora"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    target_modules: str = ".*wq|.*wk|.*wv|.*wo"
+    lora_a_init: str = "kaiming_uniform"
+    lora_b_init: str = "zeros"
+
+
+@dataclass
 class LlamaConfig:
     """Shape and numerics of a LLaMA decoder.
 
@@ -80,8 +104,20 @@ class LlamaConfig:
     softmax_compute_type: str = "float32"
     param_init_type: str = "float32"
     initializer_range: float = 0.02
+    # MindFormers keeps inference settings in model_config; msllm reads them as the defaults of
+    # ``generation_config`` (msllm.generation.config.GenerationConfig), None = not set here.
+    use_past: Optional[bool] = None
+    do_sample: Optional[bool] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    max_decode_length: Optional[int] = None
+    # parameter-efficient fine-tuning (MindFormers ``pet_config``); None = full fine-tuning
+    pet_config: Optional[PetConfig] = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.pet_config, dict):  # from a checkpoint manifest (dataclasses.asdict)
+            self.pet_config = PetConfig(**self.pet_config)
         self.validate()
 
     # ---- derived shapes -------------------------------------------------------------
@@ -182,4 +218,4 @@ def preset(name: str, **overrides) -> LlamaConfig:
     return LlamaConfig(**{**PRESETS[name], **overrides})
 
 
-__all__ = ["LlamaConfig", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field"]
+__all__ = ["LlamaConfig", "PetConfig", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field"]

@@ -13,6 +13,17 @@ Every operator that a parallel layout may split is a primitive held as an attrib
 (``self.matmul``, ``self.bmm_qk`` ...): ``msllm.parallel`` calls ``.shard(...)`` on them and sets
 pipeline stages and recompute on the cells, without this file knowing about it.
 
+Two ways through the network: ``construct`` (training and scoring: the whole sequence, causal
+mask) and ``forward_cached`` (generation: new tokens only, keys/values of earlier tokens read
+from a :class:`~msllm.models.llama.kv_cache.KVCache`, per-row positions and mask so left-padded
+batches decode row by row exactly). The training graph never builds the cached path.
+
+``fast_paths`` (a builder argument; :attr:`msllm.config.RunConfig.fast_paths` is True on CPU
+without operator sharding) selects shapes MindSpore's CPU kernels run faster: 2-D RMSNorm and
+softmax views and the loss over target positions only. Each is commented where it is used, with
+the gain measured in BENCHMARKS.md. Without it the model keeps the shapes that
+``msllm.parallel.layout``'s primitive strategies are written for (the path Ascend runs).
+
 Shape letters: B batch, T sequence, C hidden, H query heads, K key/value heads, D head dim,
 F MLP width, V vocabulary.
 """
@@ -28,6 +39,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
 from msllm.models.llama.config import LlamaConfig
+from msllm.models.llama.kv_cache import KVCache
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -35,16 +47,6 @@ _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16
 def ms_dtype(name: str):
     """MindSpore dtype for a config dtype name (``float32`` / ``float16`` / ``bfloat16``)."""
     return _DTYPES[name]
-
-
-def cpu_fast_paths() -> bool:
-    """True on CPU without operator sharding: the model then uses shapes that MindSpore's CPU
-    kernels run faster (2-D RMSNorm and softmax inputs, the loss on target positions only; each
-    is commented where it is used, with the gain measured in benchmarks/BENCHMARKS.md). Under
-    operator sharding (Ascend) it keeps the shapes that ``msllm.parallel.layout``'s primitive
-    strategies are written for. Read when a cell is built."""
-    return (ms.get_context("device_target") == "CPU"
-            and ms.get_auto_parallel_context("parallel_mode") in ("stand_alone", "data_parallel"))
 
 
 class Linear(nn.Cell):
@@ -71,14 +73,14 @@ class RMSNorm(nn.Cell):
     Input (..., C); the statistics are computed in ``layernorm_compute_type`` (fp32 by default)
     and the result is cast back to the input dtype.
 
-    On CPU (:func:`cpu_fast_paths`) the input is viewed as 2-D (N, C) while normalising:
+    With ``flat`` (the CPU fast path) the input is viewed as 2-D (N, C) while normalising:
     MindSpore's CPU reductions (the mean here, the weight and statistics gradients) are 4-7x
     slower on (B, T, C) than on (B*T, C); forward + both gradients of one norm took 10.7 ms on
     (8, 256, 256) and 3.2 ms on its 2-D view (24 ms vs 7 ms on (4, 512, 512);
     benchmarks/micro_ops.py --which norm).
     """
 
-    def __init__(self, hidden_size: int, eps: float, config: LlamaConfig):
+    def __init__(self, hidden_size: int, eps: float, config: LlamaConfig, flat: bool = False):
         super().__init__()
         self.weight = Parameter(initializer("ones", (hidden_size,), ms_dtype(config.param_init_type)),
                                 name="weight")
@@ -91,7 +93,7 @@ class RMSNorm(nn.Cell):
         self.mul = ops.Mul()
         self.mul_weight = ops.Mul()
         self.reshape = ops.Reshape()
-        self.flat = cpu_fast_paths()
+        self.flat = flat
 
     def construct(self, x):
         dtype, shape = x.dtype, x.shape
@@ -124,14 +126,15 @@ class Attention(nn.Cell):
     """Causal grouped-query self-attention with rotary embeddings (Ainslie et al. 2023 for GQA).
 
     Input x (B, T, C); output (B, T, C). K = n_kv_heads key/value heads are shared by H / K
-    query heads each.
+    query heads each. ``construct`` attends causally within x; ``construct_cached`` appends x's
+    keys/values to a cache of S slots and attends over the cache under a given mask.
     """
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False):
         super().__init__()
         c, h, k, d = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
         std = config.initializer_range
-        self.n_heads, self.n_kv, self.head_dim, self.n_rep = h, k, d, h // k
+        self.n_heads, self.n_kv, self.head_dim, self.n_rep, self.hidden = h, k, d, h // k, c
         self.q_proj = Linear(c, h * d, config, std)
         self.k_proj = Linear(c, k * d, config, std)
         self.v_proj = Linear(c, k * d, config, std)
@@ -153,10 +156,11 @@ class Attention(nn.Cell):
         self.mul_scale = ops.Mul()
         self.add_mask = ops.Add()
         self.softmax = ops.Softmax(-1)
-        self.flat_softmax = cpu_fast_paths()
+        self.flat_softmax = fast_paths
+        self.kv_cache = KVCache()
 
     def rotate(self, x, cos, sin):
-        """x (B, N, T, D); cos/sin (T, D) -> (B, N, T, D)."""
+        """x (B, N, T, D); cos/sin (T, D) or per row (B, 1, T, D) -> (B, N, T, D)."""
         half = self.head_dim // 2
         x1 = x[..., :half]
         x2 = x[..., half:]
@@ -171,7 +175,9 @@ class Attention(nn.Cell):
         x = ops.broadcast_to(self.reshape(x, (b, k, 1, t, d)), (b, k, self.n_rep, t, d))
         return self.reshape(x, (b, k * self.n_rep, t, d))
 
-    def construct(self, x, cos, sin, mask):
+    def project(self, x, cos, sin):
+        """x (B, T, C) -> q (B, H, T, D) rotated and scaled by 1/sqrt(D), k (B, K, T, D) rotated,
+        v (B, K, T, D)."""
         b, t, c = x.shape
         x2d = self.reshape(x, (b * t, c))                                              # (B*T, C)
         q = self.transpose(self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim)), (0, 2, 1, 3))
@@ -180,18 +186,37 @@ class Attention(nn.Cell):
         # 1/sqrt(D) applied to q (B, H, T, D) rather than to the scores (B, H, T, T): T/D times
         # fewer multiplies, forward and backward
         q = self.mul_scale(self.rotate(q, cos, sin), self.scale)                       # (B, H, T, D)
-        k = self.repeat_kv(self.rotate(k, cos, sin))                                   # (B, H, T, D)
-        v = self.repeat_kv(v)                                                          # (B, H, T, D)
-        scores = self.bmm_qk(q, k)                                                     # (B, H, T, T)
-        scores = self.add_mask(self.cast(scores, self.softmax_dtype), mask)            # causal
-        if self.flat_softmax:  # CPU: softmax + its gradient on (B*H*T, T) run 25-30% faster than 4-D
-            probs = self.reshape(self.softmax(self.reshape(scores, (-1, t))), (b, self.n_heads, t, t))
+        return q, self.rotate(k, cos, sin), v
+
+    def attend(self, q, k, v, mask):
+        """q (B, H, T, D), k/v (B, K, S, D), additive mask broadcastable to (B, H, T, S)
+        -> (B, T, C)."""
+        b, _, t, _ = q.shape
+        s = k.shape[2]
+        k = self.repeat_kv(k)                                                          # (B, H, S, D)
+        v = self.repeat_kv(v)                                                          # (B, H, S, D)
+        scores = self.bmm_qk(q, k)                                                     # (B, H, T, S)
+        scores = self.add_mask(self.cast(scores, self.softmax_dtype), mask)
+        if self.flat_softmax:  # CPU: softmax + its gradient on (B*H*T, S) run 25-30% faster than 4-D
+            probs = self.reshape(self.softmax(self.reshape(scores, (-1, s))), (b, self.n_heads, t, s))
         else:
             probs = self.softmax(scores)
         probs = self.cast(probs, self.compute_dtype)
         out = self.bmm_pv(probs, v)                                                    # (B, H, T, D)
         out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
-        return self.reshape(self.o_proj(out), (b, t, c))                               # (B, T, C)
+        return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
+
+    def construct(self, x, cos, sin, mask):
+        q, k, v = self.project(x, cos, sin)
+        return self.attend(q, k, v, mask)                                              # causal mask (T, T)
+
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write):
+        """x (B, T, C); cos/sin (B, 1, T, D); mask (B, 1, T, S); caches (B, K, S, D); write (T, S)
+        -> (out (B, T, C), k_cache, v_cache) with x's keys/values written to their slots."""
+        q, k, v = self.project(x, cos, sin)
+        k_cache = self.kv_cache(k_cache, k, write)
+        v_cache = self.kv_cache(v_cache, v, write)
+        return self.attend(q, k_cache, v_cache, mask), k_cache, v_cache
 
 
 class MLP(nn.Cell):
@@ -216,35 +241,45 @@ class MLP(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Pre-norm transformer block: x + attn(norm(x)), then h + mlp(norm(h)); (B, T, C) -> (B, T, C)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths)
+        self.self_attn = Attention(config, fast_paths)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths)
         self.mlp = MLP(config)
         self.add_attn = ops.Add()
         self.add_mlp = ops.Add()
         self.reshape = ops.Reshape()
 
-    def construct(self, x, cos, sin, mask):
-        b, t, c = x.shape
-        h = self.add_attn(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
+    def feed_forward(self, h):
+        """h (B, T, C) -> h + mlp(norm(h)) (B, T, C)."""
+        b, t, c = h.shape
         m = self.mlp(self.reshape(self.post_attention_layernorm(h), (b * t, c)))
         return self.add_mlp(h, self.reshape(m, (b, t, c)))
+
+    def construct(self, x, cos, sin, mask):
+        h = self.add_attn(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return self.feed_forward(h)
+
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write):
+        """As ``construct`` for new tokens x (B, T, C) over a cache; returns (x', k_cache, v_cache)."""
+        a, k_cache, v_cache = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask,
+                                                              k_cache, v_cache, write)
+        return self.feed_forward(self.add_attn(x, a)), k_cache, v_cache
 
 
 class LlamaModel(nn.Cell):
     """Embedding + decoder layers + final norm: token ids (B, T) int32 -> hidden (B, T, C)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          embedding_table=Normal(config.initializer_range),
                                          dtype=ms.int32)
         self.embed_tokens.embedding_table.set_dtype(ms_dtype(config.param_init_type))
-        self.layers = nn.CellList([DecoderLayer(config) for _ in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config)
+        self.layers = nn.CellList([DecoderLayer(config, fast_paths) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths)
         cos, sin = rotary_tables(config)
         p = config.max_positions
         # Constant tables, not Parameters: they are not trained and not checkpointed.
@@ -256,6 +291,8 @@ class LlamaModel(nn.Cell):
                            ms_dtype(config.softmax_compute_type))              # (P, P)
         self.compute_dtype = ms_dtype(config.compute_dtype)
         self.cast = ops.Cast()
+        self.gather_pos = ops.Gather()
+        self.reshape = ops.Reshape()
 
     def construct(self, input_ids):
         t = input_ids.shape[1]
@@ -264,6 +301,28 @@ class LlamaModel(nn.Cell):
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return self.norm(x)
+
+    def forward_cached(self, input_ids, positions, mask, write, caches):
+        """New tokens over a cache -> (hidden (B, T, C), caches).
+
+        input_ids / positions (B, T) int32 (each row's own positions, so left padding is
+        invisible to the rotary embedding); mask (B, 1, T, S) additive float (0 = attend,
+        -1e9 = not); write (T, S) float32 one-hot slots; caches: ``2 * num_layers`` tensors
+        (B, K, S, D), keys then values per layer (:func:`~msllm.models.llama.kv_cache.empty_cache`).
+        """
+        b, t = input_ids.shape
+        x = self.cast(self.embed_tokens(input_ids), self.compute_dtype)         # (B, T, C)
+        d = self.cos.shape[-1]
+        cos = self.reshape(self.gather_pos(self.cos, positions, 0), (b, 1, t, d))  # (B, 1, T, D)
+        sin = self.reshape(self.gather_pos(self.sin, positions, 0), (b, 1, t, d))
+        mask = self.cast(mask, self.mask.dtype)
+        new_caches = ()
+        i = 0
+        for layer in self.layers:
+            x, k_cache, v_cache = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], write)
+            new_caches = new_caches + (k_cache, v_cache)
+            i += 1
+        return self.norm(x), new_caches
 
 
 class LlamaForCausalLM(nn.Cell):
@@ -275,7 +334,11 @@ class LlamaForCausalLM(nn.Cell):
             ``input_ids[:, :-1]``. This is the MindRecord sample layout of ``llama_preprocess``.
         input_ids (B, T) alone -> logits (B, T, V) fp32.
 
-    ``compact_loss`` (default :func:`cpu_fast_paths`): for the loss, run the output head
+    ``forward_cached(input_ids, positions, mask, write, caches, last_only)``: generation with a
+    key/value cache (see :meth:`LlamaModel.forward_cached`) -> (logits (B, T, V) or with
+    ``last_only`` (B, V) fp32, caches).
+
+    ``compact_loss`` (default ``fast_paths``): for the loss, run the output head
     and the softmax only on the K positions that have a target, instead of all B*T. The loss and
     the gradients are the same (ignored positions contribute exactly zero either way); the work
     of the (K, C) x (C, V) head and the (K, V) log-softmax shrinks with K. On the Alpaca SFT data
@@ -286,10 +349,10 @@ class LlamaForCausalLM(nn.Cell):
     sharding and on Ascend (unmeasured there).
     """
 
-    def __init__(self, config: LlamaConfig, compact_loss: bool | None = None):
+    def __init__(self, config: LlamaConfig, compact_loss: bool | None = None, fast_paths: bool = False):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, fast_paths)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -298,7 +361,7 @@ class LlamaForCausalLM(nn.Cell):
         self.loss = CausalLMLoss(config.ignore_token_id)
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
-        self.compact_loss = cpu_fast_paths() if compact_loss is None else compact_loss
+        self.compact_loss = fast_paths if compact_loss is None else compact_loss
         self.gather_rows = ops.Gather()
         self.concat_rows = ops.Concat(0)
         # appended to the kept rows: row 0 with an ignored target, so that K = 0 (every target
@@ -321,6 +384,16 @@ class LlamaForCausalLM(nn.Cell):
         h = self.model(tokens)                                                  # (B, T, C)
         out = self.head(self.reshape(h, (b * t, self.config.hidden_size)))     # (B*T, V)
         return self.reshape(out, (b, t, self.config.vocab_size))
+
+    def forward_cached(self, input_ids, positions, mask, write, caches, last_only=False):
+        """Generation step over a key/value cache; shapes in :meth:`LlamaModel.forward_cached`.
+        Returns (logits (B, T, V) float32, or (B, V) of the last position with ``last_only``,
+        updated caches)."""
+        h, caches = self.model.forward_cached(input_ids, positions, mask, write, caches)  # (B, T, C)
+        b, t, c = h.shape
+        if last_only:
+            return self.head(self.reshape(h[:, t - 1:t, :], (b, c))), caches            # (B, V)
+        return self.reshape(self.head(self.reshape(h, (b * t, c))), (b, t, self.config.vocab_size)), caches
 
     def construct(self, input_ids, labels=None):
         if labels is None:
