@@ -205,6 +205,8 @@ class LrScheduleConfig:
             raise MsllmError(f"{where}.warmup_ratio={self.warmup_ratio}: expected a number in [0, 1]")
         if self.learning_rate < 0 or self.lr_end < 0:
             raise MsllmError(f"{where}: learning_rate and lr_end must be >= 0")
+        if self.total_steps == 0 or self.total_steps < -1:
+            raise MsllmError(f"{where}.total_steps={self.total_steps}: expected -1 (the run's length) or >= 1")
 
 
 @dataclass

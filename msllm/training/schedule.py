@@ -29,8 +29,18 @@ def cosine_with_warmup(total_steps: int, learning_rate: float, lr_end: float, wa
 
 
 def build_schedule(cfg: LrScheduleConfig, total_steps: int) -> np.ndarray:
-    """Per-step learning rates for ``cfg`` over ``total_steps`` optimizer steps."""
+    """Per-step learning rates for ``cfg`` over the run's ``total_steps`` optimizer steps.
+
+    ``cfg.total_steps`` (MindFormers' key; -1 = the run's length) is the length of the schedule:
+    warmup (``warmup_ratio`` of it, or ``warmup_steps``) and the cosine decay span it, and steps
+    past it stay at ``lr_end`` (as MindFormers' ``CosineWithWarmUpLR`` holds the end value once its
+    decay is over). A run shorter than ``cfg.total_steps`` stops part-way down the curve.
+    """
     if cfg.type == "constant":
         return np.full(total_steps, cfg.learning_rate, dtype=np.float32)
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total_steps)
-    return cosine_with_warmup(total_steps, cfg.learning_rate, cfg.lr_end, warmup)
+    span = cfg.total_steps if cfg.total_steps > 0 else total_steps
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * span)
+    curve = cosine_with_warmup(span, cfg.learning_rate, cfg.lr_end, warmup)
+    if span >= total_steps:
+        return curve[:total_steps]
+    return np.concatenate([curve, np.full(total_steps - span, cfg.lr_end, np.float32)])

@@ -27,6 +27,7 @@ import numpy as np
 from msllm.cluster.context import Runtime, setup_runtime
 from msllm.config import RunConfig, save_config
 from msllm.errors import MsllmError
+from msllm.settings import log_settings
 from msllm.training import checkpoint as ckpt
 from msllm.training.monitor import LossMonitor, StepRecord
 from msllm.training.schedule import build_schedule
@@ -211,6 +212,7 @@ def train(cfg: RunConfig) -> dict:
 
     rt = setup_runtime(cfg)
     setup_logging(rt.rank)
+    log_settings(cfg, cfg.run_mode)
     out = os.path.abspath(cfg.output_dir)
     if rt.is_main:
         save_config(cfg, os.path.join(out, "msllm_config.yaml"))
