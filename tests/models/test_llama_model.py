@@ -1,4 +1,8 @@
-"""The LLaMA network: parameter names and shapes, causality, GQA, loss masking."""
+"""The LLaMA network: parameter names and shapes, causality, GQA, loss masking.
+
+Every test runs on both model paths: ``fast_paths=True`` (the CPU shapes: 2-D norm/softmax views,
+loss over target positions only) and ``fast_paths=False`` (the shapes Ascend and the parallel
+layouts use), so the path CPU training does not take is still executed and checked."""
 
 import numpy as np
 import pytest
@@ -19,10 +23,30 @@ def small(**kw):
     return LlamaConfig(**base)
 
 
+@pytest.fixture(scope="module", params=[False, True], ids=["ascend_path", "cpu_fast_path"])
+def fast(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def model():
+def model(fast):
     ms.set_seed(1)
-    return LlamaForCausalLM(small())
+    return LlamaForCausalLM(small(), fast_paths=fast)
+
+
+def test_both_paths_compute_the_same_function():
+    ms.set_seed(3)
+    a = LlamaForCausalLM(small(), fast_paths=False)
+    b = LlamaForCausalLM(small(), fast_paths=True)
+    ms.load_param_into_net(b, {p.name: p for p in a.trainable_params()})
+    assert a.compact_loss is False and b.compact_loss is True and b.model.norm.flat
+    rng = np.random.default_rng(4)
+    ids = rng.integers(3, 97, (2, 9)).astype(np.int32)
+    labels = ids.copy()
+    labels[:, :3] = -100
+    np.testing.assert_allclose(a(ms.Tensor(ids)).asnumpy(), b(ms.Tensor(ids)).asnumpy(), atol=2e-6)
+    la, lb = (float(m(ms.Tensor(ids), ms.Tensor(labels)).asnumpy()) for m in (a, b))
+    assert abs(la - lb) < 1e-6
 
 
 def test_parameter_count_and_names(model):
@@ -70,10 +94,10 @@ def test_loss_ignores_masked_targets_and_matches_numpy(model):
     assert float(model(ms.Tensor(ids), ms.Tensor(none)).asnumpy()) == 0.0
 
 
-def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():
+def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(fast):
     ms.set_seed(2)
-    gqa = LlamaForCausalLM(small(n_kv_heads=2))
-    mha = LlamaForCausalLM(small(n_kv_heads=4))
+    gqa = LlamaForCausalLM(small(n_kv_heads=2), fast_paths=fast)
+    mha = LlamaForCausalLM(small(n_kv_heads=4), fast_paths=fast)
     d = 8
     src = {p.name: p.asnumpy() for p in gqa.trainable_params()}
     for p in mha.trainable_params():
@@ -85,8 +109,8 @@ def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():
     np.testing.assert_allclose(gqa(ids).asnumpy(), mha(ids).asnumpy(), atol=1e-5)
 
 
-def test_tied_embeddings_share_the_table():
-    m = LlamaForCausalLM(small(tie_word_embeddings=True))
+def test_tied_embeddings_share_the_table(fast):
+    m = LlamaForCausalLM(small(tie_word_embeddings=True), fast_paths=fast)
     names = [p.name for p in m.trainable_params()]
     assert "lm_head.weight" not in names
     assert sum(p.size for p in m.trainable_params()) == small(tie_word_embeddings=True).num_params()
