@@ -7,7 +7,8 @@ setup(
     version="0.1.0",
     description="A MindSpore-native toolkit for training and fine-tuning LLaMA-family models",
     packages=find_packages(include=["msllm", "msllm.*"]),
-    python_requires=">=3.9",
+    # tested on Python 3.11 only (CI and the development machines); 3.9 cannot parse the config schema
+    python_requires=">=3.11,<3.12",
     install_requires=[
         "mindspore==2.10.0",
         # the mindspore 2.10 wheel is built against numpy 1.x: with numpy 2 multi-process jobs
