@@ -269,8 +269,10 @@ class CallbacksConfig:
 class DatasetConfig:
     """``train_dataset``: MindRecord data written by ``data_preprocess/llama_preprocess.py``.
 
-    dataset_dir: a ``.mindrecord`` file or a directory of them.
+    dataset_dir: a ``.mindrecord`` file, one file of a ``--file_partition`` group, or a directory.
     batch_size: ``None`` = ``runner_config.batch_size`` (they must agree if both are given).
+    input_columns: ``["input_ids", "labels"]`` (train on the labels ``llama_preprocess`` wrote) or
+        ``["input_ids"]`` (every non-padding token, as MindFormers' pretraining configs do).
     Each data-parallel rank reads a disjoint shard (``MindDataset(num_shards, shard_id)``).
     """
 
@@ -280,6 +282,7 @@ class DatasetConfig:
     batch_size: Optional[int] = None
     num_parallel_workers: int = 1
     prefetch_size: int = 4
+    input_columns: list = field(default_factory=lambda: ["input_ids", "labels"])
 
 
 @dataclass
@@ -370,6 +373,10 @@ class RunConfig:
         if self.profile and not 1 <= self.profile_start_step <= self.profile_stop_step:
             raise MsllmError(f"profile_start_step={self.profile_start_step} / profile_stop_step="
                              f"{self.profile_stop_step}: expected 1 <= start <= stop")
+        from msllm.data.dataset import check_input_columns
+
+        for name in ("train_dataset", "eval_dataset"):
+            check_input_columns(getattr(self, name).input_columns, f"{name}.input_columns")
         ds_bs = self.train_dataset.batch_size
         if ds_bs is not None and ds_bs != self.runner_config.batch_size:
             raise MsllmError(f"train_dataset.batch_size={ds_bs} disagrees with "
@@ -514,18 +521,28 @@ def read_yaml(path: str) -> dict:
 
 
 def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
-    """YAML file + ``--key.sub=value`` overrides -> validated :class:`RunConfig`.
+    """YAML file (msllm's or MindFormers' run YAML) + ``--key.sub=value`` overrides (msllm names)
+    -> validated :class:`RunConfig`.
+
+    A MindFormers YAML is first translated to this schema
+    (:func:`msllm.compat.mindformers.translate_mindformers_yaml`); the MindFormers keys it accepts
+    without effect are kept as ``cfg.ignored_keys`` (``"key (reason)"`` strings) for the one
+    start-up log line of :func:`msllm.settings.log_settings`.
 
     Raises:
         MsllmError: missing file, invalid YAML, unknown key, wrong type or inconsistent values,
             with the file name prefixed.
     """
-    data = apply_overrides(read_yaml(path), overrides or [])
+    from msllm.compat.mindformers import translate_mindformers_yaml
+
+    data, notes = translate_mindformers_yaml(read_yaml(path), path)
+    data = apply_overrides(data, overrides or [])
     try:
         cfg = from_dict(RunConfig, data)
         cfg.validate()
     except MsllmError as exc:
         raise MsllmError(f"{path}: {exc}") from None
+    cfg.ignored_keys = [f"{key} ({why})" for key, why in notes]
     return cfg
 
 

@@ -9,6 +9,13 @@ rank r of W takes every W-th sample starting at r. Every rank gets ``N // W`` sa
 steps, which data parallel needs: a rank with one more batch would wait forever in the
 gradient all-reduce. The samples are read with ``MindDataset(sampler=SubsetSampler(indices))``
 (MindSpore doc "mindspore.dataset.MindDataset"), which keeps the given order.
+
+Columns (MindFormers' ``input_columns``): ``["input_ids", "labels"]`` (default) reads both;
+``["input_ids"]`` ignores the file's labels and trains on every token whose *input* position is
+not padding, which is what MindFormers' ``LlamaForCausalLM.construct`` does without labels
+(``labels = input_ids[:, 1:]``, ``input_mask = tokens != pad_token_id``; mindformers r1.0
+``mindformers/models/llama/llama.py``, commit 6a4076003f0c2461637b477199844cb92774e4d1):
+:func:`labels_from_input_ids`.
 """
 
 from __future__ import annotations
@@ -18,7 +25,39 @@ from dataclasses import dataclass
 import numpy as np
 
 from msllm.data.mindrecord import COLUMNS, check_dataset
+from msllm.data.templates import IGNORE_INDEX
 from msllm.errors import MsllmError
+
+
+def labels_from_input_ids(input_ids: np.ndarray, pad_token_id: int) -> np.ndarray:
+    """Labels for ``input_columns: ["input_ids"]``: (L,) int32 -> (L,) int32 with
+    ``labels[t] = input_ids[t]`` where ``input_ids[t - 1] != pad_token_id``, else -100 (and
+    ``labels[0] = -100``, which the trainer never reads: targets are ``labels[1:]``).
+
+    Same targets as MindFormers without a labels column (see the module doc); note that this
+    keeps the first pad after the last real token as a target, as MindFormers does.
+    """
+    ids = np.asarray(input_ids)
+    out = np.full(ids.shape, IGNORE_INDEX, np.int32)
+    keep = ids[..., :-1] != pad_token_id
+    out[..., 1:] = np.where(keep, ids[..., 1:], IGNORE_INDEX)
+    return out
+
+
+def check_input_columns(input_columns, where: str = "train_dataset.input_columns") -> bool:
+    """``True`` if the labels are read from the file, ``False`` if derived from ``input_ids``.
+
+    Raises:
+        MsllmError: anything but ``["input_ids", "labels"]`` (either order) or ``["input_ids"]``.
+    """
+    cols = list(input_columns)
+    if sorted(cols) == ["input_ids", "labels"]:
+        return True
+    if cols == ["input_ids"]:
+        return False
+    raise MsllmError(f"{where}={cols!r}: expected [\"input_ids\", \"labels\"] (train on the labels "
+                     "written by llama_preprocess.py) or [\"input_ids\"] (train on every non-padding "
+                     "token, as MindFormers does without labels)")
 
 
 def epoch_order(num_samples: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
@@ -45,6 +84,8 @@ class TrainData:
     seed: int
     drop_remainder: bool
     num_parallel_workers: int = 1
+    read_labels: bool = True
+    pad_token_id: int = 0
 
     @property
     def samples_per_rank(self) -> int:
@@ -72,6 +113,10 @@ class TrainData:
         data = ds.MindDataset(self.files, columns_list=list(COLUMNS),
                               sampler=ds.SubsetSampler(indices.tolist()),
                               num_parallel_workers=self.num_parallel_workers)
+        if not self.read_labels:
+            pad = self.pad_token_id
+            data = data.map(operations=lambda ids, _labels: (ids, labels_from_input_ids(ids, pad)),
+                            input_columns=list(COLUMNS), output_columns=list(COLUMNS))
         data = data.batch(self.batch_size, drop_remainder=self.drop_remainder)
         return data.create_tuple_iterator(num_epochs=1)
 
@@ -85,26 +130,32 @@ def count_samples(files: list) -> int:
 
 def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle: bool,
                      drop_remainder: bool, rank: int, world_size: int, seed: int = 0,
-                     num_parallel_workers: int = 1, prefetch_size: int = 4) -> TrainData:
-    """This rank's :class:`TrainData` over ``dataset_dir`` (a .mindrecord file or a directory).
+                     num_parallel_workers: int = 1, prefetch_size: int = 4,
+                     input_columns=COLUMNS, pad_token_id: int = 0) -> TrainData:
+    """This rank's :class:`TrainData` over ``dataset_dir`` (a .mindrecord file, one shard of a
+    ``--file_partition`` group, or a directory: :func:`msllm.data.mindrecord.resolve_mindrecord_files`).
 
     Args:
         batch_size: samples per step on this rank (micro batch x accumulation steps).
+        input_columns: ``["input_ids", "labels"]`` or ``["input_ids"]`` (:func:`check_input_columns`).
+        pad_token_id: the padding id (``model_config.pad_token_id``), for ``["input_ids"]``.
 
     Raises:
         MsllmError: empty path, missing/invalid files, seq_length mismatch (``check_dataset``),
-            or fewer samples than one batch per rank.
+            bad ``input_columns``, or fewer samples than one batch per rank.
     """
     import mindspore.dataset as ds
 
     if not dataset_dir:
         raise MsllmError("train_dataset.dataset_dir is empty: point it at a .mindrecord file or a "
                          "directory of them (made by data_preprocess/llama_preprocess.py)")
+    read_labels = check_input_columns(input_columns)
     files = check_dataset(dataset_dir, seq_length)
     ds.config.set_prefetch_size(prefetch_size)
     data = TrainData(files=files, num_samples=count_samples(files), rank=rank, world_size=world_size,
                      batch_size=batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
-                     num_parallel_workers=num_parallel_workers)
+                     num_parallel_workers=num_parallel_workers, read_labels=read_labels,
+                     pad_token_id=pad_token_id)
     if data.steps_per_epoch < 1:
         raise MsllmError(f"train_dataset {dataset_dir!r}: {data.num_samples} samples over {world_size} "
                          f"rank(s) give {data.samples_per_rank} per rank, fewer than one batch of "

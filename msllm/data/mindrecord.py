@@ -6,6 +6,15 @@ Layout written by :func:`write_mindrecord` for an output ``X.mindrecord``:
 * ``X.mindrecord.db``   its SQLite index, written by the same ``FileWriter``,
 * ``X.mindrecord.json`` the preprocessing metadata sidecar (see :data:`SIDECAR_KEYS`).
 
+With ``shard_num=N > 1`` (``llama_preprocess.py --file_partition N``, as MindFormers writes it)
+``FileWriter`` names the files ``X.mindrecord0`` ... ``X.mindrecord{N-1}`` (file name + shard
+index; each with its ``.db``) and spreads the rows over them; every header lists all N names
+(``shard_addresses``), and MindSpore's readers given one of them load the whole group (verified
+with mindspore 2.10.0). Each shard gets a sidecar ``X.mindrecord{i}.json`` with the group's
+metadata (``num_samples`` = rows of the whole group). The output name needs no ``.mindrecord``
+suffix (MindFormers' default is ``./dataset/wiki2048/wiki2048``): the data files are recognised
+by their ``.db`` companion.
+
 Schema (fixed; the trainer reads it): two columns ``input_ids`` and ``labels``, both
 ``{"type": "int32", "shape": [-1]}``, every row exactly ``seq_length + 1`` long.
 
@@ -66,7 +75,12 @@ SIDECAR_KEYS = (
     "shuffle",         # bool
     "seed",            # int
     "counts",          # dict: records_read, samples_built, samples_written, tokens_written,
-                       #   loss_tokens, truncated, skipped {reason: n}, dropped_tail_tokens
+                       #   loss_tokens, truncated, skipped {reason: n}, dropped_tail_tokens,
+                       #   not_used_samples_num
+    "template",        # prompt template of qa samples (msllm.data.templates), None for wiki
+    "wikitext_files",  # wiki: input files read as WikiText (clean_wikitext paragraphs); None for qa
+    "file_partition",  # int: number of shard files of the group (--file_partition)
+    "data_files",      # list of the group's data file basenames, in shard order
 )
 SIDECAR_FORMAT = "msllm-mindrecord-v1"
 
@@ -76,22 +90,31 @@ def sidecar_path(path: str) -> str:
     return path + SIDECAR_SUFFIX
 
 
+def shard_paths(path: str, shard_num: int = 1) -> list[str]:
+    """Data file names ``mindspore.mindrecord.FileWriter(path, shard_num)`` writes: ``[path]``
+    for one shard, else ``[path + "0", ..., path + str(shard_num - 1)]``."""
+    return [path] if shard_num == 1 else [f"{path}{i}" for i in range(shard_num)]
+
+
 def write_mindrecord(
     path: str,
     rows: Iterable[tuple[np.ndarray, np.ndarray]],
     meta: dict | None = None,
     batch_size: int = 1024,
     description: str = "msllm llama data",
+    shard_num: int = 1,
 ) -> int:
     """Write ``(input_ids, labels)`` rows to the MindRecord ``path`` atomically.
 
     Args:
-        path: output data file name (should end in ``.mindrecord``); ``path + ".db"`` and, if
-            ``meta`` is given, ``path + ".json"`` are written too. Existing files are replaced.
+        path: output file name (``.mindrecord`` suffix optional); the data files are
+            :func:`shard_paths` ``(path, shard_num)``, each with its ``.db`` and, if ``meta`` is
+            given, a ``.json`` sidecar (``meta`` plus ``data_files``). Existing files are replaced.
         rows: iterable of pairs of 1-D arrays (converted to int32), one pair per sample.
         meta: JSON-serialisable sidecar content, or ``None`` for no sidecar.
         batch_size: rows per ``FileWriter.write_raw_data`` call.
         description: schema description stored in the header.
+        shard_num: ``FileWriter``'s ``shard_num`` (MindFormers' ``--file_partition``), 1..1000.
 
     Returns:
         Number of rows written.
@@ -107,7 +130,7 @@ def write_mindrecord(
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f".{base}.", suffix=".tmp", dir=parent)
     try:
-        return _write_in(tmp_dir, path, base, rows, meta, batch_size, description)
+        return _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_num)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -127,12 +150,14 @@ def _storage_call(path: str, fn, *args):
                          "the directory not writable? Nothing was written.") from None
 
 
-def _write_in(tmp_dir, path, base, rows, meta, batch_size, description) -> int:
+def _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_num) -> int:
     """Write the MindRecord inside ``tmp_dir`` under ``base``, then move it to ``path``."""
     from mindspore.mindrecord import FileWriter
 
+    if not 1 <= shard_num <= 1000:  # FileWriter's own limit
+        raise MsllmError(f"--file_partition {shard_num}: expected an integer in [1, 1000]")
     tmp_data = os.path.join(tmp_dir, base)
-    writer = _storage_call(path, FileWriter, tmp_data, 1, True)
+    writer = _storage_call(path, FileWriter, tmp_data, shard_num, True)
     writer.add_schema(SCHEMA, description)
     count = 0
     batch: list[dict] = []
@@ -153,17 +178,23 @@ def _write_in(tmp_dir, path, base, rows, meta, batch_size, description) -> int:
     if count == 0:
         raise MsllmError(f"{path}: no samples to write (expected at least one)")
     _storage_call(path, writer.commit)
+    finals = shard_paths(path, shard_num)
+    temps = shard_paths(tmp_data, shard_num)
     if meta is not None:
-        write_json_atomic(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), meta)
-    # Index and sidecar first, data file last: a reader given `path` never sees a data file
-    # whose .db is missing or stale (old output is replaced file by file).
-    os.replace(tmp_data + DB_SUFFIX, path + DB_SUFFIX)
-    if meta is not None:
-        os.replace(os.path.join(tmp_dir, base + SIDECAR_SUFFIX), sidecar_path(path))
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(sidecar_path(path))
-    os.replace(tmp_data, path)
+        meta = dict(meta, file_partition=shard_num, data_files=[os.path.basename(f) for f in finals])
+        for tmp in temps:
+            write_json_atomic(tmp + SIDECAR_SUFFIX, meta)
+    # Indexes and sidecars first, data files last: a reader given a data file never sees it
+    # without its .db (old output is replaced file by file).
+    for tmp, final in zip(temps, finals):
+        os.replace(tmp + DB_SUFFIX, final + DB_SUFFIX)
+        if meta is not None:
+            os.replace(tmp + SIDECAR_SUFFIX, sidecar_path(final))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sidecar_path(final))
+    for tmp, final in zip(temps, finals):
+        os.replace(tmp, final)
     return count
 
 
@@ -344,37 +375,73 @@ def check_mindrecord(path: str, seq_length: int) -> dict:
     return meta
 
 
+def _is_data_file(path: str) -> bool:
+    """A MindRecord data file: a file with a ``.db`` companion that is not itself a ``.db`` or
+    ``.json`` companion."""
+    return (os.path.isfile(path) and os.path.isfile(path + DB_SUFFIX)
+            and not path.endswith((DB_SUFFIX, SIDECAR_SUFFIX)))
+
+
+def shard_group(path: str) -> list[str]:
+    """All data files of the shard group of the data file ``path`` (absolute, in shard order),
+    from its header's ``shard_addresses``, resolved beside it (MindSpore does the same).
+
+    Raises:
+        MsllmError: ``path`` is not a MindRecord data file, or a shard of its group is missing.
+    """
+    header = read_header(path)
+    names = [os.path.basename(a) for a in header.get("shard_addresses") or []]
+    if len(names) <= 1:
+        return [os.path.abspath(path)]
+    folder = os.path.dirname(os.path.abspath(path))
+    files = [os.path.join(folder, n) for n in names]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise MsllmError(f"{path}: is one of a group of {len(names)} MindRecord shards "
+                         f"({', '.join(names)}), but {missing[0]} is missing; keep all shards "
+                         "(and their .db files) together")
+    return files
+
+
 def resolve_mindrecord_files(path: str) -> list[str]:
     """The MindRecord data files of a training dataset path.
 
     Args:
-        path: a MindRecord data file, or a directory holding ``*.mindrecord`` files (only
-            exact ``.mindrecord`` suffixes are taken: ``.db`` indexes and ``.json`` sidecars
-            are not data files).
+        path: a MindRecord data file (any name, e.g. ``X.mindrecord`` or MindFormers' suffix-less
+            ``wiki2048``), one shard of a ``--file_partition`` group (``X.mindrecord0``: the whole
+            group is returned, as MindSpore's ``MindDataset`` reads a whole group from one shard
+            name), or a directory: every data file in it (recognised by its ``.db`` companion;
+            ``.db`` indexes and ``.json`` sidecars are not data files).
 
     Returns:
-        Sorted list of absolute data file paths (one element for a file).
+        Sorted list of absolute data file paths, each group in shard order, no duplicates.
 
     Raises:
         MsllmError: path missing; a ``.db``/``.json`` companion given instead of the data file;
-            directory without ``*.mindrecord`` files.
+            directory without MindRecord data files; a shard of a group missing.
     """
     if not os.path.exists(path):
         raise MsllmError(f"{path}: dataset path not found (expected a .mindrecord file or a directory of them)")
     if os.path.isdir(path):
-        files = sorted(
-            os.path.abspath(p) for p in glob.glob(os.path.join(glob.escape(path), "*" + MINDRECORD_SUFFIX))
-            if os.path.isfile(p)
+        candidates = sorted(
+            os.path.abspath(p) for p in glob.glob(os.path.join(glob.escape(path), "*")) if _is_data_file(p)
         )
-        if not files:
-            raise MsllmError(f"{path}: directory holds no *.mindrecord files (expected at least one)")
+        if not candidates:
+            raise MsllmError(f"{path}: directory holds no *.mindrecord files (expected at least one "
+                             "MindRecord data file with its .db index)")
+        files: list[str] = []
+        for f in candidates:
+            if f not in files:
+                files.extend(g for g in shard_group(f) if g not in files)
         return files
     for suffix in (DB_SUFFIX, SIDECAR_SUFFIX):
-        if path.endswith(MINDRECORD_SUFFIX + suffix):
+        if path.endswith(suffix) and os.path.isfile(path[: -len(suffix)]):
             raise MsllmError(
                 f"{path}: is the {suffix} companion of a MindRecord; pass the data file "
                 f"{path[: -len(suffix)]} instead"
             )
+    if os.path.isfile(path + DB_SUFFIX):
+        return shard_group(path)
     return [os.path.abspath(path)]
 
 

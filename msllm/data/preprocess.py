@@ -1,27 +1,33 @@
-"""Tokenize conversation JSON (``qa``) or plain text (``wiki``) into a training MindRecord.
+"""Tokenize conversation JSON (``qa``) or text (``wiki``) into a training MindRecord.
 
 The command-line front is ``data_preprocess/llama_preprocess.py`` (flags of MindFormers
-``llama_preprocess.py``); this module holds the logic, :mod:`msllm.data.mindrecord` the I/O.
+``llama_preprocess.py``); this module holds the logic, :mod:`msllm.data.mindrecord` the I/O,
+:mod:`msllm.data.templates` the prompt templates, :mod:`msllm.data.wiki` the ``wiki`` inputs.
 
 Sample format (what the trainer reads; each row has ``seq_length + 1`` int32 values):
 the trainer uses ``tokens = input_ids[:-1]`` and ``targets = labels[1:]`` and ignores targets
 equal to :data:`IGNORE_INDEX`. ``input_ids`` are padded with ``pad_token_id`` (default 0),
-``labels`` with :data:`IGNORE_INDEX`.
+``labels`` with :data:`IGNORE_INDEX` (as MindFormers pads: ``tokenizer._pad`` with ``<unk>`` = 0).
 
-``qa``: per conversation, for each (human, gpt) turn pair in order,
-``[bos] + encode(human)`` with labels ``IGNORE_INDEX`` then ``encode(gpt) + [eos]`` with labels
-equal to those ids; all turns of a conversation go into one sample. Unlike MindFormers (which
-wraps turns in FastChat's Vicuna "USER:/ASSISTANT:" template) the turn text is used as is: the
-Alpaca prompt made by :mod:`msllm.data.conversation` already carries the instruction format.
-Longer than ``seq_length + 1`` -> truncated (kept, counted); nothing left to learn after
-truncation -> skipped with reason :data:`SKIP_NO_RESPONSE`.
+``qa``: each conversation rendered by a prompt template (:func:`build_qa_sample`; the command
+line's default ``vicuna_v1.1`` gives MindFormers' samples, ``alpaca`` this module's earlier
+layout) and tokenised by :func:`msllm.data.templates.encode_segments`: all turns of a
+conversation go into one sample; labels keep every answer and its ``</s>``, the rest is
+:data:`IGNORE_INDEX`. As in MindFormers, one leading non-human turn is dropped. Longer than
+``seq_length + 1`` -> truncated (kept, counted); nothing left to learn -> skipped with reason
+:data:`SKIP_NO_RESPONSE` (MindFormers writes such rows with every label ignored).
 
-``wiki``: documents (text lines, or ``text`` of ``.json``/``.jsonl`` records) are tokenized and
-concatenated as ``[bos] + doc + [eos]`` per document, then cut into blocks of ``seq_length + 1``;
-the final partial block is dropped (its size is reported). ``labels = input_ids``.
+``wiki``: documents (:mod:`msllm.data.wiki`: text lines, ``text`` of ``.json``/``.jsonl``
+records, or WikiText paragraphs cleaned as MindFormers does) are tokenised with
+``encode_special`` and concatenated as ``[bos] + doc + [eos]`` per document, then cut into
+blocks of ``seq_length + 1``; the final partial block is dropped (its size is reported).
+``labels = input_ids``. This is MindFormers' ``tokenize_wiki`` stream (``tokenizer(para)`` with
+BOS and EOS, ``chunks`` of ``seq_length + 1``, the short last chunk dropped), except that
+MindFormers repeats the token stream before cutting while msllm repeats the blocks.
 
-Then the sample list is repeated ``repeat`` times and, if ``shuffle``, permuted with
-``numpy.random.default_rng(seed)``.
+Then the first ``samples_num`` samples are kept (if given), the list is repeated ``repeat``
+times and, if ``shuffle``, permuted with ``numpy.random.default_rng(seed)``; MindFormers'
+script does not shuffle (``--shuffle 0`` writes its row order).
 
 Tokenization can run in ``num_workers`` processes (``spawn`` start method, ordered
 ``Pool.imap``; the tokenizer is loaded once per worker by the pool initializer); the result is
@@ -32,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import multiprocessing
 import os
 import time
@@ -41,19 +46,17 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from msllm.data.conversation import (
-    GPT,
-    HUMAN,
-    conversation_skip_reason,
-    load_conversation_file,
-    load_json_file,
-)
-from msllm.data.mindrecord import MINDRECORD_SUFFIX, SIDECAR_FORMAT, write_mindrecord
+from msllm.data.conversation import HUMAN, conversation_skip_reason, load_conversation_file
+from msllm.data.mindrecord import DB_SUFFIX, SIDECAR_FORMAT, SIDECAR_SUFFIX, shard_paths, write_mindrecord
+from msllm.data.templates import IGNORE_INDEX, Template, encode_segments, get_template
 from msllm.data.tokenizer import LlamaTokenizer
+from msllm.data.wiki import read_wiki_documents, read_wiki_file  # noqa: F401  (re-exported)
 from msllm.errors import MsllmError
 
-IGNORE_INDEX = -100
-"""Label value excluded from the loss; also the padding value of ``labels``."""
+LIBRARY_TEMPLATE = "alpaca"
+"""Template of :func:`build_qa_sample` / :func:`preprocess_to_mindrecord` when none is given
+(their callers predate templates); the command line defaults to
+:data:`msllm.data.templates.DEFAULT_TEMPLATE` (``vicuna_v1.1``)."""
 
 DATASET_TYPES = ("qa", "wiki")
 SKIP_NO_RESPONSE = "no response tokens within seq_length"
@@ -81,28 +84,27 @@ class QAResult:
     skip_reason: str | None = None
 
 
-def build_qa_sample(tokenizer: LlamaTokenizer, turns: Sequence[tuple[str, str]], seq_length: int) -> QAResult:
+def build_qa_sample(tokenizer: LlamaTokenizer, turns: Sequence[tuple[str, str]], seq_length: int,
+                    template: Template | str = LIBRARY_TEMPLATE) -> QAResult:
     """Build one (unpadded) ``qa`` sample from a conversation's ``(role, value)`` turns.
 
-    See the module doc for the layout. Conversations that are empty or do not alternate
-    human/gpt get ``skip_reason`` from :func:`msllm.data.conversation.conversation_skip_reason`;
-    a sample with no label != ``IGNORE_INDEX`` left after truncation gets
-    :data:`SKIP_NO_RESPONSE`.
+    One leading non-human turn is dropped (MindFormers' ``preprocess``: "Skip the first one if
+    it is not from human"). Conversations that are then empty or do not alternate human/gpt
+    ending with gpt get ``skip_reason`` from
+    :func:`msllm.data.conversation.conversation_skip_reason`; the rest are rendered by
+    ``template`` (a :class:`~msllm.data.templates.Template` or its name) and tokenised by
+    :func:`~msllm.data.templates.encode_segments`, then cut to ``seq_length + 1`` tokens; a
+    sample with no label != ``IGNORE_INDEX`` left gets :data:`SKIP_NO_RESPONSE`.
     """
-    reason = conversation_skip_reason(list(turns))
+    if isinstance(template, str):
+        template = get_template(template)
+    turns = list(turns)
+    if turns and turns[0][0] != HUMAN:
+        turns = turns[1:]
+    reason = conversation_skip_reason(turns)
     if reason is not None:
         return QAResult(None, None, skip_reason=reason)
-    ids: list[int] = []
-    labels: list[int] = []
-    for i in range(0, len(turns), 2):
-        (r_h, human), (r_g, gpt) = turns[i], turns[i + 1]
-        assert r_h == HUMAN and r_g == GPT
-        prompt = [tokenizer.bos_id] + tokenizer.encode(human)
-        answer = tokenizer.encode(gpt) + [tokenizer.eos_id]
-        ids += prompt
-        labels += [IGNORE_INDEX] * len(prompt)
-        ids += answer
-        labels += answer
+    ids, labels = encode_segments(tokenizer, template.segments(turns))
     limit = seq_length + 1
     truncated = len(ids) > limit
     if truncated:
@@ -206,57 +208,6 @@ def expand_input_glob(pattern: str) -> list[str]:
     return files
 
 
-def _text_of(record: object, where: str) -> str:
-    if not isinstance(record, dict):
-        raise MsllmError(f"{where} is a JSON {type(record).__name__}, expected an object with a 'text' string")
-    if "text" not in record:
-        raise MsllmError(f"{where} has no 'text' key (expected a string)")
-    if not isinstance(record["text"], str):
-        raise MsllmError(f"{where} key 'text' is a JSON {type(record['text']).__name__}, expected a string")
-    return record["text"]
-
-
-def read_wiki_documents(path: str) -> list[str]:
-    """Documents of one ``wiki`` input file; blank documents are dropped.
-
-    * ``*.jsonl``: one JSON object per line with a string ``text`` (blank lines ignored),
-    * ``*.json``: a JSON list of objects with a string ``text``,
-    * anything else: UTF-8 text, one document per line (line ending removed).
-
-    Raises:
-        MsllmError: unreadable/not UTF-8, bad JSON (file and line), a record without a string
-            ``text``.
-    """
-    lower = path.lower()
-    if lower.endswith(".json"):
-        data = load_json_file(path)
-        if not isinstance(data, list):
-            raise MsllmError(
-                f"{path}: top level is a JSON {type(data).__name__}, expected a list of objects with 'text'"
-            )
-        texts = [_text_of(rec, f"{path}: record {i}") for i, rec in enumerate(data)]
-        return [t for t in texts if t.strip()]
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except UnicodeDecodeError as exc:
-        raise MsllmError(f"{path}: not UTF-8 text at byte {exc.start} (expected a UTF-8 text file)") from None
-    if not lower.endswith(".jsonl"):
-        return [line for line in lines if line.strip()]
-    docs = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise MsllmError(f"{path}: invalid JSON at line {lineno} column {exc.colno}: {exc.msg}") from None
-        text = _text_of(rec, f"{path}: line {lineno}")
-        if text.strip():
-            docs.append(text)
-    return docs
-
-
 # --------------------------------------------------------------------------------------------
 # Parallel tokenization
 # --------------------------------------------------------------------------------------------
@@ -264,18 +215,20 @@ def read_wiki_documents(path: str) -> list[str]:
 _WORKER: dict = {}
 
 
-def _init_worker(model_file: str, pad_token_id: int, seq_length: int) -> None:
+def _init_worker(model_file: str, pad_token_id: int, seq_length: int, template: str = LIBRARY_TEMPLATE) -> None:
     """Pool initializer: load the tokenizer once per process."""
     _WORKER["tokenizer"] = LlamaTokenizer(model_file, pad_token_id)
     _WORKER["seq_length"] = seq_length
+    _WORKER["template"] = get_template(template)
 
 
 def _qa_task(turns: list[tuple[str, str]]) -> QAResult:
-    return build_qa_sample(_WORKER["tokenizer"], turns, _WORKER["seq_length"])
+    return build_qa_sample(_WORKER["tokenizer"], turns, _WORKER["seq_length"], _WORKER["template"])
 
 
 def _wiki_task(text: str) -> np.ndarray:
-    return np.asarray(_WORKER["tokenizer"].encode(text), np.int32)
+    # MindFormers calls its tokenizer on the text: special-token strings are tokens
+    return np.asarray(_WORKER["tokenizer"].encode_special(text), np.int32)
 
 
 def ordered_map(
@@ -316,6 +269,11 @@ class PreprocessSummary:
     dataset_type: str
     seq_length: int
     input_files: list[str]
+    template: str | None = None
+    data_files: list[str] = dataclasses.field(default_factory=list)
+    wikitext_files: int = 0
+    samples_num: int | None = None
+    not_used: int = 0
     records_read: int = 0
     samples_built: int = 0
     samples_written: int = 0
@@ -341,6 +299,7 @@ class PreprocessSummary:
             "truncated": self.truncated,
             "skipped": dict(sorted(self.skipped.items())),
             "dropped_tail_tokens": self.dropped_tail_tokens,
+            "not_used_samples_num": self.not_used,
         }
 
     def format(self) -> str:
@@ -348,8 +307,13 @@ class PreprocessSummary:
         t = max(self.total_seconds, 1e-9)
         tk = max(self.tokenize_seconds, 1e-9)
         skipped = sum(self.skipped.values())
+        kind = self.dataset_type
+        if self.template is not None:
+            kind += f", template {self.template}"
+        if self.wikitext_files:
+            kind += f", {self.wikitext_files} WikiText file(s) cleaned as MindFormers' clean_wikitext"
         lines = [
-            f"input files       : {len(self.input_files)} ({self.dataset_type})",
+            f"input files       : {len(self.input_files)} ({kind})",
             f"records read      : {self.records_read}",
             f"samples built     : {self.samples_built}",
             f"samples written   : {self.samples_written} (seq_length {self.seq_length}, rows of {self.seq_length + 1})",
@@ -360,10 +324,14 @@ class PreprocessSummary:
         ]
         for reason, n in sorted(self.skipped.items()):
             lines.append(f"  {n:>6}  {reason}")
+        if self.samples_num is not None:
+            lines.append(f"--samples_num     : {self.samples_num} kept, {self.not_used} more built and not used")
         if self.dataset_type == "wiki":
             lines.append(f"dropped tail      : {self.dropped_tail_tokens} tokens (final partial block)")
+        files = self.data_files or [self.output_file]
+        where = files[0] if len(files) == 1 else f"{len(files)} shards {files[0]} ... {files[-1]}"
         lines += [
-            f"output            : {self.output_file} (+ .db, + .json sidecar)",
+            f"output            : {where} (+ .db, + .json sidecar each)",
             f"time              : {self.total_seconds:.2f} s total, tokenize {self.tokenize_seconds:.2f} s "
             f"({self.num_workers} worker(s)), MindSpore import {self.import_seconds:.2f} s, "
             f"write {self.write_seconds:.2f} s",
@@ -373,7 +341,8 @@ class PreprocessSummary:
         return "\n".join(lines)
 
 
-def _validate_args(dataset_type: str, seq_length: int, repeat: int, num_workers: int, output_file: str) -> None:
+def _validate_args(dataset_type: str, seq_length: int, repeat: int, num_workers: int, output_file: str,
+                   file_partition: int, samples_num: int | None) -> None:
     if dataset_type not in DATASET_TYPES:
         raise MsllmError(f"--dataset_type {dataset_type!r}: expected one of {', '.join(DATASET_TYPES)}")
     if seq_length < 2:
@@ -382,8 +351,14 @@ def _validate_args(dataset_type: str, seq_length: int, repeat: int, num_workers:
         raise MsllmError(f"--repeat {repeat}: expected an integer >= 1")
     if num_workers < 1:
         raise MsllmError(f"--num_workers {num_workers}: expected an integer >= 1")
-    if not output_file.endswith(MINDRECORD_SUFFIX) or os.path.basename(output_file) == MINDRECORD_SUFFIX:
-        raise MsllmError(f"--output_file {output_file!r}: expected a file name ending in {MINDRECORD_SUFFIX}")
+    if not 1 <= file_partition <= 1000:
+        raise MsllmError(f"--file_partition {file_partition}: expected an integer in [1, 1000]")
+    if samples_num is not None and samples_num < 1:
+        raise MsllmError(f"--samples_num {samples_num}: expected an integer >= 1")
+    base = os.path.basename(output_file)
+    if not base or base.startswith(".") or output_file.endswith((DB_SUFFIX, SIDECAR_SUFFIX)):
+        raise MsllmError(f"--output_file {output_file!r}: expected a file name such as alpaca.mindrecord "
+                         f"(not ending in {DB_SUFFIX} or {SIDECAR_SUFFIX}, the companions' suffixes)")
     if os.path.isdir(output_file):
         raise MsllmError(f"--output_file {output_file!r} is a directory (expected a file name)")
 
@@ -400,24 +375,35 @@ def preprocess_to_mindrecord(
     num_workers: int = 1,
     pad_token_id: int = 0,
     progress: bool = True,
+    template: str | None = None,
+    file_partition: int = 1,
+    samples_num: int | None = None,
 ) -> PreprocessSummary:
     """Tokenize the inputs matching ``input_glob`` and write ``output_file`` (a MindRecord with
-    int32 ``input_ids``/``labels`` rows of ``seq_length + 1``, its ``.db`` and ``.json`` sidecar).
+    int32 ``input_ids``/``labels`` rows of ``seq_length + 1``, its ``.db`` and ``.json`` sidecar;
+    ``file_partition`` > 1: the shards ``output_file + "0"`` ... each with both).
 
-    Args: see ``data_preprocess/llama_preprocess.py --help``; ``progress`` shows tqdm bars.
+    Args: see ``data_preprocess/llama_preprocess.py --help``; ``progress`` shows tqdm bars;
+    ``template``: ``qa`` only, ``None`` = :data:`LIBRARY_TEMPLATE`; recorded in the sidecar.
 
     Returns:
         The :class:`PreprocessSummary`.
 
     Raises:
-        MsllmError: bad arguments (seq_length < 2, repeat < 1, num_workers < 1, unknown
-            dataset_type, output name not ``*.mindrecord``, pad id outside the vocabulary), the
-            tokenizer is not a SentencePiece model, the glob matches nothing, an input file is
-            malformed (file/record/key named), or no sample could be built. All inputs are read
-            and validated before anything is written; output is atomic.
+        MsllmError: bad arguments (seq_length < 2, repeat < 1, num_workers < 1, file_partition
+            outside [1, 1000], samples_num < 1, unknown dataset_type or template, a template for
+            wiki, output name a directory or ending in .db/.json, pad id outside the
+            vocabulary), the tokenizer is not a SentencePiece model, the glob matches nothing,
+            an input file is malformed (file/record/key named), or no sample could be built.
+            All inputs are read and validated before anything is written; output is atomic.
     """
     t_start = time.perf_counter()
-    _validate_args(dataset_type, seq_length, repeat, num_workers, output_file)
+    _validate_args(dataset_type, seq_length, repeat, num_workers, output_file, file_partition, samples_num)
+    if dataset_type == "wiki" and template is not None:
+        raise MsllmError(f"--template {template!r} applies to --dataset_type qa only (wiki text has no turns)")
+    template_name = (template or LIBRARY_TEMPLATE) if dataset_type == "qa" else None
+    if template_name is not None:
+        get_template(template_name)  # unknown name -> error before any work
     tokenizer = LlamaTokenizer(model_file, pad_token_id)
     files = expand_input_glob(input_glob)
     summary = PreprocessSummary(
@@ -426,17 +412,25 @@ def preprocess_to_mindrecord(
         seq_length=seq_length,
         input_files=files,
         num_workers=num_workers,
+        template=template_name,
+        samples_num=samples_num,
+        data_files=shard_paths(os.path.abspath(output_file), file_partition),
     )
 
     items: list = []
     for path in files:
-        items.extend(load_conversation_file(path) if dataset_type == "qa" else read_wiki_documents(path))
+        if dataset_type == "qa":
+            items.extend(load_conversation_file(path))
+        else:
+            docs, wikitext = read_wiki_file(path)
+            items.extend(docs)
+            summary.wikitext_files += int(wikitext)
     summary.records_read = len(items)
     if not items:
         raise MsllmError(f"--input_glob {input_glob!r}: the {len(files)} matching file(s) hold no records")
 
     t_tok = time.perf_counter()
-    initargs = (model_file, pad_token_id, seq_length)
+    initargs = (model_file, pad_token_id, seq_length, template_name or LIBRARY_TEMPLATE)
     samples: list[tuple[np.ndarray, np.ndarray]] = []
     bar = tqdm(total=len(items), desc="tokenize", unit="rec", disable=not progress)
     try:
@@ -470,6 +464,9 @@ def preprocess_to_mindrecord(
             f"--input_glob {input_glob!r}: all {summary.records_read} conversations were skipped "
             f"({summary.skipped}); expected at least one usable human/gpt conversation"
         )
+    if samples_num is not None and len(samples) > samples_num:
+        summary.not_used = len(samples) - samples_num
+        samples = samples[:samples_num]
 
     order = sample_order(len(samples), repeat, shuffle, seed)
     lengths = np.array([s[0].shape[0] for s in samples], np.int64)
@@ -497,6 +494,9 @@ def preprocess_to_mindrecord(
         "shuffle": bool(shuffle),
         "seed": seed,
         "counts": summary.counts(),
+        "template": template_name,
+        "wikitext_files": summary.wikitext_files if dataset_type == "wiki" else None,
+        # file_partition and data_files are added by write_mindrecord
     }
 
     def rows() -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -509,7 +509,7 @@ def preprocess_to_mindrecord(
 
     t_write = time.perf_counter()
     summary.import_seconds = t_write - t_import
-    write_mindrecord(output_file, rows(), meta=meta)
+    write_mindrecord(output_file, rows(), meta=meta, shard_num=file_partition)
     summary.write_seconds = time.perf_counter() - t_write
     summary.total_seconds = time.perf_counter() - t_start
     return summary

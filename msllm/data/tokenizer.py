@@ -10,6 +10,7 @@ embedding row works; 0 is what MindFormers' LLaMA configs use (``pad_token_id: 0
 from __future__ import annotations
 
 import os
+import re
 from typing import Sequence
 
 from msllm.errors import MsllmError
@@ -70,10 +71,60 @@ class LlamaTokenizer:
                 f"(expected 0 <= pad_id < {self.vocab_size})"
             )
         self.pad_id: int = int(pad_id)
+        # The literal strings that are one special token each (MindFormers / HF "added tokens"):
+        # the model's own control pieces plus the LLaMA names the templates write.
+        self.special_tokens: dict[str, int] = {"<s>": self.bos_id, "</s>": self.eos_id}
+        if self.unk_id >= 0:
+            self.special_tokens["<unk>"] = self.unk_id
+        for i in (self.bos_id, self.eos_id, self.unk_id):
+            if i >= 0:
+                self.special_tokens.setdefault(self._sp.id_to_piece(i), i)
+        names = sorted(self.special_tokens, key=len, reverse=True)  # longest match first
+        self._special_re = re.compile("(" + "|".join(re.escape(n) for n in names) + ")")
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (list of int in ``[0, vocab_size)``), without BOS/EOS."""
+        """Token ids of ``text`` (list of int in ``[0, vocab_size)``), without BOS/EOS.
+
+        Plain SentencePiece: a literal ``"</s>"`` in ``text`` is encoded as the characters
+        ``<``, ``/s``, ``>``. See :meth:`encode_special` for the tokenisation of training samples.
+        """
         return self._sp.encode(text)
+
+    def encode_special(self, text: str) -> list[int]:
+        """Token ids of ``text`` where each literal special-token string (``<s>``, ``</s>``,
+        ``<unk>``; :attr:`special_tokens`) is that one token and the text between them is encoded
+        by SentencePiece chunk by chunk (each chunk gets SentencePiece's dummy-prefix space).
+
+        This is what MindFormers' ``LlamaTokenizer`` (legacy mode, the default) does when called
+        on text: ``PreTrainedTokenizer.tokenize`` splits on the added special tokens with no
+        whitespace stripping (``AddedToken(lstrip=False, rstrip=False)``) and encodes each piece
+        with ``sp_model.encode`` (mindformers r1.0 ``mindformers/models/base_tokenizer.py``
+        ``tokenize`` / ``tokenize_atom``, ``mindformers/models/llama/llama_tokenizer.py``
+        ``_tokenize``; commit 6a4076003f0c2461637b477199844cb92774e4d1). No BOS/EOS is added.
+        Returns a list of int.
+        """
+        out: list[int] = []
+        for start, end, special in self.chunks(text):
+            if special is not None:
+                out.append(special)
+            else:
+                out.extend(self._sp.encode(text[start:end]))
+        return out
+
+    def chunks(self, text: str) -> list[tuple[int, int, int | None]]:
+        """The pieces :meth:`encode_special` encodes one by one, as ``(start, end, special_id)``
+        character spans of ``text`` in order: ``special_id`` is the id of a special-token string,
+        ``None`` for plain text. Empty pieces are left out."""
+        out: list[tuple[int, int, int | None]] = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                out.append((pos, m.start(), None))
+            out.append((m.start(), m.end(), self.special_tokens[m.group(0)]))
+            pos = m.end()
+        if pos < len(text):
+            out.append((pos, len(text), None))
+        return out
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """:meth:`encode` for several texts at once (one list of ids per text)."""

@@ -228,7 +228,8 @@ def train(cfg: RunConfig) -> dict:
     data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, rc.batch_size * accum * dp_batches,
                             cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, data_rank,
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
-                            cfg.train_dataset.prefetch_size)
+                            cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
+                            pad_token_id=mc.pad_token_id)
     spe = data.steps_per_epoch
     total_steps = rc.train_steps or rc.epochs * spe
     epochs = -(-total_steps // spe)

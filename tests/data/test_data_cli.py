@@ -128,8 +128,10 @@ def test_preprocess_cli_bad_inputs(tmp_path, conversation_file, case):
         args["--input_glob"] = os.path.join(BAD_INPUTS, "conversation_nonstring_value.json")
         expect = ["record 0 (id '1') turn 1", "'value'"]
     elif case == "bad_output_name":
-        args["--output_file"] = str(out_dir / "x.bin")
-        expect = [".mindrecord"]
+        # any name is accepted (MindFormers writes names without .mindrecord), but not one that
+        # ends like a MindRecord's companion files
+        args["--output_file"] = str(out_dir / "x.mindrecord.db")
+        expect = ["x.mindrecord.db", "not ending in .db or .json"]
     elif case == "all_skipped":
         args["--seq_length"] = "4"  # every Alpaca prompt is longer than 5 tokens
         expect = ["all 999 conversations were skipped", "no response tokens within seq_length"]

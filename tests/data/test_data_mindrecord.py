@@ -36,7 +36,7 @@ def alpaca_runs(tmp_path_factory, conversation_file):
         path = str(tmp_path_factory.mktemp(f"w{workers}") / "alpaca.mindrecord")
         summary = preprocess_to_mindrecord(
             conversation_file, "qa", TOKENIZER, SEQ, path, repeat=1, shuffle=True, seed=0,
-            num_workers=workers, progress=False,
+            num_workers=workers, progress=False, template="alpaca",
         )
         out[workers] = (path, summary)
     return out
@@ -58,7 +58,7 @@ def test_alpaca_summary_and_sidecar(alpaca_runs, tokenizer, alpaca_records):
     path, summary = alpaca_runs[1]
     # truncation count, computed independently from the full-length samples
     convs = alpaca_to_conversation(alpaca_records, ALPACA)
-    full = [build_qa_sample(tokenizer, [(t["from"], t["value"]) for t in c["conversations"]], 100000) for c in convs]
+    full = [build_qa_sample(tokenizer, [(t["from"], t["value"]) for t in c["conversations"]], 100000, "alpaca") for c in convs]
     expected_trunc = sum(1 for r in full if r.input_ids.shape[0] > SEQ + 1)
     assert summary.records_read == summary.samples_built == summary.samples_written == 999
     assert summary.truncated == expected_trunc > 0
@@ -91,8 +91,10 @@ def test_unshuffled_rows_follow_records_and_repeat(tmp_path, conversation_file, 
     small.write_text(json.dumps(json.load(open(conversation_file))[:30]))
     plain = str(tmp_path / "plain" / "s.mindrecord")
     shuf = str(tmp_path / "shuf" / "s.mindrecord")
-    preprocess_to_mindrecord(str(small), "qa", TOKENIZER, 512, plain, repeat=2, shuffle=False, progress=False)
-    preprocess_to_mindrecord(str(small), "qa", TOKENIZER, 512, shuf, repeat=2, shuffle=True, seed=3, progress=False)
+    preprocess_to_mindrecord(str(small), "qa", TOKENIZER, 512, plain, repeat=2, shuffle=False, progress=False,
+                             template="alpaca")
+    preprocess_to_mindrecord(str(small), "qa", TOKENIZER, 512, shuf, repeat=2, shuffle=True, seed=3, progress=False,
+                             template="alpaca")
     a = read_mindrecord_arrays(plain)
     assert a["input_ids"].shape == (60, 513)
     assert np.array_equal(a["input_ids"][:30], a["input_ids"][30:])  # repeat = list repeated

@@ -1,4 +1,8 @@
-"""Sample building (label masking, multi-turn, truncation), wiki packing, repeat/shuffle."""
+"""Sample building (label masking, multi-turn, truncation), wiki packing, repeat/shuffle.
+
+The qa tests here pin the ``alpaca`` template (``[bos] + human`` masked, ``gpt + [eos]`` kept, per
+pair), msllm's layout before templates; the default ``vicuna_v1.1`` (MindFormers' samples) is
+tested in test_data_templates.py and test_data_mindformers.py."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import numpy as np
 import pytest
 from datatest_helpers import ALPACA, WIKI
 
-from msllm.data.conversation import SKIP_EMPTY, SKIP_NOT_ALTERNATING, alpaca_to_conversation
+from msllm.data.conversation import SKIP_EMPTY, SKIP_NO_REPLY, SKIP_NOT_ALTERNATING, alpaca_to_conversation
 from msllm.data.preprocess import (
     IGNORE_INDEX,
     SKIP_NO_RESPONSE,
@@ -35,7 +39,7 @@ def test_unmasked_tokens_are_exactly_the_response_plus_eos(tokenizer, alpaca_rec
     """All 999 real records, no truncation: loss tokens == encode(output) + [eos]."""
     convs = alpaca_to_conversation(alpaca_records, ALPACA)
     for rec, conv in zip(alpaca_records, convs):
-        res = build_qa_sample(tokenizer, _turns(conv), seq_length=4096)
+        res = build_qa_sample(tokenizer, _turns(conv), seq_length=4096, template="alpaca")
         assert res.skip_reason is None and not res.truncated
         ids, labels = res.input_ids, res.labels
         assert ids.dtype == np.int32 and labels.dtype == np.int32 and ids.shape == labels.shape
@@ -53,7 +57,7 @@ def test_unmasked_tokens_are_exactly_the_response_plus_eos(tokenizer, alpaca_rec
 def test_multi_turn_keeps_all_turns(tokenizer, alpaca_records):
     a, b = alpaca_records[0], alpaca_records[1]
     turns = [("human", a["instruction"]), ("gpt", a["output"]), ("human", b["instruction"]), ("gpt", b["output"])]
-    res = build_qa_sample(tokenizer, turns, seq_length=4096)
+    res = build_qa_sample(tokenizer, turns, seq_length=4096, template="alpaca")
     enc = tokenizer.encode
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     h1, g1, h2, g2 = [bos] + enc(a["instruction"]), enc(a["output"]) + [eos], [bos] + enc(b["instruction"]), enc(b["output"]) + [eos]
@@ -67,8 +71,8 @@ def test_truncation_is_counted_and_cut_to_seq_length_plus_one(tokenizer, alpaca_
     convs = alpaca_to_conversation(alpaca_records, ALPACA)
     n_trunc = 0
     for conv in convs:
-        full = build_qa_sample(tokenizer, _turns(conv), seq_length=100000)
-        res = build_qa_sample(tokenizer, _turns(conv), seq_length=seq)
+        full = build_qa_sample(tokenizer, _turns(conv), seq_length=100000, template="alpaca")
+        res = build_qa_sample(tokenizer, _turns(conv), seq_length=seq, template="alpaca")
         long = full.input_ids.shape[0] > seq + 1
         assert res.truncated == long
         if long:
@@ -85,17 +89,22 @@ def test_no_response_within_seq_length_is_skipped(tokenizer, alpaca_records):
     conv = alpaca_to_conversation(alpaca_records[:1], ALPACA)[0]
     n_prompt = 1 + len(tokenizer.encode(conv["conversations"][0]["value"]))
     # a window that ends exactly at the prompt: nothing to learn
-    res = build_qa_sample(tokenizer, _turns(conv), seq_length=n_prompt - 1)
+    res = build_qa_sample(tokenizer, _turns(conv), seq_length=n_prompt - 1, template="alpaca")
     assert res.skip_reason == SKIP_NO_RESPONSE and res.input_ids is None
     # one more token: the first response token is in, the sample is kept (truncated)
-    res = build_qa_sample(tokenizer, _turns(conv), seq_length=n_prompt)
+    res = build_qa_sample(tokenizer, _turns(conv), seq_length=n_prompt, template="alpaca")
     assert res.skip_reason is None and res.truncated
     assert int((res.labels != IGNORE_INDEX).sum()) == 1
 
 
 def test_content_oddities_are_skips_not_errors(tokenizer):
     assert build_qa_sample(tokenizer, [], 64).skip_reason == SKIP_EMPTY
-    assert build_qa_sample(tokenizer, [("gpt", "x"), ("human", "y")], 64).skip_reason == SKIP_NOT_ALTERNATING
+    # One leading non-human turn is dropped, as MindFormers' preprocess does ("Skip the first one
+    # if it is not from human"); before that rule this conversation was SKIP_NOT_ALTERNATING.
+    assert build_qa_sample(tokenizer, [("gpt", "x"), ("human", "y")], 64).skip_reason == SKIP_NO_REPLY
+    assert build_qa_sample(tokenizer, [("gpt", "x"), ("gpt", "y")], 64).skip_reason == SKIP_NOT_ALTERNATING
+    dropped = build_qa_sample(tokenizer, [("gpt", "x"), ("human", "y"), ("gpt", "z")], 64)
+    assert dropped.input_ids.tolist() == build_qa_sample(tokenizer, [("human", "y"), ("gpt", "z")], 64).input_ids.tolist()
 
 
 def test_pad_sample():

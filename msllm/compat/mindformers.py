@@ -1,0 +1,514 @@
+"""MindFormers run YAMLs -> msllm's config schema.
+
+:func:`translate_mindformers_yaml` takes the mapping read from a run YAML (``load_config`` then
+applies the ``--key=value`` overrides, in msllm's names) and returns it in msllm's schema (:mod:`msllm.config`) plus the keys it accepted with
+no effect, each with the reason (logged in one start-up line). What maps where, and why each
+no-effect key changes nothing, is in ``docs/mindformers_compat.md``; the sources are MindFormers'
+LLaMA configs (``configs/llama/run_llama_*.yaml`` at r0.6-r1.0, ``configs/llama2/*.yaml``) and the
+classes they name, at mindformers r1.0 (commit 6a4076003f0c2461637b477199844cb92774e4d1):
+``trainer/base_trainer.py``, ``dataset/utils.py``, ``core/callback/callback.py``,
+``core/optim/optim.py``, ``core/lr/lr_schedule.py``, ``wrapper/wrapper.py``,
+``models/llama/llama_config.py`` and ``llama_layer.py`` (``FreqsMgr``), ``run_mindformer.py``.
+
+Rules:
+
+* A key msllm's schema has is msllm's and is left alone, so an msllm YAML comes back unchanged
+  (the translation is idempotent). The exceptions are MindFormers' *shapes* of sections msllm
+  also has -- a ``callbacks`` list, a ``data_loader`` inside a dataset, a ``scale_sense`` mapping,
+  ``beta1``/``beta2`` in ``optimizer``, ``type`` in ``model.model_config`` -- which only
+  MindFormers writes; inside such a section MindFormers' defaults fill what the YAML leaves out
+  (e.g. ``weight_decay`` 0.0, ``eps`` 1e-6, ``use_clip_grad`` False, checkpoint ``prefix`` "CKP").
+* Where a MindFormers key and its msllm name are both given (``data_loader.dataset_dir`` and
+  ``dataset_dir`` in one dataset section), the msllm one wins and the other is listed as
+  overridden.
+* A key with no effect is removed and listed; a value msllm cannot honour (``repeat: 2``,
+  ``extend_method: YaRN``, ``lr_scale: True``, a trainer/model/dataset type msllm does not have)
+  raises :class:`~msllm.errors.MsllmError` naming the file, the key and what to do.
+* Anything else is left for the schema check, which rejects an unknown key with the nearest valid
+  name (keys inside MindFormers-shaped sections are moved where that message names them).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any, Union
+
+from msllm.compat.mindformers_keys import CALLBACK_ARGS_NEUTRAL, CALLBACK_ARGS_NO_EFFECT, NEUTRAL, NO_EFFECT
+from msllm.errors import MsllmError
+
+DATASETS = ("train_dataset", "eval_dataset")
+_CKPT_TYPES = ("CheckpointMointor", "CheckpointMonitor")  # MindFormers r1.0 spells it "Mointor"
+_CALLBACK_TYPES = ("MFLossMonitor", *_CKPT_TYPES, "SummaryMonitor", "ProfileMonitor", "ObsMonitor", "EvalCallBack")
+_WRAPPER_TYPES = ("MFTrainOneStepCell", "MFPipelineWithLossScaleCell", "TrainOneStepWithLossScaleCell")
+
+
+def translate_mindformers_yaml(data: dict, source: str) -> tuple[dict, list[tuple[str, str]]]:
+    """A run-YAML mapping (MindFormers' or msllm's) in msllm's schema.
+
+    Args:
+        data: the mapping read from the YAML (``yaml.safe_load``; not modified).
+        source: the file name, for error messages.
+
+    Returns:
+        ``(translated, no_effect)``: a new mapping for :func:`msllm.config.from_dict`, and the
+        ``(key path, reason)`` of every key accepted with no effect, in YAML order. An msllm YAML
+        comes back equal, with an empty list.
+
+    Raises:
+        MsllmError: a MindFormers value msllm cannot honour (names ``source``, the key and why).
+    """
+    t = _Translation(copy.deepcopy(data), source)  # YAML aliases (&train_dataset) share objects
+    t.run()
+    return t.data, t.notes
+
+
+def _schema_has(path: str) -> bool:
+    """Whether msllm's run-config schema has the key ``path`` (dotted)."""
+    from msllm.config import RunConfig  # late: msllm.config calls this module
+
+    cls: Any = RunConfig
+    for part in path.split("."):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return False
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return False
+        tp = hints[part]
+        if typing.get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = args[0] if len(args) == 1 else tp
+        cls = tp
+    return True
+
+
+def _expand(path: str) -> list[str]:
+    return [path.replace("{ds}", d) for d in DATASETS] if "{ds}" in path else [path]
+
+
+class _Translation:
+    def __init__(self, data: dict, source: str):
+        self.data = data
+        self.source = source
+        self.notes: list[tuple[str, str]] = []
+        self.order = list(data)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def note(self, path: str, reason: str) -> None:
+        self.notes.append((path, reason))
+
+    def refuse(self, path: str, value: Any, why: str) -> None:
+        raise MsllmError(f"{self.source}: {path}={value!r} (MindFormers key): {why}")
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def pop(self, path: str) -> Any:
+        parent, _, key = path.rpartition(".")
+        node = self.get(parent) if parent else self.data
+        return node.pop(key) if isinstance(node, dict) and key in node else None
+
+    def section(self, path: str) -> dict | None:
+        node = self.get(path)
+        return node if isinstance(node, dict) else None
+
+    def put(self, sec: dict, key: str, value: Any, where: str, mf_key: str) -> None:
+        """Set ``sec[key]`` from MindFormers' ``mf_key`` unless the msllm key is already given."""
+        if key in sec:
+            self.note(f"{where}.{mf_key}" if where else mf_key, f"overridden by {where + '.' if where else ''}{key}")
+        else:
+            sec[key] = value
+
+    def rename(self, sec: dict, old: str, new: str, where: str, convert=lambda v: v) -> None:
+        if old in sec:
+            self.put(sec, new, convert(sec.pop(old)), where, old)
+
+    # ---- the passes -----------------------------------------------------------------------
+    def run(self) -> None:
+        self.mindformers_style = self._looks_like_mindformers()
+        self._top_level()
+        for ds in DATASETS:
+            self._dataset(ds)
+        self._optimizer()
+        self._lr_schedule()
+        self._runner_wrapper()
+        self._callbacks()
+        self._context()
+        self._parallel()
+        self._model()
+        self._generic()
+
+    def _looks_like_mindformers(self) -> bool:
+        d = self.data
+        return any((
+            isinstance(d.get("callbacks"), list), "trainer" in d, "use_parallel" in d,
+            "train_dataset_task" in d, self.get("train_dataset.data_loader") is not None,
+            self.get("model.arch") is not None, self.get("model.model_config.type") is not None,
+            self.get("runner_wrapper.type") is not None, self.get("optimizer.beta1") is not None,
+        ))
+
+    def _top_level(self) -> None:
+        d = self.data
+        if "resume_or_finetune_checkpoint" in d:  # MindFormers 0.x name of load_checkpoint
+            value = d.pop("resume_or_finetune_checkpoint")
+            if value and not d.get("load_checkpoint"):
+                d["load_checkpoint"] = value
+            else:
+                self.note("resume_or_finetune_checkpoint", "empty or overridden by load_checkpoint")
+        trainer = d.get("trainer")
+        if isinstance(trainer, dict) and trainer.get("type", "CausalLanguageModelingTrainer") != \
+                "CausalLanguageModelingTrainer":
+            self.refuse("trainer.type", trainer["type"], "msllm trains causal language models only "
+                        "(CausalLanguageModelingTrainer)")
+        for task in ("train_dataset_task", "eval_dataset_task"):
+            tsk = d.get(task)
+            if not isinstance(tsk, dict):
+                continue
+            if tsk.get("type", "CausalLanguageModelDataset") != "CausalLanguageModelDataset":
+                self.refuse(f"{task}.type", tsk["type"], "msllm reads causal-LM MindRecord data only "
+                            "(CausalLanguageModelDataset)")
+            ds = task[: -len("_task")]
+            if ds not in d and isinstance(tsk.get("dataset_config"), dict):
+                d[ds] = tsk["dataset_config"]  # only the task holds the dataset: use it
+        moe = d.get("moe_config")
+        if isinstance(moe, dict):
+            if (moe.get("expert_num") or 1) > 1:
+                self.refuse("moe_config.expert_num", moe["expert_num"], "LLaMA has no mixture-of-experts layers")
+            d.pop("moe_config")
+            self.note("moe_config", "expert_num 1: no mixture of experts (LLaMA has none)")
+        metric = d.get("metric")
+        if isinstance(metric, dict) or isinstance(metric, list):
+            d.pop("metric")
+            kinds = [m.get("type") for m in (metric if isinstance(metric, list) else [metric]) if isinstance(m, dict)]
+            other = [k for k in kinds if k != "PerplexityMetric"]
+            self.note("metric", "msllm's evaluation reports loss and perplexity (PerplexityMetric)" +
+                      (f"; {', '.join(map(str, other))} not computed" if other else ""))
+
+    def _dataset(self, ds: str) -> None:
+        sec = self.section(ds)
+        if sec is None or not isinstance(sec.get("data_loader"), dict):
+            return
+        loader = sec.pop("data_loader")
+        kind = loader.pop("type", "MindDataset")
+        if kind != "MindDataset":
+            self.refuse(f"{ds}.data_loader.type", kind, "msllm reads MindRecord files (MindDataset) only; "
+                        "convert the data with data_preprocess/llama_preprocess.py")
+        for key, value in loader.items():  # dataset_dir, shuffle; others -> the schema names them
+            self.put(sec, key, value, ds, f"data_loader.{key}")
+        if "batch_size" in sec:
+            sec.pop("batch_size")
+            self.note(f"{ds}.batch_size", NO_EFFECT["{ds}.batch_size"])
+        cols = sec.get("input_columns")
+        if cols is not None and not _schema_has(f"{ds}.input_columns"):
+            if sorted(cols) == ["input_ids", "labels"]:
+                sec.pop("input_columns")
+                self.note(f"{ds}.input_columns", "msllm reads input_ids and labels")
+            else:
+                self.refuse(f"{ds}.input_columns", cols, "this msllm build trains on the labels column "
+                            "only; use [input_ids, labels]")
+
+    def _optimizer(self) -> None:
+        opt = self.section("optimizer")
+        if opt is None or not any(k in opt for k in ("beta1", "beta2", "learning_rate")):
+            return
+        # MindFormers' AdamWeightDecay family defaults (core/optim/optim.py; weight_decay:
+        # base_trainer.create_optimizer_scheduler uses 0. when unset)
+        b1, b2 = opt.pop("beta1", 0.9), opt.pop("beta2", 0.999)
+        self.put(opt, "betas", [float(b1), float(b2)], "optimizer", "beta1/beta2")
+        opt.setdefault("eps", 1e-6)
+        opt.setdefault("weight_decay", 0.0)
+        if opt.get("type") == "AdamWeightDecay":  # mindspore.nn.AdamWeightDecay: msllm's AdamW
+            opt["type"] = "AdamW"
+        if "learning_rate" in opt:
+            lr = opt.pop("learning_rate")
+            if isinstance(self.data.get("lr_schedule"), dict):
+                self.note("optimizer.learning_rate", "lr_schedule sets the learning rate (as in MindFormers, "
+                          "which builds the optimizer with the schedule)")
+            else:
+                self.data["lr_schedule"] = {"type": "constant", "learning_rate": lr}
+
+    def _lr_schedule(self) -> None:
+        lr = self.section("lr_schedule")
+        if lr is None:
+            return
+        if "total_steps" in lr and lr["total_steps"] is None:
+            lr["total_steps"] = -1  # MindFormers: None or -1 = epochs x steps per epoch
+        if "warmup_epochs" in lr:
+            value = lr.pop("warmup_epochs")
+            if lr.get("warmup_ratio") is not None or value is None:
+                self.note("lr_schedule.warmup_epochs", "warmup_ratio takes precedence (as in MindFormers)")
+            else:
+                self.refuse("lr_schedule.warmup_epochs", value, "give the warmup as warmup_ratio or warmup_steps")
+        if "warmup_ratio" in lr and lr["warmup_ratio"] is None:
+            lr.pop("warmup_ratio")
+
+    def _runner_wrapper(self) -> None:
+        rw = self.section("runner_wrapper")
+        if rw is None:
+            if self.mindformers_style and "runner_wrapper" not in self.data:
+                # MindFormers without a wrapper: mindspore Model's TrainOneStepCell, no loss
+                # scaling, no clipping
+                self.data["runner_wrapper"] = {"loss_scale": "none", "use_clip_grad": False}
+            return
+        if "type" not in rw and not isinstance(rw.get("scale_sense"), dict):
+            return
+        kind = rw.pop("type", "MFTrainOneStepCell")
+        if kind not in _WRAPPER_TYPES:
+            self.refuse("runner_wrapper.type", kind, f"msllm's train step implements {', '.join(_WRAPPER_TYPES)} "
+                        "(loss scaling, overflow skip, gradient clipping)")
+        ss = rw.pop("scale_sense", 1.0)  # MFTrainOneStepCell's default: a fixed scale of 1
+        if isinstance(ss, dict):
+            ss = dict(ss)
+            cell = ss.pop("type", "DynamicLossScaleUpdateCell")
+            if cell not in ("DynamicLossScaleUpdateCell", "FixedLossScaleUpdateCell"):
+                self.refuse("runner_wrapper.scale_sense.type", cell,
+                            "expected DynamicLossScaleUpdateCell or FixedLossScaleUpdateCell")
+            value = ss.pop("loss_scale_value", None)
+            if value is None:
+                self.refuse("runner_wrapper.scale_sense.loss_scale_value", None, "the loss scale is required")
+            self.put(rw, "loss_scale", "dynamic" if cell == "DynamicLossScaleUpdateCell" else "fixed",
+                     "runner_wrapper", "scale_sense.type")
+            self.put(rw, "scale_sense", float(value), "runner_wrapper", "scale_sense.loss_scale_value")
+            for key in ("scale_factor", "scale_window"):
+                if key in ss:
+                    self.put(rw, key, ss.pop(key), "runner_wrapper", f"scale_sense.{key}")
+            for key, value in ss.items():
+                self.refuse(f"runner_wrapper.scale_sense.{key}", value,
+                            "expected loss_scale_value, scale_factor, scale_window")
+        else:
+            self.put(rw, "loss_scale", "fixed", "runner_wrapper", "scale_sense")
+            self.put(rw, "scale_sense", float(ss), "runner_wrapper", "scale_sense")
+        rw.setdefault("use_clip_grad", False)  # MFTrainOneStepCell's default
+
+    def _callbacks(self) -> None:
+        cbs = self.data.get("callbacks")
+        if not isinstance(cbs, list):
+            return
+        out: dict = {}
+        saw_checkpoint = False
+        for i, entry in enumerate(cbs):
+            if not isinstance(entry, dict) or "type" not in entry:
+                raise MsllmError(f"{self.source}: callbacks[{i}]={entry!r}: expected a mapping with a 'type' "
+                                 f"(one of {', '.join(_CALLBACK_TYPES)})")
+            args = dict(entry)
+            kind = args.pop("type")
+            name = "CheckpointMonitor" if kind in _CKPT_TYPES else kind
+            where = f"callbacks[{kind}]"
+            if kind not in _CALLBACK_TYPES:
+                close = difflib.get_close_matches(str(kind), _CALLBACK_TYPES, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise MsllmError(f"{self.source}: unknown callback type {kind!r} in callbacks[{i}]{hint} "
+                                 f"(msllm knows {', '.join(_CALLBACK_TYPES)})")
+            target: dict | None = None
+            if name == "MFLossMonitor":
+                target = out.setdefault("loss_monitor", {})
+                if "per_print_times" in args:
+                    target["per_print_times"] = args.pop("per_print_times")
+            elif name == "CheckpointMonitor":
+                saw_checkpoint = True
+                target = out.setdefault("checkpoint", {})
+                # CheckpointMointor's defaults (core/callback/callback.py)
+                target["prefix"] = args.pop("prefix", "CKP")
+                target["save_checkpoint_steps"] = args.pop("save_checkpoint_steps", 1)
+                target["keep_checkpoint_max"] = args.pop("keep_checkpoint_max", 5)
+                if "checkpoint_format" in args:
+                    target["format"] = args.pop("checkpoint_format")
+            elif name == "SummaryMonitor":
+                tb = self.data.setdefault("tensorboard", {})
+                out_dir = str(self.data.get("output_dir") or "./output")
+                tb.setdefault("tensorboard_dir", args.pop("summary_dir", None) or os.path.join(out_dir, "summary"))
+            elif name == "ProfileMonitor":
+                self.data["profile"] = True
+                for src, dst in (("start_step", "profile_start_step"), ("stop_step", "profile_stop_step")):
+                    if src in args:
+                        self.put(self.data, dst, args.pop(src), "", f"{where}.{src}")
+            else:  # ObsMonitor, EvalCallBack
+                self.note(where, CALLBACK_ARGS_NO_EFFECT[f"{name}.*"])
+                continue
+            for key, value in args.items():
+                self._callback_arg(name, where, key, value, target)
+        if not saw_checkpoint:
+            self.note("callbacks", "no CheckpointMonitor entry: MindFormers would save no checkpoints; "
+                      "msllm saves with callbacks.checkpoint's defaults")
+        self.data["callbacks"] = out
+
+    def _callback_arg(self, name: str, where: str, key: str, value: Any, target: dict | None) -> None:
+        neutral = CALLBACK_ARGS_NEUTRAL.get(f"{name}.{key}")
+        if neutral is not None:
+            if value not in neutral[0]:
+                self.refuse(f"{where}.{key}", value, neutral[2])
+            self.note(f"{where}.{key}", neutral[1])
+        elif f"{name}.{key}" in CALLBACK_ARGS_NO_EFFECT:
+            self.note(f"{where}.{key}", CALLBACK_ARGS_NO_EFFECT[f"{name}.{key}"])
+        elif target is not None:
+            target[key] = value  # unknown: the schema check names it with the nearest key
+        else:
+            raise MsllmError(f"{self.source}: unknown key {key!r} in {where}")
+
+    def _context(self) -> None:
+        ctx = self.section("context")
+        if ctx is None:
+            return
+        jit = ctx.get("jit_config")
+        if isinstance(jit, dict) and not _schema_has("context.jit_config"):
+            ctx.pop("jit_config")
+            if "jit_level" in jit:
+                self.put(ctx, "jit_level", jit.pop("jit_level"), "context", "jit_config.jit_level")
+            for key in jit:
+                self.note(f"context.jit_config.{key}", "msllm sets only jit_level")
+        if "deterministic" in ctx and not _schema_has("context.deterministic"):
+            value = ctx.pop("deterministic")  # MindSpore set_context(deterministic="ON"|"OFF")
+            if value not in ("ON", "OFF", True, False):
+                self.refuse("context.deterministic", value, 'expected "ON" or "OFF"')
+            self.put(self.data, "deterministic", value in ("ON", True), "", "context.deterministic")
+
+    def _parallel(self) -> None:
+        for key in ("recompute", "select_recompute"):
+            rc = self.get(f"recompute_config.{key}")
+            if isinstance(rc, (list, int, dict)) and not isinstance(rc, bool):
+                self.refuse(f"recompute_config.{key}", rc, "recomputing chosen layers per pipeline stage is "
+                            "not implemented; use True (every layer) or False")
+        par = self.section("parallel")
+        if par is not None:
+            sc = par.get("strategy_ckpt_config")
+            if isinstance(sc, dict) and not _schema_has("parallel.strategy_ckpt_config"):
+                if "save_file" in sc:
+                    self.put(par, "strategy_ckpt_save_file", sc.pop("save_file"), "parallel",
+                             "strategy_ckpt_config.save_file")
+                for key in list(sc):
+                    path = f"parallel.strategy_ckpt_config.{key}"
+                    if path in NO_EFFECT:
+                        sc.pop(key)
+                        self.note(path, NO_EFFECT[path])
+                if sc:
+                    self.refuse(f"parallel.strategy_ckpt_config.{next(iter(sc))}", sc[next(iter(sc))],
+                                "msllm reads save_file only (load strategies with src_strategy_path_or_dir)")
+                par.pop("strategy_ckpt_config")
+
+    def _model(self) -> None:
+        model = self.section("model")
+        if model is None:
+            return
+        mc = model.get("model_config")
+        arch = model.get("arch")
+        if isinstance(arch, dict) and not _schema_has("model.arch"):
+            model.pop("arch")
+            kind = arch.get("type", "LlamaForCausalLM")
+            if kind == "LlamaForCausalLMWithLora":  # MindFormers 0.x: LoRA from pet_config
+                if not (isinstance(mc, dict) and isinstance(mc.get("pet_config"), dict)):
+                    self.refuse("model.arch.type", kind, "needs model.model_config.pet_config (pet_type: lora)")
+            elif kind != "LlamaForCausalLM":
+                self.refuse("model.arch.type", kind, "msllm builds LlamaForCausalLM only (LoRA via "
+                            "model_config.pet_config)")
+            self.note("model.arch", f"{kind}: msllm's one model (LoRA comes from pet_config)")
+            pet = arch.get("pet")
+            if isinstance(pet, dict) and isinstance(mc, dict):  # older layout: model.arch.pet
+                merged = {"pet_type": pet.get("pet_type", "lora"), **(pet.get("pet_config") or {})}
+                self.put(mc, "pet_config", merged, "model.model_config", "model.arch.pet")
+        if not isinstance(mc, dict):
+            return
+        where = "model.model_config"
+        if "type" in mc and not _schema_has(f"{where}.type"):
+            kind = mc.pop("type")
+            if kind != "LlamaConfig":
+                self.refuse(f"{where}.type", kind, "msllm's model config is LlamaConfig")
+            self.note(f"{where}.type", "LlamaConfig: msllm's one model config")
+            # MindFormers' LlamaConfig defaults where they differ from msllm's (llama_config.py)
+            mc.setdefault("compute_dtype", "float16")
+            mc.setdefault("param_init_type", "float16")
+        self.rename(mc, "theta", "rope_theta", where)
+        self.rename(mc, "layernorm_compute_dtype", "layernorm_compute_type", where)
+        self.rename(mc, "softmax_compute_dtype", "softmax_compute_type", where)
+        if "max_position_embedding" in mc:
+            value = mc.pop("max_position_embedding")
+            seq = mc.get("seq_length", 2048)
+            if value is not None:
+                if value < seq:  # FreqsMgr: max_position_embedding = seq_length if that is longer
+                    self.note(f"{where}.max_position_embedding",
+                              f"{value} < seq_length {seq}: MindFormers uses seq_length, and so does msllm")
+                    value = seq
+                self.put(mc, "max_position_embeddings", value, where, "max_position_embedding")
+        self._rope_extension(mc, where)
+        self._checkpoint_name(mc, where)
+        pet = mc.get("pet_config")
+        if isinstance(pet, dict):
+            kind = pet.get("pet_type", "lora")
+            if kind != "lora":
+                self.refuse(f"{where}.pet_config.pet_type", kind, "msllm implements LoRA only (pet_type: lora)")
+
+    def _rope_extension(self, mc: dict, where: str) -> None:
+        """extend_method / scaling_factor (llama_layer.py FreqsMgr): PI divides positions by the
+        factor (= HF linear rope_scaling), NTK multiplies theta by it."""
+        method = mc.pop("extend_method", None)
+        factor = mc.pop("scaling_factor", None)
+        if method in (None, "None"):
+            if method is not None:
+                self.note(f"{where}.extend_method", "None: no sequence-length extension")
+            if factor is not None:
+                self.note(f"{where}.scaling_factor", "read only with extend_method PI or NTK")
+            return
+        factor = 1.0 if factor is None else float(factor)
+        if method == "PI":
+            self.put(mc, "rope_scaling", {"type": "linear", "factor": factor}, where, "extend_method")
+        elif method == "NTK":
+            mc["rope_theta"] = float(mc.get("rope_theta", 10000.0)) * factor
+        else:
+            self.refuse(f"{where}.extend_method", method, 'expected "None", "PI" or "NTK"')
+
+    def _checkpoint_name(self, mc: dict, where: str) -> None:
+        """checkpoint_name_or_path (run_mindformer.py update_checkpoint_config): in train/finetune
+        it is replaced by load_checkpoint unless resuming or auto-transforming with an empty
+        load_checkpoint; in predict/eval it is loaded when load_checkpoint is empty."""
+        if "checkpoint_name_or_path" not in mc or _schema_has(f"{where}.checkpoint_name_or_path"):
+            return
+        value = mc.pop("checkpoint_name_or_path")
+        d = self.data
+        used = (not d.get("load_checkpoint")) and (
+            d.get("run_mode", "train") in ("predict", "eval") or d.get("resume_training") or d.get("auto_trans_ckpt"))
+        path = f"{where}.checkpoint_name_or_path"
+        if not value:
+            self.note(path, "empty: nothing to load")
+        elif not used:
+            self.note(path, "MindFormers replaces it with load_checkpoint in this run (run_mindformer.py)")
+        elif os.path.exists(str(value)) or os.sep in str(value) or str(value).endswith((".ckpt", ".safetensors")):
+            d["load_checkpoint"] = value
+        else:
+            self.note(path, f"{value!r} names a MindFormers model-zoo checkpoint (downloaded from Huawei OBS); "
+                      "msllm has no model zoo: set load_checkpoint to converted weights (tools/convert_weight.py)")
+
+    def _generic(self) -> None:
+        """The table-driven rest: NO_EFFECT keys removed and listed, NEUTRAL keys checked."""
+        for pattern, reason in NO_EFFECT.items():
+            for path in _expand(pattern):
+                if self._has_key(path) and not _schema_has(path):
+                    self.pop(path)
+                    self.note(path, reason)
+        for pattern, (neutral, reason, refused) in NEUTRAL.items():
+            for path in _expand(pattern):
+                if not self._has_key(path) or _schema_has(path):
+                    continue
+                value = self.get(path)
+                if value not in neutral:
+                    self.refuse(path, value, refused)
+                self.pop(path)
+                self.note(path, reason)
+        self.notes.sort(key=lambda n: self._order(n[0]))
+
+    def _has_key(self, path: str) -> bool:
+        parent, _, key = path.rpartition(".")
+        node = self.get(parent) if parent else self.data
+        return isinstance(node, dict) and key in node
+
+    def _order(self, path: str) -> int:
+        """Notes in YAML order: by the position of their top-level section in the file."""
+        head = path.split(".")[0].split("[")[0]
+        return self.order.index(head) if head in self.order else len(self.order)
