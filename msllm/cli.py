@@ -107,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.only_save_strategy:  # offline: no runtime set-up, no weights; works for any layout on CPU
         from msllm.parallel.strategy import save_strategy_for_run
 
+        from msllm.cluster.context import launcher_role
+
         out = save_strategy_for_run(cfg)
-        print(f"strategy files for {cfg.parallel_config.device_num} rank(s) written to {out}")
+        role, rank = launcher_role()  # under run_distribute.sh each rank writes only its own file
+        print(f"strategy file of rank {rank} written to {out}" if role == "worker"
+              else f"strategy files for {cfg.parallel_config.device_num} rank(s) written to {out}")
         return 0
     if cfg.run_mode == "predict":
         from msllm.generation.predict import run_predict

@@ -70,7 +70,10 @@ class ParallelConfig:
     gradients_mean: average (not sum) gradients across data-parallel ranks.
     full_batch: every rank reads the full global batch (semi-auto parallel); ``False`` = each
         data-parallel rank reads its own shard.
-    strategy_ckpt_save_file: where the parallel strategy of this rank is saved.
+    strategy_ckpt_save_file: the parallel strategy files' format by extension (``.json``: JSON,
+        else MindSpore's protobuf ``.ckpt``); they are written to
+        ``{output_dir}/strategy/ckpt_strategy_rank_{i}.{ext}`` (semi-auto parallel and
+        ``only_save_strategy``; a data_parallel run has no strategy).
     """
 
     parallel_mode: Union[int, str] = 0

@@ -70,7 +70,7 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
             if getattr(rc, name) != default and training:
                 notes.append(f"recompute_config.{name} (recomputes model-parallel / optimizer-shard "
                              "communication; data_parallel mode has none)")
-        if par.strategy_ckpt_save_file != type(par)().strategy_ckpt_save_file:
+        if par.strategy_ckpt_save_file != type(par)().strategy_ckpt_save_file and not cfg.only_save_strategy:
             notes.append("parallel.strategy_ckpt_save_file (data_parallel runs have no parallel "
                          "strategy to save)")
     runner = cfg.runner_config

@@ -4,13 +4,15 @@
 # Usage (MindFormers' scripts/run_distribute.sh argument order):
 #   bash scripts/run_distribute.sh RANK_TABLE_FILE CONFIG_PATH [START,END] MODE [RANK_SIZE] [extra args...]
 #     [START,END]  global ranks START..END-1 run here, e.g. [0,8] on server 1, [8,16] on server 2
-#     MODE         train | finetune | eval | predict (passed to run_msllm.py as --run_mode)
+#     MODE         a run_mode of msllm.config.RUN_MODES (train | finetune ...), passed as --run_mode;
+#                  the config is checked first, nothing starts for a mode or config run_msllm.py refuses
 #     RANK_SIZE    total ranks of the job = devices in the rank table (default END-START)
 #     extra args   passed to run_msllm.py verbatim
-# Logs: ${MSLLM_OUTPUT_DIR:-./output}/log/rank_{i}/msllm.log (scheduler: log/scheduler/msllm.log),
-# pids: .../log/pids_{START}_{END}.txt. Env: PYTHON (interpreter), MSLLM_ENTRY (script to run
-# instead of run_msllm.py), MSLLM_DEVICE_TARGET, MS_SCHED_PORT (default 8118), MSLLM_NO_WAIT=1,
-# MSLLM_KILL_TIMEOUT (s, default 30). Logic: msllm/cluster/launch.py.
+# Logs: OUTPUT/log/rank_{i}/msllm.log (scheduler: log/scheduler/msllm.log), pids:
+# OUTPUT/log/pids_{START}_{END}.txt; OUTPUT = $MSLLM_OUTPUT_DIR, else the config's output_dir (printed).
+# Env: PYTHON (interpreter), MSLLM_ENTRY (script to run instead of run_msllm.py), MSLLM_DEVICE_TARGET,
+# MS_SCHED_PORT (default 8118), MSLLM_NO_WAIT=1, MSLLM_KILL_TIMEOUT (s, default 30).
+# Logic: msllm/cluster/launch.py.
 set -eu
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then

@@ -8,9 +8,11 @@ Usage::
 * ``--src_ckpt_dir``: ``DIR/rank_{i}/*.ckpt`` (a full checkpoint may be one file or
   ``DIR/rank_0/x.ckpt``); per rank the newest msllm checkpoint is used.
 * ``--src_ckpt_strategy`` / ``--dst_ckpt_strategy``: a strategy file or a directory of per-rank
-  strategy files (``ckpt_strategy_rank_{i}.json``, as ``run_msllm.py --only_save_strategy True``
-  writes them; pipeline stages are merged as needed). Empty or absent: the checkpoint is full
-  (source) / merge to a full checkpoint (destination).
+  strategy files (``ckpt_strategy_rank_{i}.ckpt`` in MindSpore's protobuf encoding, as
+  ``run_msllm.py --only_save_strategy True`` and MindFormers/MindSpore training write them, or
+  ``.json``; pipeline stages are merged as needed). Strategies and checkpoints in MindFormers'
+  LLaMA names work with msllm-named ones (the names are matched). Empty or absent: the checkpoint
+  is full (source) / merge to a full checkpoint (destination).
 * Output: ``--dst_ckpt_dir/rank_{i}/{prefix}{i}.ckpt``, published atomically; an existing
   non-empty destination is refused unless ``--overwrite``.
 

@@ -43,20 +43,31 @@ def env_world_size() -> int:
     return 1
 
 
+def launcher_role() -> tuple[str, int | None]:
+    """What ``scripts/run_distribute.sh`` (:mod:`msllm.cluster.launch`) started this process as:
+    ``("worker", rank)`` (env ``RANK_ID``, set for every worker on Ascend and CPU),
+    ``("scheduler", None)`` (env ``MS_ROLE=MS_SCHED``, CPU/GPU clusters), or ``("alone", None)``
+    when started by hand. Raises MsllmError for a malformed ``RANK_ID``."""
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return "scheduler", None
+    raw = os.environ.get("RANK_ID", "").strip()
+    if not raw:
+        return "alone", None
+    if not raw.isdigit():
+        raise MsllmError(f"environment RANK_ID={raw!r}: expected a rank number")
+    return "worker", int(raw)
+
+
 def check_device_support(cfg: RunConfig) -> None:
     """Raise one clear :class:`MsllmError` if ``cfg`` asks the device for something it cannot do.
 
-    Any device: ``runner_config.sink_mode`` and training with ``pipeline_stage`` > 1 are not
-    implemented; semi-auto parallel needs ``full_batch``.
+    Any device: training with ``pipeline_stage`` > 1 is not implemented; semi-auto parallel needs
+    ``full_batch``. (``runner_config.sink_mode`` does not stop a run: msllm feeds steps one by one
+    and says so in the start-up line of :func:`msllm.settings.log_settings`.)
     CPU: no model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
     rather than silently slow).
     """
-    if cfg.runner_config.sink_mode:
-        raise MsllmError(
-            "runner_config.sink_mode=True: msllm's trainer runs one compiled step per host call "
-            "and does not implement data sinking yet (on CPU MindSpore has no sink mode at all); "
-            "set runner_config.sink_mode: False")
     if cfg.context.device_target != "CPU":
         check_layout_trainable(cfg)
         return

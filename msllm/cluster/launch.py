@@ -10,13 +10,22 @@ accepted too); MODE is train|finetune|eval|predict and is passed as ``--run_mode
 the total number of ranks of the job (default END-START, MindFormers' single-machine form) and
 must equal the number of devices in the rank table. The extra arguments are passed on verbatim.
 
+Before anything starts, the config is read as the ranks will read it (``msllm.config.load_config``
+with ``--run_mode MODE``, ``MSLLM_OUTPUT_DIR`` and, for ``run_msllm.py``, the extra arguments as
+overrides): an unknown MODE (``msllm.config.RUN_MODES``), an invalid config, and, for
+``run_msllm.py``, what it would refuse on every rank (:func:`check_entry_accepts`) stop the
+launch with one error.
+
 For each rank i in START..END-1 one process runs, with the launcher's working directory::
 
     PYTHON ENTRY --config ABS_CONFIG --run_mode MODE [--output_dir=ABS(MSLLM_OUTPUT_DIR)] [extra args]
 
 where PYTHON is the interpreter running the launcher and ENTRY is ``run_msllm.py`` in the repo
 root (env ``MSLLM_ENTRY`` overrides it with another script path). Its stdout and stderr go to
-``OUTPUT/log/rank_{i}/msllm.log``; OUTPUT is env ``MSLLM_OUTPUT_DIR`` (default ``./output``).
+``OUTPUT/log/rank_{i}/msllm.log``; OUTPUT is env ``MSLLM_OUTPUT_DIR`` if set, else the config's
+``output_dir`` (relative to the working directory, as the ranks resolve it), printed at start.
+With ``only_save_strategy: True`` (``run_msllm.py``) no cluster is formed: no scheduler, and each
+rank writes only its own strategy file (:func:`msllm.parallel.strategy.save_strategy_for_run`).
 Each process gets its own session (process group), so a Ctrl-C reaches only the launcher, which
 then forwards SIGTERM.
 
@@ -63,20 +72,20 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from msllm.cluster.rank_table import RankTable, load_rank_table
+from msllm.cluster.rank_table import RankTable, load_rank_table, parse_device_range
+from msllm.config import RUN_MODES, RunConfig, load_config
 from msllm.errors import MsllmError, cli_main
 from msllm.fileio import atomic_open
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_ENTRY = os.path.join(REPO_ROOT, "run_msllm.py")
-RUN_MODES = ("train", "finetune", "eval", "predict")
 DEVICE_TARGETS = {"ascend": "Ascend", "cpu": "CPU", "gpu": "GPU"}
 DEFAULT_SCHED_PORT = 8118
 DEFAULT_KILL_TIMEOUT = 30.0
 TAIL_LINES = 20
 LOG_NAME = "msllm.log"
 USAGE = ("usage: bash scripts/run_distribute.sh RANK_TABLE_FILE CONFIG_PATH [START,END] "
-         "train|finetune|eval|predict [RANK_SIZE] [extra args for run_msllm.py ...]")
+         f"{'|'.join(RUN_MODES)} [RANK_SIZE] [extra args for run_msllm.py ...]")
 #: Variables of MindSpore's dynamic cluster; removed from the environment of Ascend ranks.
 DYNAMIC_CLUSTER_VARS = ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID")
 
@@ -111,9 +120,11 @@ class LaunchPlan:
     device_target: str
     command: List[str]
     output_dir: str
+    output_dir_source: str = "the config"
     processes: List[ProcessSpec] = field(default_factory=list)
     sched_host: Optional[str] = None
     sched_port: Optional[int] = None
+    cluster: bool = True
 
     @property
     def pid_file(self) -> str:
@@ -125,18 +136,12 @@ class LaunchPlan:
 
 
 def parse_rank_range(text: str, rank_size: int) -> Tuple[int, int]:
-    """Parse ``"[START,END]"`` (or ``"[START,END)"``): ranks START..END-1, as MindFormers.
+    """Parse ``"[START,END]"`` (or ``"[START,END)"``): ranks START..END-1, as MindFormers
+    (:func:`msllm.cluster.rank_table.parse_device_range`).
 
     Raises :class:`MsllmError` if the form is wrong, START >= END, or END > ``rank_size``.
     """
-    match = re.fullmatch(r"\s*\[\s*(\d+)\s*,\s*(\d+)\s*[\])]\s*", str(text))
-    if not match:
-        raise MsllmError(
-            f"DEVICE_RANGE '{text}' is not of the form [START,END] (ranks START..END-1, e.g. [0,8])"
-        )
-    start, end = int(match.group(1)), int(match.group(2))
-    if start >= end:
-        raise MsllmError(f"DEVICE_RANGE '{text}': START ({start}) must be less than END ({end})")
+    start, end = parse_device_range(text, "DEVICE_RANGE", "[START,END] (ranks START..END-1, e.g. [0,8])")
     if end > rank_size:
         raise MsllmError(
             f"DEVICE_RANGE '{text}' selects ranks {start}..{end - 1}, outside the ranks 0..{rank_size - 1} "
@@ -218,6 +223,39 @@ def is_port_free(host: str, port: int) -> bool:
     return True
 
 
+def run_config_of(config_path: str, entry_args: Sequence[str]) -> RunConfig:
+    """The :class:`RunConfig` the ranks will run: ``config_path`` with the entry's overrides
+    (``--run_mode``, ``--output_dir``, and for ``run_msllm.py`` the extra ``--section.key=value``
+    arguments, parsed as :func:`msllm.cli.split_overrides` does). Raises the config's own
+    :class:`MsllmError` (unknown key, wrong type, unknown run_mode ...)."""
+    from msllm.cli import split_overrides
+
+    args = [a for a in entry_args if a not in ("--show", "--print_config")]
+    return load_config(config_path, split_overrides(args))
+
+
+def check_entry_accepts(cfg: RunConfig, config_path: str, rank_size: int) -> None:
+    """Refuse before starting anything what ``run_msllm.py`` would refuse on every rank: a
+    training layout whose device count differs from RANK_SIZE, ``finetune`` without
+    ``load_checkpoint``, a layout the device cannot train (:func:`check_device_support`)."""
+    from msllm.cluster.context import check_device_support
+
+    pc = cfg.parallel_config
+    training = cfg.run_mode in ("train", "finetune")
+    if (training or cfg.only_save_strategy) and pc.device_num != rank_size:
+        raise MsllmError(f"config {config_path}: parallel_config data_parallel x model_parallel x pipeline_stage = "
+                         f"{pc.data_parallel} x {pc.model_parallel} x {pc.pipeline_stage} = {pc.device_num} "
+                         f"rank(s), but RANK_SIZE is {rank_size}; change the layout (e.g. "
+                         f"--parallel_config.data_parallel=...) or the rank table")
+    if cfg.only_save_strategy:
+        return
+    if cfg.run_mode == "finetune" and not cfg.load_checkpoint:
+        raise MsllmError(f"config {config_path}: run_mode finetune needs load_checkpoint (the pretrained "
+                         "weights to start from)")
+    if training:
+        check_device_support(cfg)
+
+
 # --------------------------------------------------------------------------- planning
 
 
@@ -245,8 +283,11 @@ def make_plan(argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> Laun
     table_path = os.path.abspath(os.path.join(cwd, table_arg))
     table = load_rank_table(table_path)
     if rank_size is None:  # MindFormers' single-machine form: RANK_SIZE = END - START
-        match = re.fullmatch(r"\s*\[\s*(\d+)\s*,\s*(\d+)\s*[\])]\s*", range_arg)
-        rank_size = int(match.group(2)) - int(match.group(1)) if match else table.rank_size
+        try:
+            first, last = parse_device_range(range_arg)
+            rank_size = last - first
+        except MsllmError:  # reported with the launcher's wording by parse_rank_range below
+            rank_size = table.rank_size
     if table.rank_size != rank_size:
         raise MsllmError(f"rank table {table_path} has {table.rank_size} devices but RANK_SIZE is {rank_size}")
     start, end = parse_rank_range(range_arg, rank_size)
@@ -262,11 +303,14 @@ def make_plan(argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> Laun
         raise MsllmError(f"entry program {entry} does not exist (set MSLLM_ENTRY to the script to run)")
 
     out_env = environ.get("MSLLM_OUTPUT_DIR", "").strip()
-    output_dir = os.path.abspath(os.path.join(cwd, out_env or "output"))
-    command = [sys.executable, entry, "--config", config_path, "--run_mode", run_mode]
-    if out_env:
-        command.append(f"--output_dir={output_dir}")
-    command += extra
+    entry_args = ["--run_mode", run_mode] + ([f"--output_dir={os.path.abspath(os.path.join(cwd, out_env))}"]
+                                             if out_env else [])
+    is_msllm = entry == DEFAULT_ENTRY
+    config = run_config_of(config_path, entry_args + extra if is_msllm else entry_args)
+    if is_msllm:
+        check_entry_accepts(config, config_path, rank_size)
+    output_dir = os.path.abspath(os.path.join(cwd, config.output_dir))
+    command = [sys.executable, entry, "--config", config_path] + entry_args + extra
 
     base = dict(environ)
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -276,7 +320,7 @@ def make_plan(argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> Laun
 
     plan = LaunchPlan(rank_table_path=table_path, table=table, config_path=config_path, start=start, end=end,
                       run_mode=run_mode, rank_size=rank_size, device_target=device_target, command=command,
-                      output_dir=output_dir)
+                      output_dir=output_dir, output_dir_source="MSLLM_OUTPUT_DIR" if out_env else "the config")
     log_dir = os.path.join(output_dir, "log")
     if device_target == "Ascend":
         for var in DYNAMIC_CLUSTER_VARS:
@@ -289,6 +333,16 @@ def make_plan(argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> Laun
         return plan
 
     base.pop("RANK_TABLE_FILE", None)
+    if is_msllm and config.only_save_strategy:  # no process joins a cluster: no scheduler
+        plan.cluster = False
+        for var in DYNAMIC_CLUSTER_VARS:
+            base.pop(var, None)
+        for rank in range(start, end):
+            device = table.device_of_rank(rank)
+            env = dict(base, RANK_ID=str(rank), DEVICE_ID=str(device.device_id), **common)
+            plan.processes.append(ProcessSpec("worker", rank, device.device_id,
+                                              os.path.join(log_dir, f"rank_{rank}", LOG_NAME), env))
+        return plan
     plan.sched_host = table.server_of_rank(0).server_id
     plan.sched_port = _env_number(environ, "MS_SCHED_PORT", DEFAULT_SCHED_PORT, int, 1024, 65535)
     cluster = {"MS_WORKER_NUM": str(rank_size), "MS_SCHED_HOST": plan.sched_host,
@@ -487,10 +541,11 @@ def run_plan(plan: LaunchPlan, environ: Mapping[str, str], cwd: str) -> int:
     check_scheduler_address(plan)
     table = plan.table
     where = (f"scheduler {plan.sched_host}:{plan.sched_port}" if plan.sched_host else
-             f"RANK_TABLE_FILE {plan.rank_table_path}")
+             f"RANK_TABLE_FILE {plan.rank_table_path}" if plan.cluster else "no cluster: only_save_strategy")
     print(f"rank table {plan.rank_table_path}: {table.rank_size} ranks on {table.server_count} servers; "
           f"starting ranks {plan.start}..{plan.end - 1} ({plan.device_target}, {where}, run_mode {plan.run_mode})",
           flush=True)
+    print(f"logs: {os.path.join(plan.output_dir, 'log')} (output_dir from {plan.output_dir_source})", flush=True)
     with _Signals() as signals:  # no Ctrl-C between two starts: it would orphan the started ones
         running = start_processes(plan, cwd)
         write_pid_file(plan, running)

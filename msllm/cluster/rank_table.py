@@ -270,16 +270,20 @@ def validate_ipv4(text: str, what: str) -> str:
     return value
 
 
-def parse_device_range(text: str, flag: str = "--device_num") -> Tuple[int, int]:
-    """Parse a MindFormers device range ``"[START,END)"`` into ``(START, END)``, END exclusive.
+RANGE_FORM = '"[START,END)" (e.g. "[0,8)": devices 0..7)'
+
+
+def parse_device_range(text: str, flag: str = "--device_num", form: str = RANGE_FORM) -> Tuple[int, int]:
+    """Parse a MindFormers range ``"[START,END)"`` into ``(START, END)``, END exclusive: the one
+    parser of device ranges (``hccl_tools --device_num``) and rank ranges (``run_distribute.sh``).
 
     ``"[START,END]"`` is read the same way (END exclusive too), as MindFormers' ``hccl_tools.py``
-    and ``run_distribute.sh`` do. Raises :class:`MsllmError` naming ``flag`` if the text is not
-    of that form or START >= END.
+    and ``run_distribute.sh`` do. Raises :class:`MsllmError` naming ``flag`` (and the expected
+    ``form``) if the text is not of that form or START >= END.
     """
     match = re.fullmatch(r"\s*\[\s*(\d+)\s*,\s*(\d+)\s*[\])]\s*", str(text))
     if not match:
-        raise MsllmError(f"{flag} '{text}' is not of the form \"[START,END)\" (e.g. \"[0,8)\": devices 0..7)")
+        raise MsllmError(f"{flag} '{text}' is not of the form {form}")
     start, end = int(match.group(1)), int(match.group(2))
     if start >= end:
         raise MsllmError(f"{flag} '{text}': START ({start}) must be less than END ({end})")

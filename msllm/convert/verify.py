@@ -9,7 +9,7 @@ both models' greedy continuations (argmax, a few tokens). It passes when the dif
 most the tolerance (1e-4 by default, for float32) and the continuations agree.
 
 The msllm side loads its weights from the converted ``.ckpt`` through the trainer's own path
-(``load_params`` -> :func:`msllm.convert.names.to_msllm_names` -> ``load_into``), so the check
+(``load_params`` -> ``load_into``, MindFormers names renamed on the way), so the check
 covers what training will see. Weights stored in fp16/bf16 are cast to float32 on both sides.
 
 Greedy decoding feeds a fixed-length buffer (prompt + new tokens, later slots padded) and reads
@@ -107,7 +107,6 @@ def msllm_network(cfg: LlamaConfig, ckpt_path: str, seq_length: int, mode: str =
     of ``ckpt_path`` loaded as the trainer loads them. Sets the global MindSpore context."""
     import mindspore as ms
 
-    from msllm.convert.names import to_msllm_names
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.checkpoint import load_into, load_params
 
@@ -120,7 +119,7 @@ def msllm_network(cfg: LlamaConfig, ckpt_path: str, seq_length: int, mode: str =
                    softmax_compute_type="float32", param_init_type="float32")
     net = LlamaForCausalLM(fp32)
     net.set_train(False)
-    load_into(net, to_msllm_names(load_params(ckpt_path), ckpt_path), ckpt_path)
+    load_into(net, load_params(ckpt_path, fp32), ckpt_path)
     return net
 
 
@@ -149,7 +148,10 @@ def hf_model_from_ckpt(ckpt_path: str, cfg: LlamaConfig):
     from transformers import LlamaConfig as HFConfig
     from transformers import LlamaForCausalLM as HFLlama
 
-    from msllm.convert.hf import msllm_config_to_hf, msllm_to_hf_name, msllm_weights, to_float32
+    from msllm.convert.configs import msllm_config_to_hf
+    from msllm.convert.driver import msllm_weights
+    from msllm.formats.dtypes import to_float32
+    from msllm.models.llama.names import msllm_to_hf_name
 
     model = HFLlama(HFConfig(**msllm_config_to_hf(cfg))).eval()
     state = {msllm_to_hf_name(n): torch.from_numpy(to_float32(r.load(), r.dtype))
@@ -177,11 +179,11 @@ def round_weights(hf=None, net=None, dtype: Optional[str] = None) -> None:
     (``float16``/``bfloat16``) and back to float32, in place; None or float32 does nothing.
 
     Used when a conversion casts (``--dtype``): both sides then hold the same rounded values
-    (torch's rounding and :func:`msllm.convert.hf.cast` are both round-to-nearest-even).
+    (torch's rounding and :func:`msllm.formats.dtypes.cast` are both round-to-nearest-even).
     """
     if dtype in (None, "float32"):
         return
-    from msllm.convert.hf import cast
+    from msllm.formats.dtypes import cast
 
     if hf is not None:
         import torch
@@ -311,8 +313,11 @@ def write_random_hf_dir(out_dir: str, seed: int = 0, dtype: str = "float32", max
     """
     import json
 
-    from msllm.convert.hf import (SafetensorsWriter, cast, hf_config_to_msllm, msllm_to_hf_name, param_shapes,
-                                  parse_size, plan_shards, tensor_nbytes)
+    from msllm.convert.configs import hf_config_to_msllm
+    from msllm.convert.driver import parse_size, plan_shards
+    from msllm.formats.dtypes import cast, tensor_nbytes
+    from msllm.formats.safetensors import SafetensorsWriter
+    from msllm.models.llama.names import msllm_to_hf_name, param_shapes
 
     hf_cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": dtype, **config}
     cfg = hf_config_to_msllm(hf_cfg, "config")

@@ -55,12 +55,12 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from msllm.errors import MsllmError
+from msllm.models.llama.names import OPTIMIZER_STATE_PREFIXES, is_norm_weight, is_optimizer_state, param_shapes
 
 Sym = Optional[str]          # "dp", "mp", "dpmp" or None (= not split)
 SymStrategy = tuple[tuple[Sym, ...], ...]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-OPT_STATE_PREFIXES = ("adam_m", "adam_v")
 # MindSpore's default parallel_optimizer_threshold (KB), see parallel_context_kwargs.
 DEFAULT_OPT_THRESHOLD_KB = 64
 
@@ -337,31 +337,6 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     return rules
 
 
-def param_shapes(model_config) -> dict[str, tuple[int, ...]]:
-    """Full shape of every parameter of :class:`LlamaForCausalLM`, computed from the config."""
-    mc = model_config
-    c, d, f, v = mc.hidden_size, mc.head_dim, mc.ffn_size, mc.vocab_size
-    h, k = mc.num_heads, mc.kv_heads
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.embedding_table": (v, c)}
-    for i in range(mc.num_layers):
-        lp = f"model.layers.{i}"
-        shapes.update({
-            f"{lp}.input_layernorm.weight": (c,),
-            f"{lp}.self_attn.q_proj.weight": (h * d, c),
-            f"{lp}.self_attn.k_proj.weight": (k * d, c),
-            f"{lp}.self_attn.v_proj.weight": (k * d, c),
-            f"{lp}.self_attn.o_proj.weight": (c, h * d),
-            f"{lp}.post_attention_layernorm.weight": (c,),
-            f"{lp}.mlp.gate_proj.weight": (f, c),
-            f"{lp}.mlp.up_proj.weight": (f, c),
-            f"{lp}.mlp.down_proj.weight": (c, f),
-        })
-    shapes["model.norm.weight"] = (c,)
-    if not mc.tie_word_embeddings:
-        shapes["lm_head.weight"] = (v, c)
-    return shapes
-
-
 def cell_stages(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> dict[str, int]:
     """Pipeline stage of each cell: embedding 0, layers per :func:`layer_stages`, final norm,
     head and loss the last stage."""
@@ -463,37 +438,55 @@ def param_layouts(model_config, parallel_config, stage_layers: Optional[Sequence
     (see the module docstring for the optimizer-shard rule). The layout is not validated here;
     call :func:`validate_layout` first.
     """
-    pc = parallel_config
-    dp, mp = pc.data_parallel, pc.model_parallel
-    dev = (dp, mp)
     shapes = param_shapes(model_config)
-    dtype = model_config.param_init_type
+    out = layouts_from_rules(op_rules(model_config, parallel_config, stage_layers), shapes, parallel_config,
+                             model_config.param_init_type, lambda name: not is_norm_weight(name),
+                             include_optimizer_states=False, opt_threshold_kb=opt_threshold_kb)
+    missing = set(shapes) - set(out)
+    if missing:  # a parameter without a rule: the table and the model disagree
+        raise AssertionError(f"no sharding rule consumes {sorted(missing)}")
+    return with_optimizer_states(out) if include_optimizer_states else out
+
+
+def layouts_from_rules(rules: Iterable[OpRule], shapes: dict, parallel_config, dtype: str,
+                       opt_shardable=lambda name: True, include_optimizer_states: bool = True,
+                       opt_threshold_kb: int = DEFAULT_OPT_THRESHOLD_KB) -> dict[str, ParamLayout]:
+    """``{name: ParamLayout}`` of the parameters that ``rules`` consume (full shapes from
+    ``shapes``): the tensor map of the consuming input's strategy, and the parallel-optimizer
+    split of the module docstring for parameters ``opt_shardable(name)`` allows. The one
+    implementation behind :func:`param_layouts` (and layouts of added parameters, e.g. LoRA
+    adapters)."""
+    pc = parallel_config
+    dev = (pc.data_parallel, pc.model_parallel)
     out: dict[str, ParamLayout] = {}
-    for rule in op_rules(model_config, parallel_config, stage_layers):
+    for rule in rules:
         for idx, name in rule.params:
             tmap = _tensor_map(rule.in_strategy[idx])
             shape = shapes[name]
             size = step = 0
-            if pc.optimizer_shard and not name.endswith("layernorm.weight") and name != "model.norm.weight":
+            if pc.optimizer_shard and opt_shardable(name):
                 group = _opt_group(dev, tmap)
                 nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
                 first = shape[0] // (1 if tmap[0] == -1 else dev[len(dev) - 1 - tmap[0]])
                 if len(group) > 1 and nbytes >= opt_threshold_kb * 1024 and first % len(group) == 0:
                     size, step = len(group), (group[-1] - group[0]) // (len(group) - 1)
             out[name] = ParamLayout(dev, tmap, shape, rule.stage, size, step, dtype)
-    missing = set(shapes) - set(out)
-    if missing:  # a parameter without a rule: the table and the model disagree
-        raise AssertionError(f"no sharding rule consumes {sorted(missing)}")
-    if include_optimizer_states:
-        for name in list(out):
-            for prefix in OPT_STATE_PREFIXES:
-                out[f"{prefix}.{name}"] = out[name]
+    return with_optimizer_states(out) if include_optimizer_states else out
+
+
+def with_optimizer_states(layouts: dict[str, ParamLayout]) -> dict[str, ParamLayout]:
+    """``layouts`` plus ``adam_m.{name}`` / ``adam_v.{name}`` with their weight's layout
+    (MindSpore clones a weight's layout for its optimizer states)."""
+    out = dict(layouts)
+    for name, lay in layouts.items():
+        for prefix in OPTIMIZER_STATE_PREFIXES:
+            out[prefix + name] = lay
     return out
 
 
 def no_opt_shard_params(model_config) -> list[str]:
     """Parameters the parallel optimizer never splits (RMSNorm weights, as in MindFormers)."""
-    return [n for n in param_shapes(model_config) if n.endswith("layernorm.weight") or n == "model.norm.weight"]
+    return [n for n in param_shapes(model_config) if is_norm_weight(n)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,7 +540,7 @@ def rank_param_bytes(layouts: dict[str, ParamLayout], rank: int, parallel_config
     for name, lay in layouts.items():
         if lay.stage != stage:
             continue
-        if name.split(".", 1)[0] in OPT_STATE_PREFIXES:
+        if is_optimizer_state(name):
             states += lay.slice_bytes
         else:
             weights += lay.slice_bytes
@@ -603,20 +596,39 @@ def apply_layout(network, parallel_config, recompute_config=None,
     if parallel_config.pipeline_stage > 1:
         for path, stage in cell_stages(mc, parallel_config, stage_layers).items():
             _resolve(network, path).pipeline_stage = stage
+    apply_recompute(network, recompute_config, sharded=True)
+    return rules
+
+
+def apply_recompute(network, recompute_config, sharded: bool = False) -> int:
+    """Mark activations of every decoder layer of ``network`` for recomputation in the backward
+    pass (MindSpore ``Cell.recompute`` / ``Primitive.recompute``, graph mode); returns the number
+    of layers marked (0 when the config asks for none).
+
+    ``recompute``: whole layers (Chen et al. 2016; Korthikanti et al. 2022 "full" recomputation);
+    with ``sharded`` (operator-sharded layouts) also the ``mp_comm_recompute``,
+    ``parallel_optimizer_comm_recompute`` and ``recompute_slice_activation`` options, which concern
+    the collectives those layouts insert. ``select_recompute`` (and not ``recompute``): the
+    attention core (BatchMatMul, scale, mask, Softmax) and the SwiGLU element-wise ops only
+    (Korthikanti et al. 2022 sec. 5 "selective" recomputation, extended to the MLP activations as
+    MindFormers' ``select_recompute`` does). Works in data_parallel mode too (CPU included).
+    """
     rc = recompute_config
-    if rc is not None and (rc.recompute or rc.select_recompute):
-        for i in range(mc.num_layers):
-            layer = network.model.layers[i]
-            if rc.recompute:
+    if rc is None or not (rc.recompute or rc.select_recompute):
+        return 0
+    for layer in network.model.layers:
+        if rc.recompute:
+            kwargs = {}
+            if sharded:
                 kwargs = {"mp_comm_recompute": rc.mp_comm_recompute,
                           "recompute_slice_activation": rc.recompute_slice_activation}
                 if rc.parallel_optimizer_comm_recompute:
                     kwargs["parallel_optimizer_comm_recompute"] = True
-                layer.recompute(**kwargs)
-            else:
-                for prim in _select_recompute_prims(layer):
-                    prim.recompute()
-    return rules
+            layer.recompute(**kwargs)
+        else:
+            for prim in _select_recompute_prims(layer):
+                prim.recompute()
+    return len(network.model.layers)
 
 
 SELECT_RECOMPUTE = {"self_attn": ("bmm_qk", "mul_scale", "add_mask", "softmax", "bmm_pv"),
@@ -634,10 +646,17 @@ def _select_recompute_prims(layer) -> Iterable:
 # MindSpore auto-parallel context for Ascend
 
 
-def strategy_file_name(rank: int, fmt: str = "json") -> str:
-    """``ckpt_strategy_rank_{rank}.json`` (or ``.ckpt`` for protobuf). MindSpore picks the
+def strategy_file_name(rank: int, fmt: str = "ckpt") -> str:
+    """``ckpt_strategy_rank_{rank}.ckpt`` (MindSpore's protobuf) or ``.json``. MindSpore picks the
     parser by extension: only ``.json`` files are read as JSON."""
     return f"ckpt_strategy_rank_{rank}.{'json' if fmt == 'json' else 'ckpt'}"
+
+
+def strategy_format(run_config) -> str:
+    """``"json"`` if ``parallel.strategy_ckpt_save_file`` ends in ``.json``, else ``"ckpt"``
+    (protobuf): MindSpore's rule, by extension. The files themselves are always
+    ``{output_dir}/strategy/ckpt_strategy_rank_{i}.{ext}``, where MindFormers puts them."""
+    return "json" if run_config.parallel.strategy_ckpt_save_file.endswith(".json") else "ckpt"
 
 
 def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
@@ -648,7 +667,8 @@ def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
     ``parallel_optimizer_config`` (threshold 64 KB, ``optimizer_weight_shard_size`` -1 = the
     whole data-parallel group; :func:`param_layouts` assumes exactly these),
     ``pipeline_stages`` (+ ``pipeline_config`` 1F1B when > 1), and ``strategy_ckpt_config``
-    saving this rank's strategy as JSON to ``{output_dir}/strategy/ckpt_strategy_rank_{rank}.json``
+    saving this rank's strategy to ``{output_dir}/strategy/ckpt_strategy_rank_{rank}.ckpt``
+    (protobuf; ``.json`` when ``parallel.strategy_ckpt_save_file`` ends in .json, :func:`strategy_format`)
     with ``only_trainable_params=False`` (so the AdamW moments are in it and checkpoints with
     them can be resharded).
 
@@ -672,7 +692,7 @@ def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
         "pipeline_stages": pc.pipeline_stage,
         "strategy_ckpt_config": {
             "save_file": os.path.join(os.path.abspath(run_config.output_dir), "strategy",
-                                      strategy_file_name(rank, "json")),
+                                      strategy_file_name(rank, strategy_format(run_config))),
             "only_trainable_params": False},
     })
     if opt:
@@ -684,7 +704,7 @@ def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
 
 
 __all__ = ["OpRule", "ParamLayout", "apply_layout", "cell_stages", "concrete", "global_batch_size",
-           "layer_stages", "op_rules", "param_layouts", "param_shapes", "parallel_context_kwargs",
+           "layer_stages", "op_rules", "param_layouts", "layouts_from_rules", "with_optimizer_states", "param_shapes", "parallel_context_kwargs",
            "rank_param_bytes", "rank_slices", "slice_for_rank", "stage_layer_counts", "stage_of_rank",
-           "validate_layout", "validate_run_layout", "strategy_file_name", "optimizer_shard_enabled",
-           "DTYPE_BYTES", "OPT_STATE_PREFIXES", "DEFAULT_OPT_THRESHOLD_KB", "SELECT_RECOMPUTE"]
+           "validate_layout", "validate_run_layout", "strategy_file_name", "strategy_format", "optimizer_shard_enabled",
+           "DTYPE_BYTES", "DEFAULT_OPT_THRESHOLD_KB", "SELECT_RECOMPUTE"]

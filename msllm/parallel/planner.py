@@ -68,8 +68,9 @@ import re
 from typing import Optional, Sequence
 
 from msllm.errors import MsllmError
+from msllm.models.llama.names import is_optimizer_state
 from msllm.parallel.layout import (
-    DTYPE_BYTES, OPT_STATE_PREFIXES, param_layouts, stage_layer_counts, validate_layout)
+    DTYPE_BYTES, param_layouts, stage_layer_counts, validate_layout)
 
 RECOMPUTE_MODES = ("none", "select", "full")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
@@ -136,7 +137,7 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
     for name, lay in layouts.items():
         if lay.stage != stage:
             continue
-        if name.split(".", 1)[0] in OPT_STATE_PREFIXES:
+        if is_optimizer_state(name):
             states += lay.slice_numel * 4                     # AdamW moments are fp32
             continue
         mp_numel = math.prod(s // k for s, k in zip(lay.full_shape, lay.mp_strategy))

@@ -22,19 +22,22 @@ with the slice shape the strategy implies), so a checkpoint/strategy mismatch is
 from __future__ import annotations
 
 import glob
+import json
 import os
-import re
 import shutil
 import tempfile
 from typing import Optional, Union
 
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_path
-from msllm.parallel.layout import OPT_STATE_PREFIXES
+from msllm.formats.manifest import checkpoint_step, refuse_corrupt
+from msllm.formats.mindformers import has_fused
+from msllm.formats.mindspore_ckpt import scan_ckpt
+from msllm.models.llama.names import (is_mindformers_name, is_optimizer_state, mindformers_to_msllm_name,
+                                      msllm_to_mindformers_name, split_state_prefix)
 from msllm.parallel.strategy import (
-    StrategyRecord, atomic_dir, file_stage, list_strategy_files, read_strategy, write_strategy_files)
-
-_MSLLM_NAME = re.compile(r"^.+_\d+-\d+_(?P<step>\d+)\.ckpt$")
+    StrategyRecord, load_strategy_map, atomic_dir, file_stage, list_strategy_files, read_strategy, to_protobuf,
+    write_strategy_files)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,9 +49,11 @@ def collect_rank_checkpoints(ckpt: str) -> dict[int, str]:
     ``rank_{i}/`` subdirectories, or a directory holding ``*.ckpt`` directly (rank 0).
 
     Raises:
-        MsllmError: nothing there, or a rank directory without a checkpoint.
+        MsllmError: nothing there, a rank directory without a checkpoint, or a chosen checkpoint
+            whose manifest (``X.ckpt.json``) disagrees with it.
     """
     if os.path.isfile(ckpt):
+        refuse_corrupt(ckpt)
         return {0: os.path.abspath(ckpt)}
     if not os.path.isdir(ckpt):
         raise MsllmError(f"checkpoint path {ckpt!r} does not exist")
@@ -68,12 +73,14 @@ def collect_rank_checkpoints(ckpt: str) -> dict[int, str]:
                 raise MsllmError(f"{ckpt!r} holds safetensors checkpoints; msllm's reshard handles .ckpt only")
             raise MsllmError(f"checkpoint directory {ckpt!r} has neither rank_*/ subdirectories nor *.ckpt files")
         out[0] = os.path.abspath(newest(files))
+    for path in out.values():  # a file that disagrees with its manifest is never used
+        refuse_corrupt(path)
     return dict(sorted(out.items()))
 
 
 def newest(files: list[str]) -> str:
     """Highest-step msllm checkpoint among ``files``, else the lexically last (MindSpore)."""
-    steps = [(int(m["step"]), f) for f in files if (m := _MSLLM_NAME.match(os.path.basename(f)))]
+    steps = [(step, f) for f in files if (step := checkpoint_step(f)) is not None]
     return max(steps)[1] if steps else sorted(files)[-1]
 
 
@@ -129,6 +136,51 @@ def resolve_strategy(arg: Optional[str], work_dir: str, what: str = "strategy") 
     return merged
 
 
+def checkpoint_names(path: str) -> list[str]:
+    """Entry names of a ``.ckpt`` (read from its framing, no tensor data)."""
+    return list(scan_ckpt(path))
+
+
+def align_strategy_naming(strategy_file: Optional[str], ckpt_names, work_dir: str, what: str) -> Optional[str]:
+    """A strategy file whose parameter names use the checkpoint's naming: ``strategy_file`` itself,
+    or a renamed copy in ``work_dir`` when one uses MindFormers' LLaMA names
+    (``model.layers.0.attention.wq.weight``, as MindSpore writes strategies for MindFormers
+    runs) and the other msllm's (:data:`msllm.models.llama.names.PARAM_TABLE`). The copy keeps
+    the format (protobuf ``.ckpt`` or JSON) and every layout field.
+
+    Raises:
+        MsllmError: the checkpoint holds MindFormers ``qkv_concat`` tensors, which have no msllm
+            layout to reshard to (reshard it to a full checkpoint first: no destination
+            strategy; msllm then splits q/k/v when loading).
+    """
+    if strategy_file is None:
+        return None
+    data = load_strategy_map(strategy_file)
+    layout_names = [k.partition("-")[2] if k.partition("-")[0].isdigit() else k for k in data["parallel_layout_item"]]
+    ckpt_mf = any(is_mindformers_name(n) for n in ckpt_names)
+    strategy_mf = any(is_mindformers_name(n) for n in layout_names)
+    if ckpt_mf == strategy_mf:
+        return strategy_file
+    if has_fused(ckpt_names) or has_fused(layout_names):
+        raise MsllmError(f"{what} {strategy_file!r}: the checkpoint holds MindFormers qkv_concat tensors "
+                         "(w_qkv, w_gate_hidden), which msllm's layouts do not have; reshard it to a full "
+                         "checkpoint first (empty --dst_ckpt_strategy) and load that")
+    rename = mindformers_to_msllm_name if strategy_mf else msllm_to_mindformers_name
+
+    def renamed(key: str) -> str:
+        stage, sep, name = key.partition("-")
+        if sep and stage.isdigit():
+            return f"{stage}-{rename(name) or name}"
+        return rename(key) or key
+
+    data["parallel_layout_item"] = {renamed(k): v for k, v in data["parallel_layout_item"].items()}
+    ext = ".json" if strategy_file.endswith(".json") else ".ckpt"
+    out = os.path.join(work_dir, f"{what}_{'msllm' if strategy_mf else 'mindformers'}_names{ext}")
+    with open(out, "wb") as fh:
+        fh.write((json.dumps(data) + "\n").encode() if ext == ".json" else to_protobuf(data))
+    return out
+
+
 def _strategy_shape(stra: dict[str, StrategyRecord]) -> tuple[int, int]:
     """(ranks per stage, stages) of a read strategy."""
     first = next(iter(stra.values()))
@@ -166,7 +218,7 @@ def check_checkpoint_matches(ckpt_file: str, rank: int, stra: Optional[dict[str,
     per_stage, _ = _strategy_shape(stra)
     stage = rank // per_stage
     wanted = {n: r for n, r in stra.items() if stage in r.stages
-              and (n in shapes or n.split(".", 1)[0] not in OPT_STATE_PREFIXES)}
+              and (n in shapes or not is_optimizer_state(n))}
     missing = [n for n in wanted if n not in shapes]
     if missing:
         raise MsllmError(f"checkpoint {ckpt_file!r} (rank {rank}) lacks {len(missing)} parameter(s) the source "
@@ -192,8 +244,8 @@ def _check_states_covered(names, stra: dict[str, StrategyRecord], where: str, wh
     parameters a strategy does not list unchanged to every rank, which would leave full-size
     moments beside sliced weights."""
     for name in names:
-        head, _, base = name.partition(".")
-        if head in OPT_STATE_PREFIXES and base in stra and name not in stra:
+        prefix, base = split_state_prefix(name)
+        if prefix and base in stra and name not in stra:
             raise MsllmError(f"{where}: {name!r} is in the checkpoint but the {which} strategy lists only its "
                              f"weight {base!r}; use a strategy saved with optimizer states (msllm's strategy "
                              "files, or MindSpore's strategy_ckpt_config only_trainable_params=False)")
@@ -241,6 +293,9 @@ def transform_checkpoints(src_ckpt_dir: str, dst_ckpt_dir: str, src_strategy: Op
     try:
         src_file = resolve_strategy(src_strategy, work, "src_strategy")
         dst_file = resolve_strategy(dst_strategy, work, "dst_strategy")
+        names = checkpoint_names(files[min(files)])
+        src_file = align_strategy_naming(src_file, names, work, "src_strategy")
+        dst_file = align_strategy_naming(dst_file, names, work, "dst_strategy")
         src = read_strategy(src_file) if src_file else None
         dst = read_strategy(dst_file) if dst_file else None
         if src is None:
@@ -291,7 +346,7 @@ def _check_dst_covers(dst: dict[str, StrategyRecord], ckpt_shapes: dict, src, ds
     weights-only checkpoint), and full shapes must match and divide."""
     src_names = set(src) if src is not None else set(ckpt_shapes)
     _check_states_covered(ckpt_shapes, dst, f"destination strategy {dst_file!r}", "destination")
-    unknown = [n for n in dst if n not in src_names and n.split(".", 1)[0] not in OPT_STATE_PREFIXES]
+    unknown = [n for n in dst if n not in src_names and not is_optimizer_state(n)]
     if unknown:
         raise MsllmError(f"destination strategy {dst_file!r} lists {len(unknown)} parameter(s) the source "
                          f"checkpoint lacks, e.g. {unknown[0]!r}: it belongs to another model")
@@ -357,6 +412,9 @@ def reshard_for_start(load_checkpoint: str, src_strategy: Optional[str], dst_lay
             write_strategy_files(cfg.model_config, cfg.parallel_config, dst_arg, stage_layers)
         dst_file = resolve_strategy(dst_arg, private, "dst_strategy")
         src_file = resolve_strategy(src_strategy, private, "src_strategy")
+        names = checkpoint_names(files[min(files)])
+        src_file = align_strategy_naming(src_file, names, private, "src_strategy")
+        dst_file = align_strategy_naming(dst_file, names, private, "dst_strategy")
         if dst_file is None:
             raise MsllmError("reshard_for_start needs a destination layout (dst_layout)")
         dst = read_strategy(dst_file)

@@ -2,8 +2,20 @@
 (``set_auto_parallel_context(strategy_ckpt_config={"save_file": ...})``), produced here offline
 from :func:`msllm.parallel.layout.param_layouts` for any layout, and read back.
 
-Format (JSON, the one MindSpore's C++ ``StrategyCheckpointInfo::to_json`` writes and
-``mindspore.transform_checkpoints`` / ``merge_pipeline_strategys`` read)::
+Two encodings of one structure; MindSpore chooses the parser by file extension (``.json`` =
+JSON, anything else = protobuf), and so does msllm:
+
+* protobuf (the default, what MindFormers users have: ``output/strategy/ckpt_strategy_rank_{i}.ckpt``):
+  ``ParallelStrategyMap`` of ``node_strategy.proto``, compiled in the MindSpore wheel as
+  ``mindspore/train/node_strategy_pb2.py`` (package ``mindspore.straspb``): ``current_stage``,
+  repeated ``parallel_strategy_item {node_name, parallel_strategys {stage, repeated
+  parallel_strategy {repeated dim}}}``, repeated ``parallel_layout_item {param_name,
+  parallel_layouts {repeated dev_matrix {dim}, repeated tensor_map {dim}, repeated
+  param_split_shape {dim}, repeated indices_offset {dim}, field, opt_weight_shard_step,
+  opt_weight_shard_size}}``. It has no full tensor shape.
+* JSON (asked for with ``parallel.strategy_ckpt_save_file: *.json``), the one MindSpore's C++
+  ``StrategyCheckpointInfo::to_json`` writes and ``mindspore.transform_checkpoints`` /
+  ``merge_pipeline_strategys`` read::
 
     {"current_stage": S,
      "parallel_strategy_item": {OP_NAME: {"stage": S, "parallel_strategy": [[...], ...]}},
@@ -12,10 +24,8 @@ Format (JSON, the one MindSpore's C++ ``StrategyCheckpointInfo::to_json`` writes
                                       "opt_weight_shard_step": k, "opt_weight_shard_size": n,
                                       "param_split_shape": [], "indices_offset": []}}}
 
-``tensor_map`` counts device-matrix axes from the right, -1 = not split. MindSpore chooses the
-parser by file extension (``.json`` = JSON, anything else = protobuf), so JSON files are named
-``ckpt_strategy_rank_{i}.json``; ``fmt="ckpt"`` writes the same content as protobuf
-(``mindspore.train.node_strategy_pb2.ParallelStrategyMap``) under ``ckpt_strategy_rank_{i}.ckpt``.
+``tensor_map`` counts device-matrix axes from the right, -1 = not split. Files are named
+``ckpt_strategy_rank_{i}.ckpt`` / ``.json``.
 
 Pipeline parallel (as MindSpore does it): each rank's file holds only its stage's parameters and
 operators, ``"stage"`` of every strategy item is that stage, and the device matrix is the stage's
@@ -42,9 +52,10 @@ import tempfile
 from typing import Iterator, NamedTuple, Optional, Sequence
 
 from msllm.errors import MsllmError
+from msllm.fileio import atomic_open
 from msllm.parallel.layout import (
     ParamLayout, concrete, op_rules, param_layouts, rank_param_bytes, stage_of_rank, strategy_file_name,
-    validate_layout, validate_run_layout)
+    strategy_format, validate_layout, validate_run_layout)
 
 SUMMARY_NAME = "layout_summary.yaml"
 
@@ -119,59 +130,132 @@ def atomic_dir(path: str) -> Iterator[str]:
         raise
 
 
+def _strategy_bytes(content: dict, fmt: str) -> bytes:
+    return (json.dumps(content, separators=(",", ":")) + "\n").encode() if fmt == "json" else to_protobuf(content)
+
+
+def _summary(parallel_config, layouts: dict, counts: list, fmt: str) -> dict:
+    pc = parallel_config
+    per_stage = pc.data_parallel * pc.model_parallel
+    return {
+        "layout": {"data_parallel": pc.data_parallel, "model_parallel": pc.model_parallel,
+                   "pipeline_stage": pc.pipeline_stage, "optimizer_shard": pc.optimizer_shard,
+                   "vocab_emb_dp": pc.vocab_emb_dp, "use_seq_parallel": pc.use_seq_parallel,
+                   "device_num": pc.device_num, "layers_per_stage": counts},
+        "format": fmt,
+        # every rank of a stage holds the same amount (the splits are even)
+        "rank_bytes_by_stage": {s: {"ranks": [s * per_stage, (s + 1) * per_stage - 1],
+                                    **rank_param_bytes(layouts, s * per_stage, pc)}
+                                for s in range(pc.pipeline_stage)},
+    }
+
+
+def _write_summary(path: str, summary: dict) -> None:
+    import yaml
+
+    with atomic_open(path) as fh:
+        fh.write("# bytes one rank of each stage stores: parameter slices (weights) and AdamW moments\n")
+        yaml.safe_dump(summary, fh, sort_keys=False)
+
+
+def _check_fmt(fmt: str) -> None:
+    if fmt not in ("json", "ckpt"):
+        raise MsllmError(f"strategy format {fmt!r}: expected 'json' or 'ckpt' (protobuf)")
+
+
 def write_strategy_files(model_config, parallel_config, out_dir: str,
-                         stage_layers: Optional[Sequence[int]] = None, fmt: str = "json",
+                         stage_layers: Optional[Sequence[int]] = None, fmt: str = "ckpt",
                          layouts: Optional[dict[str, ParamLayout]] = None) -> list[str]:
-    """Write ``{out_dir}/ckpt_strategy_rank_{i}.json`` (or ``.ckpt``) for every rank of the layout,
-    plus ``layout_summary.yaml`` (layout, layers per stage, per-rank bytes). The directory is
-    replaced atomically. Returns the strategy file paths in rank order.
+    """Write ``{out_dir}/ckpt_strategy_rank_{i}.ckpt`` (MindSpore's protobuf; ``fmt="json"``:
+    ``.json``) for every rank of the layout, plus ``layout_summary.yaml`` (layout, layers per
+    stage, per-rank bytes). The directory is replaced atomically (one process: offline tools);
+    for ranks of a running job writing into one directory use :func:`write_rank_strategy_file`.
+    Returns the strategy file paths in rank order.
 
     Raises:
         MsllmError: an invalid layout (:func:`validate_layout`) or ``fmt`` not json/ckpt.
     """
-    import yaml
-
-    if fmt not in ("json", "ckpt"):
-        raise MsllmError(f"strategy format {fmt!r}: expected 'json' or 'ckpt' (protobuf)")
+    _check_fmt(fmt)
     counts = validate_layout(model_config, parallel_config, stage_layers=stage_layers)
     pc = parallel_config
     if layouts is None:
         layouts = param_layouts(model_config, pc, stage_layers)
     per_stage = pc.data_parallel * pc.model_parallel
-    paths = []
     with atomic_dir(out_dir) as tmp:
         for stage in range(pc.pipeline_stage):
-            content = stage_strategy(model_config, pc, stage, layouts, stage_layers)
-            data = (json.dumps(content, separators=(",", ":")) + "\n").encode() if fmt == "json" \
-                else to_protobuf(content)
+            data = _strategy_bytes(stage_strategy(model_config, pc, stage, layouts, stage_layers), fmt)
             for rank in range(stage * per_stage, (stage + 1) * per_stage):
                 with open(os.path.join(tmp, strategy_file_name(rank, fmt)), "wb") as fh:
                     fh.write(data)
-        summary = {
-            "layout": {"data_parallel": pc.data_parallel, "model_parallel": pc.model_parallel,
-                       "pipeline_stage": pc.pipeline_stage, "optimizer_shard": pc.optimizer_shard,
-                       "vocab_emb_dp": pc.vocab_emb_dp, "use_seq_parallel": pc.use_seq_parallel,
-                       "device_num": pc.device_num, "layers_per_stage": counts},
-            "format": fmt,
-            # every rank of a stage holds the same amount (the splits are even)
-            "rank_bytes_by_stage": {s: {"ranks": [s * per_stage, (s + 1) * per_stage - 1],
-                                        **rank_param_bytes(layouts, s * per_stage, pc)}
-                                    for s in range(pc.pipeline_stage)},
-        }
-        with open(os.path.join(tmp, SUMMARY_NAME), "w", encoding="utf-8") as fh:
-            fh.write("# bytes one rank of each stage stores: parameter slices (weights) and AdamW moments\n")
-            yaml.safe_dump(summary, fh, sort_keys=False)
-        paths = [os.path.join(out_dir, strategy_file_name(r, fmt)) for r in range(pc.device_num)]
-    return paths
+        _write_summary(os.path.join(tmp, SUMMARY_NAME), _summary(pc, layouts, counts, fmt))
+    return [os.path.join(out_dir, strategy_file_name(r, fmt)) for r in range(pc.device_num)]
 
 
-def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = None) -> str:
+def write_rank_strategy_file(model_config, parallel_config, out_dir: str, rank: int,
+                             stage_layers: Optional[Sequence[int]] = None, fmt: str = "ckpt") -> str:
+    """Write only rank ``rank``'s strategy file into ``out_dir`` (created if missing), as each
+    rank of a job does: safe while the other ranks (and other servers, on a shared file system)
+    write theirs into the same directory.
+
+    The file is written under a hidden temporary name and renamed (atomic per file; the
+    directory is never swapped). Rank ``rank``'s file of the other format is removed, so the
+    directory holds one format. Rank 0 also writes ``layout_summary.yaml`` and removes strategy
+    files of ranks the layout does not have (left by an earlier, larger layout); no rank of this
+    layout writes those, so nothing races. Returns the file's path.
+
+    Raises:
+        MsllmError: invalid layout, ``fmt``, or a rank outside the layout.
+    """
+    _check_fmt(fmt)
+    counts = validate_layout(model_config, parallel_config, stage_layers=stage_layers)
+    pc = parallel_config
+    if not 0 <= rank < pc.device_num:
+        raise MsllmError(f"rank {rank} is outside the layout of {pc.device_num} rank(s) (data_parallel x "
+                         f"model_parallel x pipeline_stage = {pc.data_parallel} x {pc.model_parallel} x "
+                         f"{pc.pipeline_stage})")
+    layouts = param_layouts(model_config, pc, stage_layers)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, strategy_file_name(rank, fmt))
+    with atomic_open(path, "wb", encoding=None) as fh:
+        fh.write(_strategy_bytes(stage_strategy(model_config, pc, stage_of_rank(rank, pc), layouts, stage_layers), fmt))
+    other = os.path.join(out_dir, strategy_file_name(rank, "json" if fmt == "ckpt" else "ckpt"))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(other)
+    if rank == 0:
+        _write_summary(os.path.join(out_dir, SUMMARY_NAME), _summary(pc, layouts, counts, fmt))
+        for r, stale in list_strategy_files(out_dir).items():
+            if r >= pc.device_num:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(stale)
+    return path
+
+
+def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = None, rank="launcher") -> str:
     """The ``only_save_strategy: True`` path: validate the run's layout and write its strategy
-    files to ``{output_dir}/strategy/``; returns that directory. No MindSpore context is set up
-    and no weight is allocated, so it works on CPU for layouts CPU cannot train."""
+    files to ``{output_dir}/strategy/`` (format per :func:`msllm.parallel.layout.strategy_format`:
+    protobuf ``.ckpt`` unless ``parallel.strategy_ckpt_save_file`` ends in ``.json``); returns
+    that directory. No MindSpore context is set up and no weight is allocated, so it works on
+    CPU for layouts CPU cannot train.
+
+    ``rank``: ``None`` writes every rank's file (one process, offline); an int writes only that
+    rank's (:func:`write_rank_strategy_file`); the default ``"launcher"`` reads the launcher's
+    environment (:func:`msllm.cluster.context.launcher_role`): a worker started by
+    ``scripts/run_distribute.sh`` writes only its own file, a scheduler process writes nothing,
+    a process started by hand writes all.
+    """
     validate_run_layout(run_config, stage_layers=stage_layers)
     out = os.path.join(os.path.abspath(run_config.output_dir), "strategy")
-    write_strategy_files(run_config.model_config, run_config.parallel_config, out, stage_layers)
+    fmt = strategy_format(run_config)
+    if rank == "launcher":
+        from msllm.cluster.context import launcher_role
+
+        role, rank = launcher_role()
+        if role == "scheduler":
+            return out
+    if rank is None:
+        write_strategy_files(run_config.model_config, run_config.parallel_config, out, stage_layers, fmt)
+    else:
+        write_rank_strategy_file(run_config.model_config, run_config.parallel_config, out, rank, stage_layers, fmt)
     return out
 
 
@@ -216,8 +300,9 @@ class StrategyRecord(NamedTuple):
         return tuple(shape)
 
 
-def _load_map(path: str) -> dict:
-    """A strategy file as the JSON-like structure (protobuf converted)."""
+def load_strategy_map(path: str) -> dict:
+    """A strategy file (JSON, or protobuf by any other extension) as the JSON structure of the
+    module docstring. Raises MsllmError naming the file if it is missing, empty or unparsable."""
     if not os.path.isfile(path):
         raise MsllmError(f"strategy file {path!r} does not exist")
     if os.path.getsize(path) == 0:
@@ -257,7 +342,7 @@ def _load_map(path: str) -> dict:
 def file_stage(path: str) -> int:
     """The pipeline stage a per-rank strategy file belongs to (``stage`` of its first strategy
     item, as ``merge_pipeline_strategys`` reads it; 0 without items)."""
-    items = _load_map(path).get("parallel_strategy_item") or {}
+    items = load_strategy_map(path).get("parallel_strategy_item") or {}
     return int(next(iter(items.values()))["stage"]) if items else 0
 
 
@@ -267,7 +352,7 @@ def read_strategy(path: str) -> dict[str, StrategyRecord]:
     Merged files name parameters ``"{stage}-{name}"``; records are keyed by the plain name and
     list every stage holding the parameter.
     """
-    data = _load_map(path)
+    data = load_strategy_map(path)
     items = data.get("parallel_strategy_item") or {}
     default_stage = int(next(iter(items.values()))["stage"]) if items else 0
     out: dict[str, StrategyRecord] = {}
@@ -288,13 +373,13 @@ def read_strategy(path: str) -> dict[str, StrategyRecord]:
 def list_strategy_files(directory: str) -> dict[int, str]:
     """``{rank: path}`` of ``ckpt_strategy_rank_{i}.json|.ckpt`` files in ``directory``; any other
     ``*.json``/``*.ckpt`` files are listed under negative keys (merge_pipeline_strategys reads
-    every such file)."""
+    every such file); hidden files (temporary names of files being written) are skipped."""
     import re
 
     found: dict[int, str] = {}
     other = -1
     for fn in sorted(os.listdir(directory)):
-        if not fn.endswith((".json", ".ckpt")):
+        if not fn.endswith((".json", ".ckpt")) or fn.startswith("."):  # hidden: a file being written
             continue
         m = re.search(r"rank_(\d+)\.(json|ckpt)$", fn)
         if m:
@@ -306,5 +391,6 @@ def list_strategy_files(directory: str) -> dict[int, str]:
 
 
 __all__ = ["atomic_dir", "file_stage", "list_strategy_files", "read_strategy", "save_strategy_for_run",
+           "write_rank_strategy_file",
            "stage_strategy", "StrategyRecord", "to_protobuf", "write_strategy_files", "stage_of_rank",
            "SUMMARY_NAME"]

@@ -1,29 +1,195 @@
-"""Throughput accounting: tokens/s/device (tgs), achieved TFLOPs and MFU.
+"""Throughput accounting: tokens/s/device (tgs), achieved TFLOPs and MFU, and the device peak.
 
 MFU (model FLOPs utilisation, PaLM: Chowdhery et al. 2022, appendix B) =
 ``tgs * flops_per_token / peak_flops_per_device``, with ``flops_per_token = 6N + 12 L H D T``
 (:meth:`msllm.models.llama.config.LlamaConfig.train_flops_per_token`). Recomputation is not
 counted (that would be hardware FLOPs utilisation, HFU).
+
+The peak is a documented or computed hardware figure, never a measurement (a measured matmul
+rate differs per rank and per moment, and MFU against it can exceed 100%):
+
+* ``context.peak_tflops`` when set (any device);
+* Ascend: :data:`ASCEND_PEAK_TFLOPS`, the vendor's published dense FP16 peak per chip;
+* CPU: cores x FMA units x SIMD fp32 lanes x 2 (multiply + add) x base clock, read from the
+  CPU's own description (:func:`cpu_peak_tflops`), divided among the ranks sharing the host;
+* otherwise unknown: MFU is not reported (better than a guessed number).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+# Dense FP16 peak per chip, TFLOP/s, with its source. Huawei publishes no per-chip peak for the
+# Ascend 910B variants (B1..B4) that we could cite, so they are not listed: set
+# context.peak_tflops for them (the figure of your contract or datasheet).
+ASCEND_PEAK_TFLOPS = {
+    # Huawei, "DaVinci: A Scalable Architecture for Neural Network Computing", Hot Chips 31 (2019),
+    # and the Ascend 910 launch (2019-08-23): 256 TFLOPS FP16 (32 DaVinci cores).
+    "ascend910a": (256.0, "Ascend 910 (910A): 256 TFLOPS FP16, Huawei Hot Chips 31 (2019)"),
+    "ascend910": (256.0, "Ascend 910 (910A): 256 TFLOPS FP16, Huawei Hot Chips 31 (2019)"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU peak from the CPU's description
+
+
+@dataclass(frozen=True)
+class CpuPeak:
+    """The factors of a CPU peak: ``tflops = cores * fma_units * lanes * 2 * ghz / 1000``."""
+
+    cores: int
+    fma_units: int
+    lanes: int
+    ghz: float
+    isa: str
+    clock_source: str
+    fma_assumption: str
+
+    @property
+    def tflops(self) -> float:
+        return self.cores * self.fma_units * self.lanes * 2 * self.ghz / 1000.0
+
+    def describe(self) -> str:
+        return (f"{self.cores} core(s) x {self.fma_units} FMA unit(s) x {self.lanes} fp32 lanes ({self.isa}) "
+                f"x 2 FLOPs (multiply-add) x {self.ghz:.3f} GHz ({self.clock_source}) = {self.tflops:.4f} TFLOP/s; "
+                f"{self.fma_assumption}")
+
+
+def _cpuinfo_blocks(text: str) -> list[dict]:
+    blocks, cur = [], {}
+    for line in text.splitlines():
+        if not line.strip():
+            if cur:
+                blocks.append(cur)
+            cur = {}
+            continue
+        key, _, value = line.partition(":")
+        cur[key.strip()] = value.strip()
+    if cur:
+        blocks.append(cur)
+    return [b for b in blocks if "processor" in b]
+
+
+def cpu_peak(cpuinfo: str, allowed_cpus: Optional[set] = None, base_khz: Optional[int] = None) -> CpuPeak:
+    """The fp32 peak of the CPUs in ``cpuinfo`` (the text of ``/proc/cpuinfo``).
+
+    * cores: physical cores (distinct ``physical id``/``core id``) among the logical CPUs in
+      ``allowed_cpus`` (the process's affinity; all if None); hyper-threads share FMA units.
+    * lanes: fp32 per SIMD register from the flags: ``avx512f`` 16, ``avx``/``avx2`` 8, else 4.
+    * FMA units per core: 2 with ``avx512f`` on a Xeon (Skylake-SP Gold/Platinum and later server
+      cores have two 512-bit FMA units; a few Silver/Bronze parts have one, which this
+      overstates the peak for, so MFU errs low), 1 with ``avx512f`` elsewhere (client cores); 2
+      with ``avx2`` + ``fma`` (Haswell and later); 1 without FMA (a multiply and an add port).
+    * clock: the base clock in the model name (``@ 2.30GHz``), else ``base_khz``
+      (``/sys/devices/system/cpu/cpu0/cpufreq/base_frequency``), else ``cpu MHz``.
+
+    Raises ValueError if ``cpuinfo`` lists no processor or no clock.
+    """
+    blocks = _cpuinfo_blocks(cpuinfo)
+    if allowed_cpus is not None:
+        blocks = [b for b in blocks if int(b["processor"]) in allowed_cpus] or blocks
+    if not blocks:
+        raise ValueError("cpuinfo lists no processor")
+    cores = len({(b.get("physical id"), b.get("core id", b["processor"])) for b in blocks})
+    first = blocks[0]
+    flags = set(first.get("flags", "").split())
+    model = first.get("model name", "")
+    xeon = "xeon" in model.lower()
+    if "avx512f" in flags:
+        lanes, isa = 16, "avx512f"
+        units = 2 if xeon else 1
+        why = ("assumes 2 AVX-512 FMA units per core (Xeon server core)" if xeon else
+               "assumes 1 AVX-512 FMA unit per core (not a Xeon)")
+    elif "avx2" in flags and "fma" in flags:
+        lanes, isa, units, why = 8, "avx2+fma", 2, "assumes 2 FMA units per core (Haswell and later)"
+    elif "avx" in flags:
+        lanes, isa, units, why = 8, "avx", 1, "no FMA: one multiply and one add port"
+    else:
+        lanes, isa, units, why = 4, "sse", 1, "no FMA: one multiply and one add port"
+    m = re.search(r"@\s*([\d.]+)\s*GHz", model)
+    if m:
+        ghz, source = float(m.group(1)), "base clock in the model name"
+    elif base_khz:
+        ghz, source = base_khz / 1e6, "cpufreq base_frequency"
+    elif first.get("cpu MHz"):
+        ghz, source = float(first["cpu MHz"]) / 1000.0, "cpuinfo cpu MHz"
+    else:
+        raise ValueError("cpuinfo gives no clock (model name, cpu MHz)")
+    return CpuPeak(cores, units, lanes, ghz, isa, source, why)
+
+
+def host_cpu_peak() -> CpuPeak:
+    """:func:`cpu_peak` of this machine, for the CPUs this process may run on."""
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        text = fh.read()
+    base = None
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/base_frequency", encoding="utf-8") as fh:
+            base = int(fh.read().strip())
+    except (OSError, ValueError):
+        pass
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return cpu_peak(text, allowed, base)
+
+
+def ascend_soc_name() -> Optional[str]:
+    """The Ascend chip name (e.g. ``Ascend910B2``) from pyACL's ``acl.get_soc_name()`` (CANN),
+    or None where pyACL is not installed."""
+    try:
+        import acl  # pyACL, part of the CANN toolkit on Ascend hosts
+
+        return acl.get_soc_name() or None
+    except Exception:  # ImportError off Ascend; CANN raises its own errors without a device
+        return None
+
+
+def device_peak_tflops(device_target: str, override: Optional[float] = None, ascend_device: Optional[str] = None,
+                       ranks_on_host: Optional[int] = None) -> tuple[Optional[float], str]:
+    """``(peak TFLOP/s of one device, how it was obtained)``; the peak is None when unknown.
+
+    Args:
+        device_target: ``Ascend``, ``CPU`` or ``GPU`` (``context.device_target``).
+        override: ``context.peak_tflops``; used as given when set.
+        ascend_device: the chip name (e.g. ``Ascend910A``); default :func:`ascend_soc_name`.
+        ranks_on_host: ranks sharing this host's CPUs (CPU only); default env ``DEVICE_NUM`` (set
+            by ``scripts/run_distribute.sh`` to the ranks it started here), else 1. The host peak
+            is divided among them, so every rank logs the same peak and the ranks' MFUs add up
+            to the host's.
+    """
+    if override:
+        return float(override), f"context.peak_tflops = {float(override):g} TFLOP/s"
+    if device_target == "Ascend":
+        ascend_device = ascend_device or ascend_soc_name()
+        key = (ascend_device or "").lower().replace(" ", "")
+        key = key if key.startswith("ascend") else f"ascend{key}"
+        if key in ASCEND_PEAK_TFLOPS:
+            value, source = ASCEND_PEAK_TFLOPS[key]
+            return value, source
+        return None, (f"no documented peak for Ascend device {ascend_device!r} (known: "
+                      f"{', '.join(sorted(ASCEND_PEAK_TFLOPS))}); set context.peak_tflops to report MFU")
+    if device_target == "CPU":
+        if ranks_on_host is None:
+            ranks_on_host = int(os.environ.get("DEVICE_NUM", "1") or 1)
+        peak = host_cpu_peak()
+        share = peak.tflops / max(1, ranks_on_host)
+        how = f"CPU peak {peak.describe()}"
+        if ranks_on_host > 1:
+            how += f"; shared by {ranks_on_host} ranks on this host: {share:.4f} TFLOP/s per rank"
+        return share, how
+    return None, f"no peak known for {device_target}; set context.peak_tflops to report MFU"
+
 
 def measure_cpu_peak_tflops(n: int = 2048, repeats: int = 3) -> float:
     """Best fp32 matmul rate of MindSpore's own CPU MatMul kernel in this process, in TFLOP/s
-    (2 n^3 FLOPs per n x n matmul).
-
-    Used as the CPU "peak" for MFU because a CPU has no single published number for the cores a
-    rank gets; it is what a large dense fp32 matmul reaches here with the same kernels the model
-    uses (numpy's BLAS is 5x slower on these machines, so it would overstate MFU). Ranks that
-    share a machine measure at the same time and so each see their share of it.
-    """
+    (2 n^3 FLOPs per n x n matmul). A benchmark measurement (``benchmarks/``), not the MFU
+    denominator: it varies per rank and moment (see :func:`device_peak_tflops`)."""
     import mindspore as ms
     from mindspore import ops
 
@@ -44,18 +210,22 @@ def measure_cpu_peak_tflops(n: int = 2048, repeats: int = 3) -> float:
 class Throughput:
     """Per-step throughput numbers for one device.
 
-    tokens_per_step: tokens one device processes per optimizer step (batch x accum x seq_length).
+    tokens_per_step: tokens one model replica (one data-parallel rank's share) processes per
+        optimizer step (batch x accum x micro batches x seq_length).
     flops_per_token: model FLOPs per trained token.
     peak_tflops: the device's peak in TFLOP/s, or None (then MFU is not reported).
+    devices_per_replica: devices one replica occupies (model_parallel x pipeline_stage); its
+        tokens are shared among them, so tokens/s/device divides by it.
     """
 
     tokens_per_step: int
     flops_per_token: float
     peak_tflops: Optional[float]
+    devices_per_replica: int = 1
 
     def tgs(self, step_seconds: float) -> float:
         """Tokens per second per device."""
-        return self.tokens_per_step / step_seconds
+        return self.tokens_per_step / self.devices_per_replica / step_seconds
 
     def tflops(self, step_seconds: float) -> float:
         """Achieved model TFLOP/s per device."""
@@ -66,3 +236,17 @@ class Throughput:
         if not self.peak_tflops:
             return None
         return self.tflops(step_seconds) / self.peak_tflops
+
+
+def throughput_for_run(run_config, peak_tflops: Optional[float]) -> Throughput:
+    """:class:`Throughput` of a run: tokens per replica per step = batch_size x
+    gradient_accumulation_steps x micro_batch_num (when pipelined) x seq_length, shared by
+    model_parallel x pipeline_stage devices."""
+    rc, pc, mc = run_config.runner_config, run_config.parallel_config, run_config.model_config
+    micro = pc.micro_batch_num if pc.pipeline_stage > 1 else 1
+    tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * mc.seq_length
+    return Throughput(tokens, mc.train_flops_per_token(), peak_tflops, pc.model_parallel * pc.pipeline_stage)
+
+
+__all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",
+           "measure_cpu_peak_tflops", "Throughput", "throughput_for_run"]

@@ -31,7 +31,7 @@ from msllm.settings import log_settings
 from msllm.training import checkpoint as ckpt
 from msllm.training.monitor import LossMonitor, StepRecord
 from msllm.training.schedule import build_schedule
-from msllm.training.throughput import Throughput, measure_cpu_peak_tflops
+from msllm.training.throughput import device_peak_tflops, throughput_for_run
 
 log = logging.getLogger("msllm")
 
@@ -72,13 +72,11 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
     return step
 
 
-def peak_tflops(cfg: RunConfig) -> float | None:
-    """``context.peak_tflops`` if set; on CPU a measured fp32 matmul rate; else None."""
-    if cfg.context.peak_tflops:
-        return cfg.context.peak_tflops
-    if cfg.context.device_target == "CPU":
-        return measure_cpu_peak_tflops()
-    return None
+def peak_tflops(cfg: RunConfig) -> tuple[float | None, str]:
+    """(peak TFLOP/s of one device, how it was obtained): ``context.peak_tflops`` if set, else the
+    device's documented (Ascend) or computed (CPU: cores x FMA units x SIMD lanes x 2 x clock)
+    peak, the same on every rank (:func:`msllm.training.throughput.device_peak_tflops`)."""
+    return device_peak_tflops(cfg.context.device_target, cfg.context.peak_tflops)
 
 
 def setup_logging(rank: int) -> None:
@@ -179,21 +177,9 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
 
         input_ids, labels = next(data.epoch_batches(0))
         step_cell.compile(input_ids, labels)
-        ms.load_param_into_net(network, params, strict_load=False)
+        ckpt.load_into_strict_after_compile(network, params, path)
     log.info("auto_trans_ckpt: resharded %s to this rank's layout: %s", cfg.load_checkpoint, path)
     return path
-
-
-def find_resume_checkpoint(cfg: RunConfig, rt: Runtime, agree: RankAgreement, out: str) -> tuple[str, int] | None:
-    """The checkpoint to resume from: the newest step whose checkpoint is complete (manifest,
-    size and SHA-256 match) on every rank. Returns (path, step) or None when there is none."""
-    source = cfg.load_checkpoint or os.path.join(out, "checkpoint")
-    directory = ckpt.checkpoint_search_dir(source, rt.rank)
-    good = ckpt.good_checkpoints(directory) if directory else {}
-    step = agree.common_max(sorted(good))
-    if step is None:
-        return None
-    return good[step], step
 
 
 def train(cfg: RunConfig) -> dict:
@@ -241,6 +227,13 @@ def train(cfg: RunConfig) -> dict:
         from msllm.parallel.layout import apply_layout
 
         apply_layout(network, cfg.parallel_config, cfg.recompute_config)
+    else:
+        from msllm.parallel.layout import apply_recompute
+
+        if apply_recompute(network, cfg.recompute_config):
+            log.info("recompute: %s activations of %d layers are recomputed in the backward pass",
+                     "all" if cfg.recompute_config.recompute else "attention-core and SwiGLU",
+                     mc.num_layers)
     n_params = sum(p.size for p in network.trainable_params())
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
              n_params / 1e6, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.ffn_size,
@@ -253,10 +246,11 @@ def train(cfg: RunConfig) -> dict:
     start_step = 0
     resumed = None
     if cfg.resume_training:
-        resumed = find_resume_checkpoint(cfg, rt, agree, out)
+        source = cfg.load_checkpoint or os.path.join(out, "checkpoint")
+        # corrupt checkpoints are never loaded: none usable while some exist is an error
+        resumed = ckpt.find_resume_checkpoint(source, rt.rank, agree.common_max)
         if resumed is None:
-            log.warning("resume_training: no checkpoint complete on all ranks under %s; starting "
-                        "from step 0", cfg.load_checkpoint or os.path.join(out, "checkpoint"))
+            log.warning("resume_training: no checkpoint under %s; starting from step 0", source)
         else:
             path, start_step = resumed
             ckpt.load_into(step_cell, ckpt.load_params(path), path)
@@ -271,9 +265,9 @@ def train(cfg: RunConfig) -> dict:
         ckpt.load_into(network, ckpt.load_params(path), path)
         log.info("loaded weights from %s", path)
 
-    tokens_per_step = rc.batch_size * accum * mc.seq_length
-    monitor = LossMonitor(epochs=epochs, total_steps=total_steps,
-                          throughput=Throughput(tokens_per_step, mc.train_flops_per_token(), peak_tflops(cfg)),
+    peak, how = peak_tflops(cfg)
+    log.info("MFU peak: %s", how)
+    monitor = LossMonitor(epochs=epochs, total_steps=total_steps, throughput=throughput_for_run(cfg, peak),
                           per_print_times=cfg.callbacks.loss_monitor.per_print_times)
     log.info("MFU = tgs x %.4g FLOPs/token (6N + 12LHDT, PaLM app. B) / peak %s TFLOPs",
              monitor.throughput.flops_per_token,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from msllm.cluster.launch import make_plan
+from msllm.config import RUN_MODES
 from msllm.cluster.rank_table import make_rank_table, merge_rank_tables, placeholder_device_ips, save_rank_table
 from msllm.errors import MsllmError
 
@@ -98,7 +99,7 @@ def cfg(tmp_path):
     (["{table}", "{cfg}", "[3,1]", "train", "4"], "START (3) must be less than END (1)"),
     (["{table}", "{cfg}", "0-2", "train", "4"], "DEVICE_RANGE '0-2' is not of the form [START,END]"),
     (["{table}", "{tmp}/missing.yaml", "[0,2]", "train", "4"], "config file {tmp}/missing.yaml does not exist"),
-    (["{table}", "{cfg}", "[0,2]", "fly", "4"], "MODE 'fly' must be one of train, finetune, eval, predict"),
+    (["{table}", "{cfg}", "[0,2]", "fly", "4"], f"MODE 'fly' must be one of {', '.join(RUN_MODES)}"),
     (["{table}", "{cfg}", "[0,2]", "train", "four"], "RANK_SIZE 'four' must be a positive integer"),
     (["{table}", "{cfg}"], "expected at least 4 arguments"),
     (["{tmp}/nope.json", "{cfg}", "[0,2]", "train", "4"], "rank table {tmp}/nope.json: no such file"),
@@ -223,11 +224,11 @@ def test_ascend_environment(tmp_path):
 
 def test_rank_size_defaults_to_range_length(tmp_path, cfg):
     table = write_table(tmp_path / "t.json", [("127.0.0.1", [0, 1])])
-    plan = make_plan([table, str(cfg), "[0,2]", "eval", "--flag", "x"], launcher_env(), str(tmp_path))
+    plan = make_plan([table, str(cfg), "[0,2]", "finetune", "--flag", "x"], launcher_env(), str(tmp_path))
     assert plan.rank_size == 2
     assert plan.command[-2:] == ["--flag", "x"]
     with pytest.raises(MsllmError, match="has 2 devices but RANK_SIZE is 1"):
-        make_plan([table, str(cfg), "[1,2]", "eval"], launcher_env(), str(tmp_path))
+        make_plan([table, str(cfg), "[1,2]", "train"], launcher_env(), str(tmp_path))
 
 
 # --------------------------------------------------------------------------- real MindSpore clusters
@@ -313,7 +314,7 @@ def test_sigterm_to_launcher_is_forwarded(tmp_path, cfg):
 
 def test_no_wait_returns_at_once(tmp_path, cfg):
     table = write_table(tmp_path / "t.json", [("127.0.0.1", [0])])
-    res = run_launcher([table, cfg, "[0,1]", "predict", "1", "--result_dir", tmp_path / "res", "--env_only"],
+    res = run_launcher([table, cfg, "[0,1]", "finetune", "1", "--result_dir", tmp_path / "res", "--env_only"],
                        tmp_path, launcher_env(MSLLM_NO_WAIT="1"), timeout=60)
     assert res.returncode == 0, res.stderr
     assert "MSLLM_NO_WAIT" in res.stdout
@@ -322,3 +323,99 @@ def test_no_wait_returns_at_once(tmp_path, cfg):
     while any(alive(pid) for _, _, pid, _ in rows) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert (tmp_path / "res" / "rank_0.json").exists()
+
+
+# --------------------------------------------------------------------------- the config, checked before starting
+
+
+def msllm_env(**extra):
+    """The launcher's environment with run_msllm.py as the entry (no MSLLM_ENTRY)."""
+    env = launcher_env(**extra)
+    env.pop("MSLLM_ENTRY")
+    return env
+
+
+def test_the_config_and_mode_are_checked_before_anything_starts(tmp_path, cfg):
+    table = write_table(tmp_path / "t.json", [("127.0.0.1", [0, 1])])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("context:\n  device_target: CPU\nrunner_config:\n  batchsize: 4\n")
+    res = run_launcher([table, bad, "[0,2]", "train", "2"], tmp_path, launcher_env(), timeout=60)
+    assert res.returncode == 2 and "unknown config key 'runner_config.batchsize'" in res.stderr, res.stderr
+    assert not (tmp_path / "output").exists()
+    for mode in RUN_MODES:  # every mode the entry accepts is accepted
+        assert make_plan([table, str(cfg), "[0,2]", mode], launcher_env(), str(tmp_path)).run_mode == mode
+    tiny = REPO / "configs" / "llama" / "run_llama_tiny.yaml"
+    cases = [(["[0,2]", "train", "2", "--parallel_config.data_parallel=1"], r"= 1 rank\(s\), but RANK_SIZE is 2"),
+             (["[0,2]", "finetune", "2"], "run_mode finetune needs load_checkpoint"),
+             (["[0,2]", "train", "2", "--parallel_config.data_parallel=1", "--parallel_config.model_parallel=2",
+               "--parallel.parallel_mode=1"], "cannot compile operator sharding"),
+             (["[0,2]", "train", "2", "--runner_config.batchsize=2"], "unknown config key 'runner_config.batchsize'")]
+    for args, needle in cases:  # what run_msllm.py would refuse on every rank
+        with pytest.raises(MsllmError, match=needle):
+            make_plan([table, str(tiny), *args], msllm_env(), str(tmp_path))
+    plan = make_plan([table, str(tiny), "[0,2]", "train", "2"], msllm_env(), str(tmp_path))
+    assert [p.role for p in plan.processes] == ["scheduler", "worker", "worker"]
+
+
+def test_logs_go_to_the_configs_output_dir_unless_msllm_output_dir(tmp_path):
+    table = write_table(tmp_path / "t.json", [("127.0.0.1", [0])])
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("output_dir: runs/a\ncontext:\n  device_target: CPU\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    res = run_launcher([table, cfg, "[0,1]", "train", "1", "--result_dir", tmp_path / "res", "--env_only"],
+                       run_dir, launcher_env(), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = run_dir / "runs" / "a"
+    assert f"logs: {out / 'log'} (output_dir from the config)" in res.stdout
+    assert (out / "log" / "rank_0" / "msllm.log").exists() and (out / "log" / "pids_0_1.txt").exists()
+    assert not (run_dir / "output").exists()
+    res = run_launcher([table, cfg, "[0,1]", "train", "1", "--result_dir", tmp_path / "res2", "--env_only"],
+                       run_dir, launcher_env(MSLLM_OUTPUT_DIR=tmp_path / "env_out"), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"logs: {tmp_path / 'env_out' / 'log'} (output_dir from MSLLM_OUTPUT_DIR)" in res.stdout
+    assert (tmp_path / "env_out" / "log" / "rank_0" / "msllm.log").exists()
+
+
+@pytest.mark.slow
+def test_only_save_strategy_13b_on_two_servers_writes_each_ranks_own_file(tmp_path):
+    """The blog's step, as a new user runs it: ``cd scripts; bash run_distribute.sh
+    ../hccl_2s_16p.json ../configs/llama/run_llama_13b.yaml [0,8] train 16`` with
+    ``only_save_strategy: True``, and the second server's ``[8,16]`` at the same time into the same
+    directory (a shared file system). Every rank writes only its own file: 16 protobuf files,
+    each MindSpore-readable and equal to the layout's."""
+    import mindspore as ms
+
+    from msllm.config import load_config
+    from msllm.parallel.layout import param_layouts
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "configs" / "llama").mkdir(parents=True)
+    yaml_13b = (REPO / "configs" / "llama" / "run_llama_13b.yaml").read_text()
+    assert "only_save_strategy: False" in yaml_13b
+    (tmp_path / "configs" / "llama" / "run_llama_13b.yaml").write_text(
+        yaml_13b.replace("only_save_strategy: False", "only_save_strategy: True"))
+    write_table(tmp_path / "hccl_2s_16p.json", [("127.0.0.1", list(range(8))), ("127.0.0.2", list(range(8)))])
+    args = ["../hccl_2s_16p.json", "../configs/llama/run_llama_13b.yaml"]
+    env = msllm_env()
+    first = start_launcher(args + ["[0,8]", "train", "16"], tmp_path / "scripts", env, "server1")
+    second = start_launcher(args + ["[8,16]", "train", "16"], tmp_path / "scripts", env, "server2")
+    codes = [first.wait(timeout=600), second.wait(timeout=600)]
+    logs = {n: (tmp_path / "scripts" / f"{n}.out").read_text() + (tmp_path / "scripts" / f"{n}.err").read_text()
+            for n in ("server1", "server2")}
+    assert codes == [0, 0], logs
+    out = tmp_path / "scripts" / "output"
+    strategy = out / "strategy"
+    files = sorted(os.listdir(strategy))
+    assert files == sorted([f"ckpt_strategy_rank_{i}.ckpt" for i in range(16)] + ["layout_summary.yaml"]), files
+    assert not (out / "log" / "scheduler").exists()  # no cluster is formed for writing strategies
+    cfg = load_config(str(tmp_path / "configs" / "llama" / "run_llama_13b.yaml"))
+    layouts = param_layouts(cfg.model_config, cfg.parallel_config)
+    for rank in (0, 7, 8, 15):
+        assert (out / "log" / f"rank_{rank}" / "msllm.log").exists()
+        parsed = ms.parallel.build_searched_strategy(str(strategy / f"ckpt_strategy_rank_{rank}.ckpt"))
+        assert set(parsed) == set(layouts)
+        q = parsed["model.layers.3.self_attn.q_proj.weight"]
+        lay = layouts["model.layers.3.self_attn.q_proj.weight"]
+        assert (list(q.dev_matrix[0].dim), list(q.tensor_map[0].dim), q.opt_weight_shard_size) == \
+            (list(lay.dev_matrix), list(lay.tensor_map), lay.opt_shard_size)

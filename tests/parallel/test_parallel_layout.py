@@ -214,7 +214,7 @@ def test_parallel_context_kwargs_are_accepted_by_mindspore():
             ms.reset_auto_parallel_context()
     kw = L.parallel_context_kwargs(load_config("configs/llama/run_llama_70b.yaml"), rank=63)
     assert kw["parallel_mode"] == "semi_auto_parallel" and kw["pipeline_stages"] == 4
-    assert kw["strategy_ckpt_config"]["save_file"].endswith("strategy/ckpt_strategy_rank_63.json")
+    assert kw["strategy_ckpt_config"]["save_file"].endswith("strategy/ckpt_strategy_rank_63.ckpt")
     assert kw["strategy_ckpt_config"]["only_trainable_params"] is False
     assert kw["parallel_optimizer_config"]["parallel_optimizer_threshold"] == L.DEFAULT_OPT_THRESHOLD_KB
     assert L.parallel_context_kwargs(load_config("configs/llama/run_llama_tiny.yaml")) == {

@@ -62,10 +62,11 @@ def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("reshard")
     full_mha = save_full_train_checkpoint(MHA, str(d / "full_mha" / "rank_0" / "full.ckpt"), 1)
     full_gqa = save_full_train_checkpoint(GQA, str(d / "full_gqa" / "rank_0" / "full.ckpt"), 2)
-    write_strategy_files(MHA, A, str(d / "strategy_A"))
-    write_strategy_files(MHA, B, str(d / "strategy_B"))
-    write_strategy_files(GQA, PP, str(d / "strategy_PP"))
-    write_strategy_files(preset("tiny", n_kv_heads=4, num_layers=6), B, str(d / "strategy_2L"))
+    # JSON: it carries full tensor shapes, which the error tests below rely on
+    write_strategy_files(MHA, A, str(d / "strategy_A"), fmt="json")
+    write_strategy_files(MHA, B, str(d / "strategy_B"), fmt="json")
+    write_strategy_files(GQA, PP, str(d / "strategy_PP"), fmt="json")
+    write_strategy_files(preset("tiny", n_kv_heads=4, num_layers=6), B, str(d / "strategy_2L"), fmt="json")
     return d, full_mha, full_gqa
 
 

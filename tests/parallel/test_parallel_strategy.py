@@ -29,12 +29,13 @@ def test_seed_layouts_write_fast_without_weights(name, ranks, stages, tmp_path):
     cfg = config(name, tmp_path)
     tracemalloc.start()
     t0 = time.perf_counter()
-    out = save_strategy_for_run(cfg)
+    out = save_strategy_for_run(cfg, rank=None)  # one process: every rank's file
     seconds = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     files = list_strategy_files(out)
     assert sorted(files) == list(range(ranks)) and os.path.isfile(os.path.join(out, SUMMARY_NAME))
+    assert all(p.endswith(".ckpt") for p in files.values())  # MindSpore's protobuf by default
     assert seconds < 10 and peak < 200 * 2**20, (seconds, peak)
     mc, pc = cfg.model_config, cfg.parallel_config
     lays = param_layouts(mc, pc)
@@ -52,8 +53,8 @@ def test_seed_layouts_write_fast_without_weights(name, ranks, stages, tmp_path):
         assert set(back) == set(want)
         for n, rec in back.items():
             lay = want[n]
-            assert (rec.dev_matrix, rec.tensor_map, rec.tensor_shape, rec.stages) == \
-                   (lay.dev_matrix, lay.tensor_map, lay.full_shape, (stage,))
+            assert (rec.dev_matrix, rec.tensor_map, rec.stages) == (lay.dev_matrix, lay.tensor_map, (stage,))
+            assert rec.tensor_shape is None  # protobuf (the default) has no full shape
             assert (rec.opt_shard_size, rec.opt_shard_step) == (lay.opt_shard_size, lay.opt_shard_step)
     # independent count: every matrix is split dp*mp ways (optimizer shard x model parallel),
     # the RMSNorm weights (not optimizer-sharded, replicated) are whole
@@ -79,8 +80,8 @@ def test_files_are_what_mindspore_reads(tmp_path):
     mc = preset("tiny")
     pc = ParallelLayoutConfig(data_parallel=2, model_parallel=2, pipeline_stage=2, micro_batch_num=2,
                               optimizer_shard=True)
-    js = write_strategy_files(mc, pc, str(tmp_path / "json"))
-    pb = write_strategy_files(mc, pc, str(tmp_path / "pb"), fmt="ckpt")
+    js = write_strategy_files(mc, pc, str(tmp_path / "json"), fmt="json")
+    pb = write_strategy_files(mc, pc, str(tmp_path / "pb"))
     assert js[5].endswith("ckpt_strategy_rank_5.json") and pb[5].endswith("ckpt_strategy_rank_5.ckpt")
     with open(js[5], encoding="utf-8") as fh:
         data = json.load(fh)

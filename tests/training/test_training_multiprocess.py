@@ -126,7 +126,9 @@ def check_resumed_equals_uninterrupted(out, ref, resumed_from_step):
 def test_sigkill_of_one_rank_then_resume_matches_uninterrupted(setup, uninterrupted, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    kill_at = random.Random().randint(4, 7)  # a random step after the step-3 checkpoint
+    seed = int(os.environ.get("MSLLM_TEST_SEED", "20261122"))
+    kill_at = random.Random(seed).randint(4, 7)  # a step after the step-3 checkpoint, from a printed seed
+    print(f"seed {seed}: SIGKILL at step {kill_at}")
     p = launch(setup, out, wait=False)
     assert wait_for(lambda: f"step:[{kill_at:5d}/" in rank_log(out, 1)), rank_log(out, 1)[-2000:]
     pid_line = [ln for ln in (out / "log" / "pids_0_2.txt").read_text().splitlines()

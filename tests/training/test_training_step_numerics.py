@@ -1,0 +1,164 @@
+"""The compiled train step (msllm/training/step.py) against independent references:
+gradient accumulation equals one step on the whole batch; an overflowing step changes no
+parameter or AdamW moment and halves the dynamic loss scale, which grows again after
+``scale_window`` clean steps (MindSpore's ``DynamicLossScaleUpdateCell`` rule); clipping equals
+``torch.nn.utils.clip_grad_norm_`` on the same gradients, with and without loss scaling.
+
+Gradients are read through plain SGD with learning rate 1 (``p_after = p_before - g``). Tiny
+model (hidden 32, 1 layer, vocab 64, seq 8), GRAPH_MODE as in training."""
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from msllm.config import RunConfig
+from msllm.models.llama.config import LlamaConfig
+from msllm.models.llama.model import LlamaForCausalLM
+from msllm.training.step import TrainStep
+from msllm.training.trainer import build_optimizer
+
+SEED = 20240613
+CFG = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=48,
+                  seq_length=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.fixture(scope="module")
+def init():
+    """Initial weights and a batch (B=4, T+1=9), all targets valid, from a fixed, printed seed."""
+    print(f"seed {SEED}")
+    ms.set_seed(SEED)
+    net = LlamaForCausalLM(CFG)
+    rng = np.random.default_rng(SEED)
+    weights = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    batches = [rng.integers(0, CFG.vocab_size, (4, CFG.seq_length + 1)).astype(np.int32) for _ in range(8)]
+    return weights, batches
+
+
+class Poisoned(nn.Cell):
+    """``loss * poison``: poison = inf makes every gradient inf/NaN (an overflowing step)."""
+
+    def __init__(self, net):
+        super().__init__(auto_prefix=False)
+        self.net = net
+        self.poison = Parameter(Tensor(1.0, ms.float32), name="poison", requires_grad=False)
+
+    def construct(self, input_ids, labels):
+        return self.net(input_ids, labels) * self.poison
+
+
+def network(weights):
+    net = LlamaForCausalLM(CFG)
+    for p in net.trainable_params():
+        p.set_data(Tensor(weights[p.name]))
+    return net
+
+
+def sgd_step(weights, **step_kwargs):
+    """A TrainStep over a fresh network with ``weights`` and SGD (lr 1, no momentum/decay)."""
+    net = network(weights)
+    opt = nn.SGD(net.trainable_params(), learning_rate=1.0)
+    step = TrainStep(net, opt, **step_kwargs)
+    step.set_train()
+    return net, step
+
+
+def gradients(weights, net, batch, step):
+    """Run one step on ``batch``; return ({name: g}, outputs) read through the SGD update."""
+    t = Tensor(batch)
+    out = step(t, t)
+    return {p.name: weights[p.name] - p.asnumpy() for p in net.trainable_params()}, out
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulation_over_k_micro_batches_equals_one_step_on_the_batch(init, k):
+    weights, batches = init
+    net1, whole = sgd_step(weights, loss_scale="none", max_grad_norm=None, accum_steps=1)
+    netk, accum = sgd_step(weights, loss_scale="none", max_grad_norm=None, accum_steps=k)
+    g1, (loss1, *_) = gradients(weights, net1, batches[0], whole)
+    gk, (lossk, *_) = gradients(weights, netk, batches[0], accum)
+    assert abs(float(loss1.asnumpy()) - float(lossk.asnumpy())) < 1e-6
+    assert max(np.abs(g).max() for g in g1.values()) > 1e-3       # the step did something
+    for name in g1:
+        np.testing.assert_allclose(gk[name], g1[name], atol=1e-6, rtol=0, err_msg=name)
+
+
+def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_window(init):
+    weights, batches = init
+    net = network(weights)
+    poisoned = Poisoned(net)
+    run = RunConfig()
+    opt = build_optimizer(net, run, np.full(16, 1e-3, np.float32))  # the trainer's AdamW
+    step = TrainStep(poisoned, opt, loss_scale="dynamic", scale_sense=1024.0, scale_factor=2.0, scale_window=3,
+                     max_grad_norm=1.0)
+    step.set_train()
+
+    scale_state = ("loss_scale", "current_iterator_step", "last_overflow_iterator_step", "poison")
+
+    def state():  # everything but the loss-scale bookkeeping
+        return {p.name: p.asnumpy().copy() for p in step.get_parameters() if p.name not in scale_state}
+
+    def run_step(i, poison=1.0):
+        poisoned.poison.set_data(Tensor(poison, ms.float32))
+        t = Tensor(batches[i])
+        _, overflow, used, _ = step(t, t)
+        return bool(overflow.asnumpy()), float(used.asnumpy())
+
+    # Reference: MindSpore DynamicLossScaleUpdateCell's documented rule: on overflow scale /=
+    # factor (not below 1) and the clean-step counter restarts; after `window` clean steps in a
+    # row scale *= factor.
+    expected, scale, clean, observed = [], 1024.0, 0, []
+    plan = [1.0, float("inf"), 1.0, 1.0, 1.0, 1.0, 1.0, float("inf")]
+    for i, poison in enumerate(plan):
+        before = state()
+        overflow, used = run_step(i, poison)
+        observed.append((overflow, used))
+        is_overflow = not np.isfinite(poison)
+        expected.append((is_overflow, scale))
+        if is_overflow:
+            scale, clean = max(scale / 2.0, 1.0), 0
+            after = state()
+            assert after.keys() == before.keys() and any(n.startswith("adam_m.") for n in after)
+            for name in before:  # weights, AdamW moments, the optimizer's step: bit-identical
+                np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+        else:
+            clean += 1
+            if clean == 3:
+                scale, clean = scale * 2.0, 0
+    print("observed (overflow, scale used):", observed)
+    assert observed == expected
+    assert [u for _, u in observed] == [1024, 1024, 512, 512, 512, 1024, 1024, 1024]
+    assert float(step.loss_scale.asnumpy()) == 512.0                # halved by the last overflow
+
+
+@pytest.mark.parametrize("loss_scale", ["none", "dynamic"])
+def test_clipping_equals_torch_clip_grad_norm(init, loss_scale):
+    torch = pytest.importorskip("torch")
+    weights, batches = init
+    net0, plain = sgd_step(weights, loss_scale="none", max_grad_norm=None)
+    raw, (_, _, _, norm0) = gradients(weights, net0, batches[1], plain)
+    total = float(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in raw.values())))
+    assert abs(float(norm0.asnumpy()) - total) < 1e-5 * total
+    for max_norm in (total / 4, total * 2):  # clipping active, and inactive
+        net, clipped = sgd_step(weights, loss_scale=loss_scale, scale_sense=1024.0, max_grad_norm=max_norm)
+        got, (_, overflow, _, norm) = gradients(weights, net, batches[1], clipped)
+        assert not bool(overflow.asnumpy())
+        tensors = [torch.nn.Parameter(torch.zeros(g.shape)) for g in raw.values()]
+        for t, g in zip(tensors, raw.values()):
+            t.grad = torch.tensor(g)
+        ref_norm = float(torch.nn.utils.clip_grad_norm_(tensors, max_norm))
+        assert abs(float(norm.asnumpy()) - ref_norm) < 1e-5 * ref_norm
+        for (name, _), t in zip(raw.items(), tensors):
+            np.testing.assert_allclose(got[name], t.grad.numpy(), atol=1e-6, rtol=1e-5, err_msg=name)
+        if max_norm < total:
+            clipped_norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in got.values()))
+            assert abs(clipped_norm - max_norm) < 1e-4 * max_norm
