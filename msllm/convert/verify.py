@@ -102,9 +102,11 @@ def greedy(logits_fn: Callable[[list], np.ndarray], ids: list, n_new: int, pad: 
     return out
 
 
-def msllm_network(cfg: LlamaConfig, ckpt_path: str, seq_length: int, mode: str = "pynative"):
-    """msllm ``LlamaForCausalLM`` (float32, MindSpore CPU, ``mode`` pynative/graph) with the weights
-    of ``ckpt_path`` loaded as the trainer loads them. Sets the global MindSpore context."""
+def msllm_network(cfg: LlamaConfig, ckpt_path: str, seq_length: int, mode: str = "pynative",
+                  fast_paths: bool = False):
+    """msllm ``LlamaForCausalLM`` (float32, MindSpore CPU, ``mode`` pynative/graph, the CPU
+    ``fast_paths`` or the Ascend-shaped path) with the weights of ``ckpt_path`` loaded as the
+    trainer loads them. Sets the global MindSpore context."""
     import mindspore as ms
 
     from msllm.models.llama.model import LlamaForCausalLM
@@ -117,7 +119,7 @@ def msllm_network(cfg: LlamaConfig, ckpt_path: str, seq_length: int, mode: str =
     fp32 = replace(cfg, seq_length=seq_length, max_position_embeddings=cfg.max_positions,
                    compute_dtype="float32", layernorm_compute_type="float32",
                    softmax_compute_type="float32", param_init_type="float32")
-    net = LlamaForCausalLM(fp32)
+    net = LlamaForCausalLM(fp32, fast_paths=fast_paths)
     net.set_train(False)
     load_into(net, load_params(ckpt_path, fp32), ckpt_path)
     return net
@@ -202,7 +204,8 @@ def round_weights(hf=None, net=None, dtype: Optional[str] = None) -> None:
 
 def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None, hf=None,
                  tolerance: float = DEFAULT_TOLERANCE, n_new: int = 5, mode: str = "pynative",
-                 tokenizer_path: Optional[str] = None, round_to: Optional[str] = None) -> ParityReport:
+                 tokenizer_path: Optional[str] = None, round_to: Optional[str] = None,
+                 fast_paths: bool = False) -> ParityReport:
     """Run the sentence through the HF model (``hf`` or loaded from ``hf_dir``, else built from
     the checkpoint) and through msllm loaded from ``ckpt_path``; return the :class:`ParityReport`.
 
@@ -221,7 +224,7 @@ def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None,
         hf = hf_model(hf_dir) if hf_dir else hf_model_from_ckpt(ckpt_path, cfg)
     previous_mode = ms.get_context("mode")
     try:
-        net = msllm_network(cfg, ckpt_path, len(ids) + n_new, mode)
+        net = msllm_network(cfg, ckpt_path, len(ids) + n_new, mode, fast_paths)
         round_weights(hf, net, round_to)
         hf_fn, ms_fn = hf_logits_fn(hf), msllm_logits_fn(net)
         ref = hf_fn(ids)

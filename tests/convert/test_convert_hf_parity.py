@@ -91,7 +91,8 @@ def test_a_wrong_layout_fails_the_parity_check(tmp_path):
     assert report.max_abs_diff > 1e-2 and not report.ok
 
 
-def test_graph_mode_gives_the_same_logits(tmp_path):
+@pytest.mark.parametrize("fast", [False, True], ids=["ascend_path", "cpu_fast_path"])
+def test_graph_mode_gives_the_same_logits(tmp_path, fast):
     cfg_kw = dict(vocab_size=300, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = make_random_hf_model(str(tmp_path / "hf"), seed=5, **cfg_kw)
@@ -99,7 +100,7 @@ def test_graph_mode_gives_the_same_logits(tmp_path):
     res = hf.convert_hf_to_msllm(str(tmp_path / "hf"), out, progress=False)
     import mindspore as ms
     before = ms.get_context("mode")
-    report = check_parity(res.config, out, hf=model, mode="graph", n_new=2)
+    report = check_parity(res.config, out, hf=model, mode="graph", n_new=2, fast_paths=fast)
     assert report.max_abs_diff < 1e-4 and report.hf_next == report.msllm_next
     assert ms.get_context("mode") == before  # the check leaves the process's mode alone
 
