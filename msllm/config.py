@@ -371,6 +371,10 @@ class RunConfig:
             if hasattr(section, "validate") and f.name != "model":
                 section.validate(f.name)
         self.model_config.validate("model.model_config")
+        if self.model_config.pet_config is not None:
+            from msllm.lora.config import validate_pet_config  # pure Python, no MindSpore
+
+            validate_pet_config(self.model_config.pet_config)
         if self.run_mode not in RUN_MODES:
             raise MsllmError(f"run_mode={self.run_mode!r}: expected one of {RUN_MODES}")
         if self.profile and not 1 <= self.profile_start_step <= self.profile_stop_step:

@@ -13,6 +13,11 @@ msllm -> HF:
         [--config RUN_YAML] [--dtype ...] [--max_shard_size 2GB] [--verify]
   The model shape comes from IN.ckpt.json (written by the trainer), else from --config.
 
+LoRA adapters <-> Hugging Face PEFT (adapter_config.json + adapter_model.safetensors):
+    python tools/convert_weight.py --reversed --lora ADAPTER.ckpt --torch_ckpt_dir PEFT_DIR
+    python tools/convert_weight.py --torch_ckpt_dir PEFT_DIR --lora ADAPTER.ckpt [--lora_base BASE]
+  (docs/lora.md; --lora_base records the base the adapter belongs to, checked by SHA-256 later.)
+
 --verify runs a real sentence through transformers and msllm and fails (exit 1, nothing published)
 when max |logit diff| exceeds --tolerance or the greedy continuations differ. Bad input: one
 ``error:`` line naming the file/tensor/key, exit 2, no output. See docs/convert.md.
@@ -35,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama", choices=["llama"], help="model family (MindFormers flag)")
     p.add_argument("--torch_ckpt_dir", required=True, help="HF checkpoint directory (input, or output with --reversed)")
-    p.add_argument("--mindspore_ckpt_path", required=True, help="msllm .ckpt (output, or input with --reversed)")
+    p.add_argument("--mindspore_ckpt_path", help="msllm .ckpt (output, or input with --reversed); not with --lora")
+    p.add_argument("--lora", help="an msllm LoRA adapter checkpoint: with --reversed exported to a PEFT "
+                   "directory (--torch_ckpt_dir), else written from the PEFT directory --torch_ckpt_dir")
+    p.add_argument("--lora_base", help="--lora import: the base checkpoint/HF directory the adapter belongs to")
     p.add_argument("--reversed", action="store_true", help="convert msllm .ckpt -> HF directory")
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16", "float32", "float16", "bfloat16"],
                    help="cast every tensor to this dtype (default: keep each tensor's dtype)")
@@ -76,9 +84,31 @@ def make_verifier(args, hf_dir_of: str | None):
     return verify
 
 
+def convert_lora(args) -> int:
+    """``--lora``: msllm adapter <-> PEFT adapter directory (:mod:`msllm.lora.peft`)."""
+    from msllm.lora.peft import export_peft, import_peft
+
+    for flag in ("mindspore_ckpt_path", "dtype", "config", "verify"):
+        if getattr(args, flag):
+            raise MsllmError(f"--{flag} does not apply to --lora (adapters are converted as they are)")
+    if args.reversed:
+        cfg = export_peft(args.lora, args.torch_ckpt_dir)
+        print(f"wrote {args.torch_ckpt_dir}: adapter_config.json (r {cfg['r']}, lora_alpha {cfg['lora_alpha']}, "
+              f"target_modules {cfg['target_modules']}) + adapter_model.safetensors")
+    else:
+        m = import_peft(args.torch_ckpt_dir, args.lora, base=args.lora_base)
+        print(f"wrote {args.lora} (+ manifest): {len(m['lora']['modules'])} modules, "
+              f"rank {m['lora']['pet_config']['lora_rank']}")
+    return 0
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.lora:
+        return convert_lora(args)
+    if not args.mindspore_ckpt_path:
+        raise MsllmError("--mindspore_ckpt_path is required (or --lora for a LoRA adapter)")
     from msllm.convert import hf
     from msllm.convert.verify import ParityError
 

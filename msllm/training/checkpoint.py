@@ -61,13 +61,15 @@ def list_checkpoints(directory: str, prefix: Optional[str] = None) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
-def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt", model_config=None) -> str:
+def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt", model_config=None,
+                    **extra) -> str:
     """Save every parameter of ``cell`` to ``path`` atomically, then its manifest; returns ``path``.
 
     The checkpoint is written under a temporary name and renamed; the manifest (size, SHA-256,
-    model config, epoch, step) is written after the rename, so a checkpoint with a matching
-    manifest is known to be complete. Extra entries ``epoch_num`` and ``step_num`` (int) are
-    stored with the parameters, as MindFormers does.
+    model config, epoch, step, and ``extra`` such as the prompt ``template`` the data was built
+    with) is written after the rename, so a checkpoint with a matching manifest is known to be
+    complete. Extra entries ``epoch_num`` and ``step_num`` (int) are stored with the parameters, as
+    MindFormers does.
 
     Raises:
         MsllmError: ``path`` exists and its manifest disagrees with it: that file is evidence
@@ -82,7 +84,7 @@ def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt", m
                              f"{sidecar_path(path)} ({reason}); move it away (or delete it) to save this step")
     with atomic_path(path) as tmp:
         ms.save_checkpoint(cell, tmp, append_dict={"epoch_num": epoch, "step_num": step}, format=fmt)
-    write_sidecar(path, model_config, epoch=epoch, step=step)
+    write_sidecar(path, model_config, epoch=epoch, step=step, **extra)
     return path
 
 

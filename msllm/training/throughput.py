@@ -238,14 +238,19 @@ class Throughput:
         return self.tflops(step_seconds) / self.peak_tflops
 
 
-def throughput_for_run(run_config, peak_tflops: Optional[float]) -> Throughput:
+def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: int = 0) -> Throughput:
     """:class:`Throughput` of a run: tokens per replica per step = batch_size x
     gradient_accumulation_steps x micro_batch_num (when pipelined) x seq_length, shared by
-    model_parallel x pipeline_stage devices."""
+    model_parallel x pipeline_stage devices.
+
+    ``frozen_params``: matmul weights that get no gradient (LoRA's frozen base): their weight
+    gradient (2 of the 6 FLOPs per parameter and token) is not computed, so the model FLOPs per
+    token are ``6N + 12LHDT - 2 * frozen_params``."""
     rc, pc, mc = run_config.runner_config, run_config.parallel_config, run_config.model_config
     micro = pc.micro_batch_num if pc.pipeline_stage > 1 else 1
     tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * mc.seq_length
-    return Throughput(tokens, mc.train_flops_per_token(), peak_tflops, pc.model_parallel * pc.pipeline_stage)
+    flops = mc.train_flops_per_token() - 2.0 * frozen_params
+    return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage)
 
 
 __all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",

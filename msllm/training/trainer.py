@@ -46,8 +46,9 @@ def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     o = cfg.optimizer
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return nn.AdamWeightDecay(
-        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [g for g in groups if g["params"]],  # MindSpore refuses an empty group (LoRA: matrices only)
         learning_rate=Tensor(lr_per_step), beta1=float(o.betas[0]), beta2=float(o.betas[1]), eps=o.eps)
 
 
@@ -223,10 +224,17 @@ def train(cfg: RunConfig) -> dict:
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
     network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
+    lora = None
+    if mc.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
+        from msllm.lora.training import LoraTraining
+
+        lora = LoraTraining(network, cfg, rt.rank)
     if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
         from msllm.parallel.layout import apply_layout
 
         apply_layout(network, cfg.parallel_config, cfg.recompute_config)
+        if lora is not None:
+            lora.shard(cfg.parallel_config)
     else:
         from msllm.parallel.layout import apply_recompute
 
@@ -234,7 +242,7 @@ def train(cfg: RunConfig) -> dict:
             log.info("recompute: %s activations of %d layers are recomputed in the backward pass",
                      "all" if cfg.recompute_config.recompute else "attention-core and SwiGLU",
                      mc.num_layers)
-    n_params = sum(p.size for p in network.trainable_params())
+    n_params = sum(p.size for p in network.get_parameters())
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
              n_params / 1e6, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.ffn_size,
              mc.vocab_size, mc.seq_length)
@@ -246,16 +254,21 @@ def train(cfg: RunConfig) -> dict:
     start_step = 0
     resumed = None
     if cfg.resume_training:
-        source = cfg.load_checkpoint or os.path.join(out, "checkpoint")
+        source = lora.resume_source(out) if lora else (cfg.load_checkpoint or os.path.join(out, "checkpoint"))
         # corrupt checkpoints are never loaded: none usable while some exist is an error
         resumed = ckpt.find_resume_checkpoint(source, rt.rank, agree.common_max)
         if resumed is None:
             log.warning("resume_training: no checkpoint under %s; starting from step 0", source)
         else:
             path, start_step = resumed
-            ckpt.load_into(step_cell, ckpt.load_params(path), path)
+            if lora:
+                lora.resume(step_cell, path)  # refuses a base other than the adapter's (SHA-256)
+            else:
+                ckpt.load_into(step_cell, ckpt.load_params(path), path)
             log.info("resumed from %s: step %d (epoch %d, batch %d of the epoch)", path, start_step,
                      start_step // spe + 1, start_step % spe)
+    elif lora:
+        pass  # LoraTraining loaded the frozen base from load_checkpoint
     elif cfg.run_mode == "finetune" and not cfg.load_checkpoint:
         raise MsllmError("run_mode finetune needs load_checkpoint (the pretrained weights to start from)")
     elif cfg.load_checkpoint and cfg.auto_trans_ckpt:
@@ -267,21 +280,34 @@ def train(cfg: RunConfig) -> dict:
 
     peak, how = peak_tflops(cfg)
     log.info("MFU peak: %s", how)
-    monitor = LossMonitor(epochs=epochs, total_steps=total_steps, throughput=throughput_for_run(cfg, peak),
+    # LoRA: the frozen base gets no weight gradients (matrices only; norms and the embedding
+    # lookup are not in 6N anyway); adapters are in neither N nor here, a < 1% undercount
+    frozen = sum(p.size for p in network.get_parameters() if not p.requires_grad and p.ndim >= 2
+                 and "embed_tokens" not in p.name) if lora else 0
+    monitor = LossMonitor(epochs=epochs, total_steps=total_steps, throughput=throughput_for_run(cfg, peak, frozen),
                           per_print_times=cfg.callbacks.loss_monitor.per_print_times)
-    log.info("MFU = tgs x %.4g FLOPs/token (6N + 12LHDT, PaLM app. B) / peak %s TFLOPs",
-             monitor.throughput.flops_per_token,
+    log.info("MFU = tgs x %.4g FLOPs/token (6N + 12LHDT, PaLM app. B%s) / peak %s TFLOPs",
+             monitor.throughput.flops_per_token, ", minus 2 x the frozen LoRA base" if lora else "",
              f"{monitor.throughput.peak_tflops:.4f}" if monitor.throughput.peak_tflops else "unknown")
 
     cc = cfg.callbacks.checkpoint
     ckpt_dir = ckpt.rank_dir(out, rt.rank)
     saved: list[str] = []
+    # the prompt template the data was built with travels into every checkpoint's manifest, so
+    # predict and chat format prompts as training saw them
+    from msllm.data.templates import read_template_name
+
+    template = read_template_name(cfg.train_dataset.dataset_dir)
 
     def save(step: int) -> str:
         epoch = (step - 1) // spe + 1 if step else 1
         name = ckpt.checkpoint_name(cc.prefix, rt.rank, epoch, step, cc.format)
-        path = ckpt.save_checkpoint(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format,
-                                    model_config=mc)
+        if lora:  # adapters + their AdamW state + counters; the base identity in the manifest
+            path = lora.save(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format, model_config=mc,
+                             template=template)
+        else:
+            path = ckpt.save_checkpoint(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format,
+                                        model_config=mc, template=template)
         saved.append(path)
         ckpt.prune_checkpoints(ckpt_dir, cc.prefix, cc.keep_checkpoint_max)
         log.info("saved checkpoint %s", path)

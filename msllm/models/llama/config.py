@@ -39,7 +39,8 @@ class PetConfig:
     lora_alpha: the update is scaled by lora_alpha / lora_rank.
     lora_dropout: dropout on the adapter's input during training (0 = none).
     target_modules: regex matched (``re.fullmatch``) against module names in msllm/HF naming
-        (``model.layers.0.self_attn.q_proj``) or MindFormers naming (``model.layers.0.attention.wq``).
+        (``model.layers.0.self_attn.q_proj``) or MindFormers naming (``model.layers.0.attention.wq``),
+        or against the last name component alone (``q_proj|v_proj``), as PEFT matches.
     lora_a_init / lora_b_init: initialisers of A (r, in) and B (out, r); PEFT's defaults:
         A Kaiming-uniform (a = sqrt(5)), B zeros, so the adapted model starts equal to the base.
     """

@@ -1,0 +1,192 @@
+"""LoRA vs full fine-tuning in msllm, and vs transformers + PEFT (torch eager, 2 threads): tokens/s,
+peak RSS and checkpoint size on the same LLaMA shape, initial weights and real batches (bundled
+Alpaca records, msllm preprocessing, LLaMA tokenizer), fp32, AdamW, one process.
+
+Variants: full fine-tuning; LoRA rank 8 and 64 on the attention projections (q/k/v/o, MindFormers'
+``.*wq|.*wk|.*wv|.*wo``) and on every linear layer of the decoder (q/k/v/o, gate/up/down; not the
+output head, like PEFT's ``all-linear``); alpha = 2 x rank, lora_dropout 0.05 (MindFormers'
+``lora_llama2_7b.yaml`` recipe), and rank 8 on q/k/v/o without dropout (``-p0``: what the
+dropout's saved activations cost). Each run is its own subprocess; runs alternate (msllm-full,
+msllm-lora..., torch-full, peft-...) within a round so background load hits all alike.
+
+    .venv/bin/python benchmarks/lora_speed.py --shape medium          # ~15 min on 2 idle cores
+    .venv/bin/python benchmarks/lora_speed.py --shape tiny --variants msllm-full,msllm-lora-r8-attn
+
+Reports per variant: tokens/s (median step after warm-up), step s, first step s, peak RSS (VmHWM
+before the checkpoint save), RSS after import / build / first step, trainable parameters,
+AdamW state elements, checkpoint bytes; ratios LoRA / full (same framework) and msllm / PEFT (same
+LoRA config), and the RSS saved against the optimizer states of the frozen weights
+(2 x 4 bytes x frozen parameters: the target of issue #11). Writes
+``benchmarks/results/lora_speed_<shape>.json`` and prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+ATTN_RE, ATTN = ".*wq|.*wk|.*wv|.*wo", ["q_proj", "k_proj", "v_proj", "o_proj"]
+ALL = ATTN + ["gate_proj", "up_proj", "down_proj"]
+ALL_RE = "|".join(ALL)  # matched against each module's last name component (msllm.lora.config)
+DROPOUT = 0.05
+
+
+def _pet(rank: int, which: str, msllm: bool, dropout: float = DROPOUT) -> dict:
+    pet = {"lora_rank": rank, "lora_alpha": 2 * rank, "lora_dropout": dropout}
+    if msllm:
+        pet["target_modules"] = ATTN_RE if which == "attn" else ALL_RE
+    else:
+        pet["targets"] = ATTN if which == "attn" else ALL
+    return pet
+
+
+VARIANTS = {"msllm-full": ("lora_msllm_worker.py", None), "torch-full": ("lora_torch_worker.py", None)}
+for _r in (8, 64):
+    for _w in ("attn", "all"):
+        VARIANTS[f"msllm-lora-r{_r}-{_w}"] = ("lora_msllm_worker.py", _pet(_r, _w, True))
+        VARIANTS[f"peft-lora-r{_r}-{_w}"] = ("lora_torch_worker.py", _pet(_r, _w, False))
+# without dropout: what the dropout's saved activations (its output and mask per module) cost
+VARIANTS["msllm-lora-r8-attn-p0"] = ("lora_msllm_worker.py", _pet(8, "attn", True, 0.0))
+VARIANTS["peft-lora-r8-attn-p0"] = ("lora_torch_worker.py", _pet(8, "attn", False, 0.0))
+DEFAULT_ORDER = ["msllm-full", "msllm-lora-r8-attn", "peft-lora-r8-attn", "msllm-lora-r64-attn",
+                 "peft-lora-r64-attn", "msllm-lora-r8-all", "peft-lora-r8-all", "msllm-lora-r64-all",
+                 "peft-lora-r64-all", "torch-full", "msllm-lora-r8-attn-p0", "peft-lora-r8-attn-p0"]
+DEFAULT_STEPS = {"tiny": (6, 2), "medium": (4, 2)}  # measured steps, warm-up steps
+
+
+def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float) -> dict:
+    script, pet = VARIANTS[name]
+    args = {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet, "name": name, "spawn_time": time.time()}
+    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
+    for k in ("MS_WORKER_NUM", "RANK_SIZE", "MS_ROLE", "RANK_TABLE_FILE"):
+        env.pop(k, None)
+    load_before = common.loadavg()
+    t = time.time()
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as cwd:  # MindSpore writes ./rank_0 on failures
+            p = subprocess.run([common.MAIN_PY, os.path.join(HERE, "workers", script), json.dumps(args)],
+                               cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"framework": name, "error": f"timeout after {timeout:.0f} s", "load_before": load_before}
+    res = common.parse_result(p.stdout)
+    if res is None:
+        return {"framework": name, "error": f"rc={p.returncode}: {(p.stdout[-1000:] + p.stderr[-2000:]).strip()}",
+                "load_before": load_before}
+    res.update(framework=name, wall_s=time.time() - t, load_before=load_before, load_after=common.loadavg())
+    return res
+
+
+def summarise(shape: str, runs: list[dict]) -> dict:
+    table = {}
+    for name in dict.fromkeys(r["framework"] for r in runs):
+        ok = [r for r in runs if r["framework"] == name and "error" not in r]
+        if not ok:
+            table[name] = {"error": [r["error"] for r in runs if r["framework"] == name][0]}
+            continue
+        r0 = ok[0]
+        row = {"runs": len(ok), "tokens_per_s": common.median([r["tokens_per_s"] for r in ok]),
+               "step_s": common.median([r["step_s_median"] for r in ok]),
+               "first_step_s": common.median([r["first_step_s"] for r in ok]),
+               "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
+               "rss_mib": r0["rss_mib"], "checkpoint_bytes": r0["checkpoint_bytes"],
+               "base_params": r0["base_params"], "trainable_params": r0["trainable_params"],
+               "optimizer_state_elements": r0["optimizer_state_elements"], "loads": [r["load_before"] for r in ok]}
+        frozen = r0["base_params"] if r0.get("pet") else 0
+        row["frozen_optimizer_state_mib"] = 8 * frozen / 2 ** 20
+        table[name] = row
+    for name, row in table.items():
+        if "error" in row or "-lora-" not in name:
+            continue
+        fw, cfg = name.split("-lora-", 1)
+        full = table.get("msllm-full" if fw == "msllm" else "torch-full", {})
+        if "error" not in full and full:
+            row["speed_vs_full"] = row["tokens_per_s"] / full["tokens_per_s"]
+            row["rss_saved_mib"] = full["peak_rss_mib"] - row["peak_rss_mib"]
+            row["rss_saved_vs_frozen_states"] = row["rss_saved_mib"] / row["frozen_optimizer_state_mib"]
+        if fw == "msllm":
+            other = table.get(f"peft-lora-{cfg}", {})
+            if other and "error" not in other:
+                row["speed_vs_peft"] = row["tokens_per_s"] / other["tokens_per_s"]
+                row["rss_vs_peft"] = row["peak_rss_mib"] / other["peak_rss_mib"]
+    return {"shape": shape, "shape_params": common.shape(shape), "frameworks": table}
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| variant | tokens/s | x full | x PEFT | step s | first step s | peak RSS MiB | RSS saved vs full MiB "
+             "(frozen AdamW states MiB) | trainable params | checkpoint MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in summary["frameworks"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:200]} |")
+            continue
+        saved = (f"{r['rss_saved_mib']:.0f} ({r['frozen_optimizer_state_mib']:.0f})" if "rss_saved_mib" in r else "")
+        lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r.get('speed_vs_full', float('nan')):.2f} "
+                     f"| {r.get('speed_vs_peft', float('nan')):.2f} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
+                     f"| {r['peak_rss_mib']:.0f} | {saved} | {r['trainable_params'] / 1e6:.3f}M "
+                     f"| {r['checkpoint_bytes'] / 1e6:.1f} |")
+    lines += ["", "| variant | RSS after import | after build | after first step | peak (MiB) |", "|---|---|---|---|---|"]
+    for name, r in summary["frameworks"].items():
+        if "error" not in r:
+            m = r["rss_mib"]
+            lines.append(f"| {name} | {m.get('after_import', 0):.0f} | {m.get('after_build', 0):.0f} "
+                         f"| {m.get('after_first_step', 0):.0f} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="medium", choices=sorted(common.SHAPES))
+    p.add_argument("--variants", default=",".join(DEFAULT_ORDER))
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    steps, warmup = DEFAULT_STEPS[a.shape]
+    steps, warmup = a.steps or steps, a.warmup if a.warmup is not None else warmup
+    names = [n.strip() for n in a.variants.split(",") if n.strip()]
+    for n in names:
+        if n not in VARIANTS:
+            p.error(f"unknown variant {n!r}; expected some of {', '.join(VARIANTS)}")
+    info = common.machine()
+    s = common.shape(a.shape)
+    print(f"# {info}\n# shape {a.shape}: {s}; {steps} measured steps after {warmup} warm-up; {a.rounds} round(s); "
+          f"load {common.loadavg()}", flush=True)
+    common.prepare_data(s["seq_length"])
+    common.prepare_weights(a.shape)
+    t0, runs = time.time(), []
+    for rnd in range(a.rounds):
+        for n in names:
+            r = run_worker(n, a.shape, steps, warmup, a.timeout)
+            r["round"] = rnd
+            runs.append(r)
+            if "error" in r:
+                print(f"round {rnd} {n}: ERROR {r['error'][-600:]}", flush=True)
+            else:
+                print(f"round {rnd} {n:20s} {r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s  first "
+                      f"{r['first_step_s']:.1f} s  peak RSS {r['peak_rss_mib']:.0f} MiB  ckpt "
+                      f"{r['checkpoint_bytes'] / 1e6:.1f} MB  load {r['load_before']} -> {r['load_after']}", flush=True)
+    summary = summarise(a.shape, runs)
+    summary.update(machine=info, command=" ".join([os.path.relpath(sys.executable, common.ROOT)] + sys.argv),
+                   steps=steps, warmup=warmup, rounds=a.rounds, total_seconds=time.time() - t0, runs=runs)
+    out = a.out or os.path.join(HERE, "results", f"lora_speed_{a.shape}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print()
+    print(markdown(summary))
+    print(f"\n{time.time() - t0:.0f} s in total; results in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Parallel layouts of the LoRA parameters and operators, derived from the base layer's rule in
+:func:`msllm.parallel.layout.op_rules` (Megatron-LM pattern, Shoeybi et al. 2019 sec. 3).
+
+For a targeted linear layer with weight W (out, in) split ``(w_out, w_in)``:
+
+* column-parallel base (q/k/v, gate/up; the head when vocab-parallel), W split on ``out``:
+  B (out, r) is split by rows like W, A (r, in) is replicated. ``x A^T`` needs no communication;
+  ``(x A^T) B_m^T`` is rank m's slice of the update, added to its slice of ``x W^T``.
+* row-parallel base (o, down), W split on ``in``: A (r, in) is split by columns like W, B is
+  replicated. ``x_m A_m^T`` are partial sums of the (N, r) product, summed (AllReduce over
+  ``model_parallel`` ranks, r columns: far smaller than the base's (N, out) AllReduce), then
+  ``B`` gives the full update, added to the reduced ``x W^T``.
+* dropout on the adapter input and the scale multiply follow the input's split.
+
+MindFormers shards its ``LoRADense`` the same way from the base MatMul's strategy
+(``mindformers/pet/tuners/lora_adapter.py``, ``recursive_replace_dense_cell``, transpose_b case).
+
+The optimizer-shard rule and the AdamW moments' layouts are those of
+:func:`msllm.parallel.layout.param_layouts` (same code path: ``_opt_group``); adapters are
+float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from msllm.lora.targets import adapter_names, adapter_shapes, match_targets
+from msllm.models.llama.names import OPTIMIZER_STATE_PREFIXES
+from msllm.parallel.layout import (DEFAULT_OPT_THRESHOLD_KB, DTYPE_BYTES, OpRule, ParamLayout, _opt_group, _tensor_map,
+                                   concrete, op_rules)
+
+
+def lora_modules(model_config) -> list[str]:
+    """The modules ``model_config.pet_config`` adapts ([] without a pet_config)."""
+    pc = model_config.pet_config
+    return [] if pc is None else match_targets(model_config, pc.target_modules)
+
+
+def lora_op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
+    """The LoRA primitives' strategies, one group per adapted module (see the module docstring).
+
+    Rows added for module P whose base rule is ``MatMul ((dp, w_in), (w_out, w_in))``::
+
+        P.lora_dropout.dropout  ((dp, w_in),)                        (only with lora_dropout > 0)
+        P.lora_a_matmul         ((dp, w_in), (None, w_in))   param P.lora_A.weight (r, in)
+        P.mul_scale             ((dp, None), ())
+        P.lora_b_matmul         ((dp, None), (w_out, None))  param P.lora_B.weight (out, r)
+        P.add_lora              ((dp, w_out), (dp, w_out))
+
+    Returns [] when ``model_config.pet_config`` is None.
+    """
+    modules = lora_modules(model_config)
+    if not modules:
+        return []
+    base = {r.path: r for r in op_rules(model_config, parallel_config, stage_layers) if r.prim == "matmul"}
+    dropout = model_config.pet_config.lora_dropout > 0
+    rules: list[OpRule] = []
+    for module in modules:
+        rule = base[module]
+        (_, w_in), (w_out, _) = rule.in_strategy
+        a_name, b_name = adapter_names(module)
+        st = rule.stage
+        if dropout:
+            rules.append(OpRule(f"{module}.lora_dropout", "dropout", (("dp", w_in),), st))
+        rules += [
+            OpRule(module, "lora_a_matmul", (("dp", w_in), (None, w_in)), st, params=((1, a_name),)),
+            OpRule(module, "mul_scale", (("dp", None), ()), st),
+            OpRule(module, "lora_b_matmul", (("dp", None), (w_out, None)), st, params=((1, b_name),)),
+            OpRule(module, "add_lora", (("dp", w_out), ("dp", w_out)), st),
+        ]
+    return rules
+
+
+def lora_param_layouts(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
+                       include_optimizer_states: bool = True,
+                       opt_threshold_kb: int = DEFAULT_OPT_THRESHOLD_KB) -> dict[str, ParamLayout]:
+    """``{name: ParamLayout}`` of every adapter parameter (and ``adam_m.`` / ``adam_v.`` states),
+    to be merged with :func:`msllm.parallel.layout.param_layouts` (e.g. for
+    ``write_strategy_files(..., layouts=...)``). {} without a pet_config."""
+    modules = lora_modules(model_config)
+    if not modules:
+        return {}
+    pc = parallel_config
+    dev = (pc.data_parallel, pc.model_parallel)
+    shapes = adapter_shapes(model_config, modules, model_config.pet_config.lora_rank)
+    out: dict[str, ParamLayout] = {}
+    for rule in lora_op_rules(model_config, parallel_config, stage_layers):
+        for idx, name in rule.params:
+            tmap = _tensor_map(rule.in_strategy[idx])
+            shape = shapes[name]
+            size = step = 0
+            if pc.optimizer_shard:  # the rule of param_layouts (adapters are never norm weights)
+                group = _opt_group(dev, tmap)
+                nbytes = math.prod(shape) * DTYPE_BYTES["float32"]
+                first = shape[0] // (1 if tmap[0] == -1 else dev[len(dev) - 1 - tmap[0]])
+                if len(group) > 1 and nbytes >= opt_threshold_kb * 1024 and first % len(group) == 0:
+                    size, step = len(group), (group[-1] - group[0]) // (len(group) - 1)
+            out[name] = ParamLayout(dev, tmap, shape, rule.stage, size, step, "float32")
+    if include_optimizer_states:
+        for name in list(out):
+            for prefix in OPTIMIZER_STATE_PREFIXES:
+                out[prefix + name] = out[name]
+    return out
+
+
+def apply_lora_layout(network, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
+    """``.shard()`` the LoRA primitives of ``network`` (after :func:`~msllm.lora.apply.apply_lora`
+    and :func:`msllm.parallel.layout.apply_layout`) per :func:`lora_op_rules`. Returns the rules.
+    A rule whose primitive or parameter is missing raises AssertionError (table and cells drifted)."""
+    from msllm.lora.apply import resolve_cell
+
+    dp, mp = parallel_config.data_parallel, parallel_config.model_parallel
+    rules = lora_op_rules(network.config, parallel_config, stage_layers)
+    for rule in rules:
+        cell = resolve_cell(network, rule.path)[2]
+        prim = getattr(cell, rule.prim, None)
+        if prim is None or not hasattr(prim, "shard"):
+            raise AssertionError(f"LoRA layout rule {rule.name}: the network has no primitive there")
+        prim.shard(concrete(rule.in_strategy, dp, mp), concrete(rule.out_strategy, dp, mp))
+        for _, pname in rule.params:
+            which = pname.rsplit(".", 2)[-2]  # lora_A / lora_B
+            if getattr(cell, which).weight.name != pname:
+                raise AssertionError(f"LoRA layout rule {rule.name}: expected parameter {pname}")
+    return rules
+
+
+__all__ = ["lora_modules", "lora_op_rules", "lora_param_layouts", "apply_lora_layout"]

@@ -1,0 +1,6 @@
+"""LoRA test set-up: the helpers module beside these tests is importable."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

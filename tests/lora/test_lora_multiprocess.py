@@ -1,0 +1,170 @@
+"""A LoRA fine-tune through scripts/run_distribute.sh on 2 CPU ranks (data parallel), the way users
+run it: ``run_mode: finetune``, ``load_checkpoint`` = the base model, ``pet_config`` from the
+command line. Ranks end with identical adapters; checkpoints hold adapters and their optimizer
+state only, the base file is untouched; a SIGKILL of one rank then ``--resume_training=True`` ends
+bit-identical to the uninterrupted run; resuming with another base is refused.
+
+Needs the trainer wiring of msllm.lora (apply_lora after loading the base, adapter-only
+checkpoints with the base identity, adapter resume); see docs/lora.md."""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from lora_helpers import ROOT, SEED, build, save_base
+from msllm.cluster.rank_table import make_rank_table, save_rank_table
+
+pytestmark = pytest.mark.slow
+
+TINY = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
+STEPS = 12
+SHAPE = ["--model.model_config.seq_length=64", "--model.model_config.hidden_size=64",
+         "--model.model_config.num_layers=2", "--model.model_config.num_heads=2",
+         "--model.model_config.n_kv_heads=1"]
+LORA = ["--run_mode=finetune", "--model.model_config.pet_config.pet_type=lora",
+        "--model.model_config.pet_config.lora_rank=4", "--model.model_config.pet_config.lora_alpha=8",
+        "--model.model_config.pet_config.lora_dropout=0.0",
+        "--model.model_config.pet_config.target_modules=.*wq|.*wk|.*wv|.*wo",
+        "--runner_config.batch_size=2", f"--runner_config.train_steps={STEPS}",
+        "--callbacks.checkpoint.save_checkpoint_steps=3", "--callbacks.checkpoint.keep_checkpoint_max=10",
+        "--callbacks.loss_monitor.per_print_times=1", "--deterministic=True", "--lr_schedule.warmup_ratio=0.2",
+        "--lr_schedule.learning_rate=5e-3"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, alpaca_mindrecord):
+    from msllm.config import load_config
+    from msllm.lora.base import base_identity
+
+    d = tmp_path_factory.mktemp("lora_dp")
+    table = str(d / "hccl_2p.json")
+    save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
+    mc = load_config(TINY, SHAPE).model_config
+    base = save_base(build(mc, seed=SEED), str(d / "base.ckpt"))
+    other = save_base(build(mc, seed=SEED + 1), str(d / "other_base.ckpt"))
+    return {"data": alpaca_mindrecord, "table": table, "base": base, "other": other,
+            "base_sha": base_identity(base)["sha256"]}
+
+
+def launch(setup, out, extra=(), wait=True, base=None):
+    env = dict(os.environ, MSLLM_OUTPUT_DIR=str(out), MS_SCHED_PORT=str(free_port()),
+               MSLLM_KILL_TIMEOUT="10", GLOG_v="3")
+    cmd = ["bash", os.path.join(ROOT, "scripts", "run_distribute.sh"), setup["table"], TINY, "[0,2]",
+           "finetune", "2", f"--train_dataset_dir={setup['data']}", f"--load_checkpoint={base or setup['base']}",
+           *SHAPE, *LORA, *extra]
+    p = subprocess.Popen(cmd, cwd=str(out.parent), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    if wait:
+        text, _ = p.communicate(timeout=900)
+        return p.returncode, text
+    return p
+
+
+def checkpoints(out, rank):
+    from msllm.training import checkpoint as ckpt
+
+    return ckpt.list_checkpoints(str(out / "checkpoint" / f"rank_{rank}"))
+
+
+def entries(path):
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(path).items()}
+
+
+def summary(out, rank):
+    import json
+
+    return json.loads((out / f"train_summary_rank_{rank}.json").read_text())
+
+
+def rank_log(out, rank):
+    p = out / "log" / f"rank_{rank}" / "msllm.log"
+    return p.read_text() if p.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora_a") / "out"
+    out.mkdir()
+    rc, text = launch(setup, out)
+    assert rc == 0, text[-3000:]
+    return out
+
+
+def test_lora_data_parallel_ranks_hold_identical_adapters_only(setup, uninterrupted):
+    from msllm.formats.manifest import read_sidecar
+    from msllm.lora.base import base_identity
+    from msllm.lora.targets import is_adapter_param
+
+    out = uninterrupted
+    assert summary(out, 0)["steps"] == summary(out, 1)["steps"] == STEPS
+    assert summary(out, 0)["losses"][0] != summary(out, 1)["losses"][0]  # different data per rank
+    assert "LoRA:" in rank_log(out, 0) and "trainable of" in rank_log(out, 0)
+    last0, last1 = checkpoints(out, 0)[-1], checkpoints(out, 1)[-1]
+    a, b = entries(last0), entries(last1)
+    adapters = sorted(k for k in a if is_adapter_param(k))
+    assert len(adapters) == 2 * 4 * 2  # 2 layers x q/k/v/o x (A, B)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # adapters and their AdamW moments, step counters; no base weight
+    weights = [k for k in a if not is_adapter_param(k) and not k.startswith(("adam_m.", "adam_v."))]
+    assert not [k for k in weights if k.endswith(".weight") or k.endswith("embedding_table")], weights
+    assert sorted(k for k in a if k.startswith("adam_m.")) == [f"adam_m.{k}" for k in adapters]
+    manifest = read_sidecar(last0)
+    assert manifest["lora"]["base"]["sha256"] == setup["base_sha"]
+    assert base_identity(setup["base"])["sha256"] == setup["base_sha"]  # the base file is untouched
+
+
+def test_lora_sigkill_then_resume_matches_uninterrupted(setup, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    seed = int(os.environ.get("MSLLM_TEST_SEED", "20261122"))
+    kill_at = random.Random(seed).randint(4, 6)  # after the step-3 checkpoint, from a printed seed
+    print(f"seed {seed}: SIGKILL at step {kill_at}")
+    print("kill at step", kill_at)
+    p = launch(setup, out, wait=False)
+    t = time.time()
+    while f"step:[{kill_at:5d}/" not in rank_log(out, 1):
+        assert time.time() - t < 600 and p.poll() is None, rank_log(out, 1)[-2000:]
+        time.sleep(0.2)
+    pid_line = [ln for ln in (out / "log" / "pids_0_2.txt").read_text().splitlines()
+                if ln.split()[:2] == ["worker", "1"]][0]
+    os.kill(int(pid_line.split()[2]), signal.SIGKILL)
+    p.communicate(timeout=300)
+    assert p.returncode != 0  # killed before the end
+    rc, text = launch(setup, out, ["--resume_training=True"])
+    assert rc == 0, text[-3000:]
+    for rank in (0, 1):
+        s, ref = summary(out, rank), summary(uninterrupted, rank)
+        start = s["start_step"]
+        assert start in (3, 6, 9)  # the newest checkpoint complete on both ranks when the kill landed
+        assert s["losses"] == ref["losses"][start:], f"rank {rank}"
+        last, ref_last = checkpoints(out, rank)[-1], checkpoints(uninterrupted, rank)[-1]
+        assert os.path.basename(last) == os.path.basename(ref_last)
+        a, b = entries(last), entries(ref_last)
+        assert a.keys() == b.keys()
+        for k in b:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_lora_resume_with_another_base_is_refused(setup, uninterrupted, tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted, out)
+    rc, text = launch(setup, out, ["--resume_training=True"], base=setup["other"])
+    assert rc != 0
+    assert "SHA-256" in text + rank_log(out, 0) and "other_base.ckpt" in text + rank_log(out, 0)
