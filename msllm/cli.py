@@ -109,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
         from msllm.cluster.context import launcher_role
 
-        out = save_strategy_for_run(cfg)
+        extra = None
+        if cfg.model_config.pet_config is not None:  # LoRA adapters follow their base layers' split
+            from msllm.lora.layout import lora_param_layouts
+
+            extra = lora_param_layouts(cfg.model_config, cfg.parallel_config)
+        out = save_strategy_for_run(cfg, extra_layouts=extra)
         role, rank = launcher_role()  # under run_distribute.sh each rank writes only its own file
         print(f"strategy file of rank {rank} written to {out}" if role == "worker"
               else f"strategy files for {cfg.parallel_config.device_num} rank(s) written to {out}")

@@ -192,7 +192,8 @@ def write_strategy_files(model_config, parallel_config, out_dir: str,
 
 
 def write_rank_strategy_file(model_config, parallel_config, out_dir: str, rank: int,
-                             stage_layers: Optional[Sequence[int]] = None, fmt: str = "ckpt") -> str:
+                             stage_layers: Optional[Sequence[int]] = None, fmt: str = "ckpt",
+                             layouts: Optional[dict[str, ParamLayout]] = None) -> str:
     """Write only rank ``rank``'s strategy file into ``out_dir`` (created if missing), as each
     rank of a job does: safe while the other ranks (and other servers, on a shared file system)
     write theirs into the same directory.
@@ -213,7 +214,8 @@ def write_rank_strategy_file(model_config, parallel_config, out_dir: str, rank: 
         raise MsllmError(f"rank {rank} is outside the layout of {pc.device_num} rank(s) (data_parallel x "
                          f"model_parallel x pipeline_stage = {pc.data_parallel} x {pc.model_parallel} x "
                          f"{pc.pipeline_stage})")
-    layouts = param_layouts(model_config, pc, stage_layers)
+    if layouts is None:
+        layouts = param_layouts(model_config, pc, stage_layers)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, strategy_file_name(rank, fmt))
     with atomic_open(path, "wb", encoding=None) as fh:
@@ -230,7 +232,8 @@ def write_rank_strategy_file(model_config, parallel_config, out_dir: str, rank: 
     return path
 
 
-def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = None, rank="launcher") -> str:
+def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = None, rank="launcher",
+                          extra_layouts: Optional[dict[str, ParamLayout]] = None) -> str:
     """The ``only_save_strategy: True`` path: validate the run's layout and write its strategy
     files to ``{output_dir}/strategy/`` (format per :func:`msllm.parallel.layout.strategy_format`:
     protobuf ``.ckpt`` unless ``parallel.strategy_ckpt_save_file`` ends in ``.json``); returns
@@ -242,8 +245,15 @@ def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = No
     environment (:func:`msllm.cluster.context.launcher_role`): a worker started by
     ``scripts/run_distribute.sh`` writes only its own file, a scheduler process writes nothing,
     a process started by hand writes all.
+
+    ``extra_layouts``: layouts of parameters the model gains outside this module's rule table
+    (LoRA adapters: :func:`msllm.lora.layout.lora_param_layouts`), written beside the base's.
     """
     validate_run_layout(run_config, stage_layers=stage_layers)
+    layouts = None
+    if extra_layouts:
+        layouts = {**param_layouts(run_config.model_config, run_config.parallel_config, stage_layers),
+                   **extra_layouts}
     out = os.path.join(os.path.abspath(run_config.output_dir), "strategy")
     fmt = strategy_format(run_config)
     if rank == "launcher":
@@ -253,9 +263,10 @@ def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = No
         if role == "scheduler":
             return out
     if rank is None:
-        write_strategy_files(run_config.model_config, run_config.parallel_config, out, stage_layers, fmt)
+        write_strategy_files(run_config.model_config, run_config.parallel_config, out, stage_layers, fmt, layouts)
     else:
-        write_rank_strategy_file(run_config.model_config, run_config.parallel_config, out, rank, stage_layers, fmt)
+        write_rank_strategy_file(run_config.model_config, run_config.parallel_config, out, rank, stage_layers, fmt,
+                                 layouts)
     return out
 
 

@@ -4,6 +4,7 @@ columns); strategy files carry them; MindSpore's transform_checkpoints reshards 
 checkpoint with them; and the tensor-parallel LoRA update computed from each rank's shards
 (concatenated / summed as the collectives would) equals the unsharded update."""
 
+import os
 import dataclasses
 
 import numpy as np
@@ -135,3 +136,25 @@ def test_resharded_adapters_compute_the_unsharded_update(tmp_path):
         # data-parallel peers hold the same slices
         for k in (a, b):
             np.testing.assert_array_equal(shards[0][k], shards[2][k])
+
+
+def test_only_save_strategy_writes_the_adapters_layouts(tmp_path):
+    """``run_msllm.py --only_save_strategy True`` with a pet_config: the strategy files carry the
+    adapters, split like their base layers (column-parallel q: B by rows; row-parallel o: A by
+    columns), as the issue's Megatron rule says."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, os.path.join(root, "run_msllm.py"), "--config",
+                        os.path.join(root, "configs", "llama", "run_llama_13b.yaml"), "--only_save_strategy", "True",
+                        f"--output_dir={tmp_path}", "--model.model_config.pet_config={lora_rank: 8}",
+                        "--parallel_config.data_parallel=1", "--parallel_config.model_parallel=2",
+                        "--parallel.strategy_ckpt_save_file=x.json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open(tmp_path / "strategy" / "ckpt_strategy_rank_1.json") as fh:
+        items = json.load(fh)["parallel_layout_item"]
+    q, o = "model.layers.3.self_attn.q_proj", "model.layers.3.self_attn.o_proj"
+    assert items[f"{q}.lora_B.weight"]["tensor_map"] == [0, -1] and items[f"{q}.lora_A.weight"]["tensor_map"] == [-1, -1]
+    assert items[f"{o}.lora_A.weight"]["tensor_map"] == [-1, 0] and items[f"{o}.lora_B.weight"]["tensor_map"] == [-1, -1]
+    assert f"adam_m.{q}.lora_B.weight" in items and f"{q}.weight" in items  # moments, and the base beside
