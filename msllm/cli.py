@@ -93,6 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predict_data", help="predict: a prompt, or a .txt/.json/.jsonl file of prompts")
     parser.add_argument("--template", help="predict/eval: prompt template (default: the checkpoint's)")
     parser.add_argument("--adapter", help="predict/eval: a LoRA adapter checkpoint applied to the base")
+    ev = parser.add_argument_group("eval (also tools/evaluate.py; without --task: perplexity over eval_dataset)")
+    ev.add_argument("--task", help="ppl, mmlu, ceval, boolq, gsm8k or mc_jsonl (docs/evaluation.md)")
+    ev.add_argument("--data_dir", help="the task's data: a directory of split files, or a file")
+    ev.add_argument("--num_fewshot", type=int, help="few-shot examples per question (task default)")
+    ev.add_argument("--limit", type=int, help="evaluate only the first N requests of each subject/task")
+    ev.add_argument("--stride", type=int, help="ppl: sliding-window stride in tokens")
+    ev.add_argument("--tokenizer", help="SentencePiece model (default: the bundled LLaMA tokenizer)")
+    ev.add_argument("--max_gen_toks", type=int, help="gsm8k: most tokens generated per answer")
+    ev.add_argument("--reuse_prefix", action="store_true", help="reuse the few-shot prefix through the KV cache")
     args, rest = parser.parse_known_args(argv)
     check_use_parallel(args.use_parallel)
     cfg = load_config(args.config, split_overrides(rest))
@@ -127,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.run_mode == "eval":
         from msllm.eval.runner import run_eval
 
-        run_eval(cfg, template=args.template, adapter=args.adapter)
+        run_eval(cfg, template=args.template, adapter=args.adapter, task=args.task, data=args.data_dir,
+                 num_fewshot=args.num_fewshot, limit=args.limit, stride=args.stride, tokenizer=args.tokenizer,
+                 max_gen_toks=args.max_gen_toks, reuse_prefix=args.reuse_prefix)
         return 0
     from msllm.training.trainer import train
 

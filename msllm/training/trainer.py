@@ -313,6 +313,36 @@ def train(cfg: RunConfig) -> dict:
         log.info("saved checkpoint %s", path)
         return path
 
+    from msllm.training.curves import TensorBoardLogger, plot_run
+
+    tb = TensorBoardLogger.from_config(cfg, rt.rank, rc.batch_size * accum * rt.world_size)
+    eval_data, evals = None, []
+    if cfg.do_eval:
+        if sharded:
+            raise MsllmError("do_eval with operator sharding (semi_auto_parallel) is not implemented: the "
+                             "evaluation pass splits samples over data-parallel ranks only; set do_eval: False "
+                             "and evaluate the checkpoints with run_mode: eval")
+        from msllm.eval.perplexity import evaluate_loss, read_eval_records
+
+        eval_data = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length)
+        eval_batch = cfg.eval_dataset.batch_size or rc.batch_size
+        log.info("do_eval: %d evaluation samples from %s, every %s", len(eval_data[0]),
+                 cfg.eval_dataset.dataset_dir,
+                 " and every ".join(x for x in (f"{cfg.eval_step_interval} steps" if cfg.eval_step_interval > 0 else "",
+                                                f"{cfg.eval_epoch_interval} epoch(s)" if cfg.eval_epoch_interval > 0
+                                                else "") if x) or "never (both intervals <= 0)")
+
+    def run_evaluation(at_step: int, at_epoch: int) -> None:
+        """Evaluation loss and perplexity of the network being trained (every rank, same step)."""
+        t0 = time.perf_counter()
+        loss, ppl, tokens = evaluate_loss(network, eval_data, eval_batch, rt.rank, rt.world_size,
+                                          mc.ignore_token_id, mc.pad_token_id)
+        log.info("eval: step %d, epoch %d, loss %.4f, perplexity %.3f, %d tokens, %.1f s",
+                 at_step, at_epoch, loss, ppl, tokens, time.perf_counter() - t0)
+        evals.append({"step": at_step, "epoch": at_epoch, "loss": loss, "ppl": ppl, "tokens": tokens})
+        if tb is not None:
+            tb.log_eval(at_step, loss, ppl)
+
     profiler = start_profiler(out, rt.rank) if cfg.profile else None
     step = start_step
     lr_index = int(optimizer.global_step.asnumpy().reshape(-1)[0])
@@ -337,6 +367,8 @@ def train(cfg: RunConfig) -> dict:
                     monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),
                                            overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
                                            data_seconds=t0 - t_data))
+                    if tb is not None:
+                        tb.log_step(monitor.records[-1], monitor.throughput.tgs(seconds))
                     lr_index += 0 if overflow_v else 1
                     if profiler is not None and step == cfg.profile_stop_step:
                         stop_profiler(profiler, out, rt.rank)
@@ -345,12 +377,17 @@ def train(cfg: RunConfig) -> dict:
                         raise MsllmError(f"loss became {loss_v} at step {step}; lower the learning rate")
                     if step % cc.save_checkpoint_steps == 0:
                         save(step)
+                    if eval_data is not None and cfg.eval_step_interval > 0 and step % cfg.eval_step_interval == 0:
+                        run_evaluation(step, epoch + 1)
                     if agree.any(bool(stop.signum)):
                         if not saved or not saved[-1].endswith(f"_{step}.{cc.format}"):
                             save(step)
                         log.error("stopped by a signal at step %d; checkpoint: %s; resume with "
                                   "--resume_training=True", step, saved[-1])
                         raise SystemExit(EXIT_STOPPED)
+                if (eval_data is not None and cfg.eval_epoch_interval > 0 and step == (epoch + 1) * spe
+                        and (epoch + 1) % cfg.eval_epoch_interval == 0 and not (evals and evals[-1]["step"] == step)):
+                    run_evaluation(step, epoch + 1)
         except (Exception, KeyboardInterrupt) as exc:
             if in_step:
                 log.error("failed inside step %d (%s): parameters may be half-updated, not saving",
@@ -366,7 +403,11 @@ def train(cfg: RunConfig) -> dict:
     summary = monitor.write(os.path.join(out, f"train_summary_rank_{rt.rank}.json"),
                             {"rank": rt.rank, "world_size": rt.world_size, "checkpoints": saved,
                              "parameters": n_params, "start_step": start_step,
-                             "resumed_from": resumed[0] if resumed else None})
+                             "resumed_from": resumed[0] if resumed else None, "eval": evals})
+    if tb is not None:
+        tb.close()
+    if rt.is_main:
+        log.info("loss curve: %s", plot_run(out, rt.rank))
     log.info("done: %d steps, loss %.3f (first %d avg) -> %.3f (last %d avg), %.1f tokens/s/device, "
              "data wait %.1f%% of step time; checkpoints in %s", step, summary["first_avg_loss"],
              summary["avg_window"], summary["last_avg_loss"], summary["avg_window"],

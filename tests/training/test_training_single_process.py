@@ -3,6 +3,7 @@ configs the device cannot run are refused with one clear message."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -41,13 +42,29 @@ def test_train_loss_falls_and_checkpoints_are_kept_and_loadable(tmp_path, alpaca
              f"--output_dir={out}", "--runner_config.train_steps=40", "--runner_config.batch_size=8",
              "--lr_schedule.learning_rate=3e-3", "--callbacks.checkpoint.save_checkpoint_steps=10",
              "--callbacks.checkpoint.keep_checkpoint_max=2", "--runner_config.sink_mode=True",
-             "--profile=True", "--profile_start_step=2", "--profile_stop_step=3"])
+             "--profile=True", "--profile_start_step=2", "--profile_stop_step=3",
+             "--do_eval=True", f"--eval_dataset_dir={alpaca_mindrecord}", "--eval_step_interval=20",
+             "--eval_dataset.batch_size=16", f"--tensorboard.tensorboard_dir={tmp_path / 'tb'}"])
     assert r.returncode == 0, r.stderr[-3000:]
     log = r.stdout + r.stderr
     # MindFormers' default sink_mode: True does not stop a run; the start-up line says what happens
     assert "settings with no effect on this run: runner_config.sink_mode=True" in log
     assert "steps are fed one by one" in log
     assert "step:[   40/   40]" in log and "tgs:" in log and "MFU:" in log
+    # do_eval at steps 20 and 40 (the step interval; the epoch end at 40 is not evaluated twice)
+    evals = re.findall(r"eval: step (\d+), epoch \d+, loss ([0-9.]+), perplexity ([0-9.]+)", log)
+    assert [int(s) for s, _, _ in evals] == [20, 40]
+    assert all(abs(np.exp(float(lo)) - float(p)) < 1e-2 * float(p) for _, lo, p in evals)
+    # TensorBoard events, read back with TensorBoard's own reader, hold the logged losses
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "tb" / "rank_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = [float(x) for x in re.findall(r"loss:\[([0-9.]+)/", log)]
+    tb_loss = [e.value for e in acc.Scalars("loss")]
+    assert len(tb_loss) == 40 and len(logged) == 4  # per_print_times 10 in the tiny config
+    np.testing.assert_allclose([tb_loss[i] for i in (9, 19, 29, 39)], logged, atol=5e-4)
+    assert [e.step for e in acc.Scalars("eval-loss")] == [20, 40]
+    assert (out / "loss_curve_rank_0.png").stat().st_size > 10_000 and "loss curve:" in log
     summary = json.loads((out / "train_summary_rank_0.json").read_text())
     assert summary["steps"] == 40
     assert summary["last_avg_loss"] < summary["first_avg_loss"] - 1.0  # ln(32000)=10.4 -> clearly lower

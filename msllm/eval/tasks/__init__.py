@@ -1,0 +1,2 @@
+"""Benchmark readers and prompt builders, one module per task (see each module's docstring for
+the lm-evaluation-harness task file it follows)."""

@@ -1,0 +1,150 @@
+"""Multi-turn chat over a loaded model: the session behind ``tools/chat.py``.
+
+Each turn formats the whole conversation with the prompt template (:func:`encode_turns`), so the
+model sees the format it was trained on, and generates one answer, streaming its text as tokens
+arrive. History is kept within the context window: when the conversation plus the new tokens
+(``max_new_tokens``) would not fit, the oldest turn pairs are dropped (the session reports how
+many). A reply ends at EOS, at a template stop string (never printed: text that could be the
+start of a stop string is held back until it cannot), or after ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from msllm.data.conversation import GPT, HUMAN
+from msllm.errors import MsllmError
+from msllm.generation.api import TextStream
+from msllm.generation.decode import round_up
+from msllm.generation.prompts import cut_at_stop, encode_turns, stop_strings
+
+
+@dataclass
+class Reply:
+    """One answer: text, finish reason (``eos`` / ``length`` / ``stop``), turn pairs dropped from
+    the history before it, prompt and new token counts, seconds to first token and in total."""
+
+    text: str
+    finish_reason: str
+    dropped: int
+    prompt_tokens: int
+    new_tokens: int
+    first_token_s: float
+    seconds: float
+
+
+def _held_back(text: str, stops) -> int:
+    """Length of the longest end of ``text`` that is the start of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                best = max(best, n)
+                break
+    return best
+
+
+class ChatSession:
+    """A conversation with one model.
+
+    Args:
+        gen: :class:`~msllm.generation.decode.Generator` of the model.
+        tokenizer: :class:`~msllm.data.tokenizer.LlamaTokenizer`.
+        template: prompt template (``msllm.data.templates``) or None for plain text.
+        settings: resolved :class:`~msllm.generation.config.DecodeSettings` (beam search is not
+            streamed: ``num_beams`` must be 1).
+    """
+
+    def __init__(self, gen, tokenizer, template, settings):
+        if settings.num_beams > 1:
+            raise MsllmError("chat streams one answer at a time: use num_beams: 1 (greedy or sampling)")
+        if settings.max_new_tokens is None:
+            raise MsllmError("chat needs generation_config.max_new_tokens (a total max_length grows with the history)")
+        self.gen, self.tokenizer, self.template, self.settings = gen, tokenizer, template, settings
+        self.context = gen.context
+        self.stops = stop_strings(template)
+        self.history: list[tuple[str, str]] = []   # completed (user, answer) pairs
+
+    def reset(self) -> None:
+        self.history = []
+
+    def prompt_ids(self, user: str) -> tuple[list[int], int]:
+        """(token ids of history + ``user``, oldest pairs dropped to fit the window).
+        Raises MsllmError if ``user`` alone does not fit."""
+        budget = self.context - self.settings.max_new_tokens
+        dropped = 0
+        while True:
+            turns = [t for pair in self.history[dropped:] for t in ((HUMAN, pair[0]), (GPT, pair[1]))]
+            ids = encode_turns(self.tokenizer, self.template, turns + [(HUMAN, user)])
+            if len(ids) <= budget or dropped == len(self.history):
+                break
+            dropped += 1
+        if len(ids) >= self.context:
+            raise MsllmError(f"the message is {len(ids)} tokens long; the model's context window is "
+                             f"{self.context} tokens: send a shorter one")
+        return ids, dropped
+
+    def reply(self, user: str, on_text: Optional[Callable[[str], None]] = None) -> Reply:
+        """Answer ``user`` (streaming text pieces to ``on_text``), then add the pair to history."""
+        import time
+
+        ids, dropped = self.prompt_ids(user)
+        if dropped:
+            self.history = self.history[dropped:]
+        stream = TextStream(self.tokenizer, self.settings.eos_token_id)
+        shown = [""]
+        t0 = time.perf_counter()
+        first = [None]
+
+        def on_step(_k, tokens, _finished):
+            if first[0] is None:
+                first[0] = time.perf_counter() - t0
+            stream.push(int(tokens[0]))
+            text, stopped = cut_at_stop(stream.text, self.stops)
+            if text.endswith("\ufffd"):
+                return stopped
+            safe = text if stopped else text[:len(text) - _held_back(text, self.stops)]
+            if on_text is not None and safe.startswith(shown[0]) and len(safe) > len(shown[0]):
+                on_text(safe[len(shown[0]):])
+                shown[0] = safe
+            return stopped
+
+        out = self.gen.generate([ids], self.settings, stream=on_step, buffer=round_up(self.context))
+        text, _ = cut_at_stop(stream.text, self.stops)
+        if on_text is not None and text.startswith(shown[0]) and len(text) > len(shown[0]):
+            on_text(text[len(shown[0]):])
+        self.history.append((user, text))
+        return Reply(text, out.finish_reasons[0], dropped, len(ids), len(out.tokens[0]), first[0] or 0.0,
+                     time.perf_counter() - t0)
+
+
+def open_chat(cfg, template: Optional[str] = None, adapter: Optional[str] = None,
+              tokenizer: Optional[str] = None) -> tuple[ChatSession, object]:
+    """Set up MindSpore (one process), load the model of ``cfg.load_checkpoint`` and return
+    ``(session, info)`` (:class:`~msllm.generation.loading.InferenceInfo`). ``template``
+    overrides the checkpoint's; ``tokenizer`` the one found with the weights.
+
+    Raises MsllmError like :func:`msllm.generation.predict.run_predict`."""
+    import logging
+
+    from msllm.cluster.context import setup_runtime
+    from msllm.data.tokenizer import LlamaTokenizer
+    from msllm.generation.config import resolve_settings
+    from msllm.generation.decode import generator_for
+    from msllm.generation.loading import find_tokenizer, load_for_inference
+    from msllm.generation.predict import check_predict_layout, predict_config
+    from msllm.generation.prompts import load_template
+
+    check_predict_layout(cfg)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    cfg = predict_config(cfg, 1)
+    setup_runtime(cfg)
+    if template is not None:
+        load_template(template)  # an unknown name fails before the model is loaded
+    net, mc, info = load_for_inference(cfg, adapter=adapter)
+    tmpl = load_template(template or info.template)
+    settings = resolve_settings(cfg.generation_config, mc, cfg.seed, 1)
+    tok = LlamaTokenizer(find_tokenizer(info, tokenizer), pad_id=None)
+    info.template = template or info.template
+    return ChatSession(generator_for(net, mc), tok, tmpl, settings), info

@@ -1,0 +1,304 @@
+"""Batched decoding with a key/value cache: one prefill over the prompts, then one token per step.
+
+Layout of a batch (B rows, prompts of lengths n_b, padded to P >= max n_b):
+
+* **left padding**: row b's prompt sits in slots ``pad_b .. P-1`` with ``pad_b = P - n_b``; new
+  token k of every row goes to slot ``P + k``. The cache has ``S = P + max_new`` slots (rounded up
+  to a multiple of :data:`SLOT_MULTIPLE`).
+* **positions** ``slot - pad_b`` (pad slots get 0): the rotary embedding sees each row as if it
+  were alone; this is what HF's ``generate`` does with a left-padded ``attention_mask``
+  (``position_ids = cumsum(attention_mask) - 1``).
+* **mask**: the query at slot q of row b attends slots ``pad_b .. q`` (additive 0 / -1e9), so
+  no row sees another row's padding or length: a row's tokens do not depend on the others.
+
+Static shapes: the prefill graph has shape (B, P, S) and the decode graph (B, 1, S), so in
+GRAPH_MODE the decode step compiles once per (batch size, buffer length) and runs for every
+token; caches are passed as ``ms.mutable`` tuples (otherwise MindSpore treats them as constants
+and recompiles each step). :attr:`Generator.shapes` records the shapes called (tests check it).
+
+Without the cache (``use_past: False``) each step runs the whole sequence again, right-aligned
+in a buffer of W = P + max_new slots (shape (B, W, W), one graph): the reference path
+MindFormers calls ``use_past=False``.
+
+Token choice per step: :func:`msllm.generation.processors.choose` (greedy argmax, or sampling
+after temperature / top-k / top-p, with the repetition penalty for both). A row stops at any
+EOS id (its EOS is kept in its output, as HF does; later steps feed it ``pad_token_id``); the
+batch stops when every row has stopped or after ``max_new`` tokens. Beam search:
+:mod:`msllm.generation.beam`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from msllm.errors import MsllmError
+from msllm.generation import processors
+from msllm.generation.config import DecodeSettings
+
+SLOT_MULTIPLE = 32      # prompt and buffer lengths are rounded up to this: fewer distinct graphs
+MASKED = -1e9           # additive mask value of the model (msllm.models.llama.model)
+
+# stream(step, tokens (B,) int64, finished (B,) bool) -> None / False (go on), True (stop every row) or
+# a (B,) bool array (stop those rows); stopped rows get finish reason "stop"
+StreamFn = Callable[[int, np.ndarray, np.ndarray], Optional[bool]]
+
+
+def round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class GenerationResult:
+    """Output of :meth:`Generator.generate` for B prompts.
+
+    tokens: per row, the new token ids (list of int; a row that stopped at EOS ends with it).
+    finish_reasons: per row ``"eos"`` (stopped at an EOS id), ``"length"`` (max new tokens) or
+        ``"stop"`` (the stream callback asked to stop).
+    scores: per row the beam score (beam search only: sum of log-probabilities / length **
+        length_penalty, HF's ``sequences_scores``), else None.
+    prefill_s: seconds from the call to the first new token of every row (time to first token,
+        including any compilation of a new shape); decode_s: seconds for the remaining tokens.
+    steps: decode steps run after the prefill.
+    compiled: the (kind, B, T, S) shapes the generator has run so far (:attr:`Generator.shapes`).
+    logits: with ``keep_logits``, the raw (B, V) float32 logits each new token was chosen from
+        (HF's ``output_logits``), else None.
+    """
+
+    tokens: list
+    finish_reasons: list
+    scores: Optional[list] = None
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    steps: int = 0
+    compiled: list = field(default_factory=list)
+    logits: Optional[list] = None
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def _cells():
+    """The graph cells, defined on first use so that importing this module needs no MindSpore."""
+    from mindspore import nn, ops
+
+    class CachedStep(nn.Cell):
+        """``(ids, positions, mask, write, caches) -> (last-position logits (B, V), caches)``."""
+
+        def __init__(self, net):
+            super().__init__(auto_prefix=False)  # keep the network's parameter names
+            self.net = net
+
+        def construct(self, input_ids, positions, mask, write, caches):
+            return self.net.forward_cached(input_ids, positions, mask, write, caches, True)
+
+    class ReorderedStep(nn.Cell):
+        """As CachedStep after taking the cache rows ``beam_idx`` (B,) int32 (beam search)."""
+
+        def __init__(self, net):
+            super().__init__(auto_prefix=False)
+            self.net = net
+            self.gather = ops.Gather()
+
+        def construct(self, beam_idx, input_ids, positions, mask, write, caches):
+            picked = ()
+            for c in caches:
+                picked = picked + (self.gather(c, beam_idx, 0),)
+            return self.net.forward_cached(input_ids, positions, mask, write, picked, True)
+
+    return CachedStep, ReorderedStep
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (B, length) int32 left-padded with ``pad_id``, pads (B,) int64 = slots of padding)."""
+    ids = np.full((len(prompts), length), pad_id, np.int32)
+    pads = np.zeros(len(prompts), np.int64)
+    for b, p in enumerate(prompts):
+        pads[b] = length - len(p)
+        ids[b, pads[b]:] = p
+    return ids, pads
+
+
+def positions_for(pads: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """(B, T) int32 positions of ``slots`` (T,) in rows padded by ``pads`` (B,); 0 on padding."""
+    return np.maximum(slots[None, :] - pads[:, None], 0).astype(np.int32)
+
+
+def mask_for(pads: np.ndarray, query_slots: np.ndarray, buffer: int) -> np.ndarray:
+    """(B, 1, T, S) float32 additive mask: query slot q of row b sees slots pads[b] .. q."""
+    s = np.arange(buffer)
+    ok = (s[None, None, :] >= pads[:, None, None]) & (s[None, None, :] <= query_slots[None, :, None])
+    return np.where(ok, 0.0, MASKED).astype(np.float32)[:, None]
+
+
+def write_for(slots: np.ndarray, buffer: int) -> np.ndarray:
+    """(T, S) float32 one-hot: new token t goes to cache slot ``slots[t]``."""
+    w = np.zeros((len(slots), buffer), np.float32)
+    w[np.arange(len(slots)), slots] = 1.0
+    return w
+
+
+class Generator:
+    """Generation for one network: keeps the compiled step cells, so each shape compiles once
+    over any number of :meth:`generate` calls (GRAPH_MODE; in PYNATIVE_MODE nothing compiles).
+
+    Args:
+        net: :class:`~msllm.models.llama.model.LlamaForCausalLM` with its weights loaded.
+        config: its :class:`~msllm.models.llama.config.LlamaConfig`.
+    """
+
+    def __init__(self, net, config):
+        CachedStep, ReorderedStep = _cells()
+        net.set_train(False)
+        self.net, self.config = net, config
+        self.context = config.max_positions
+        self.step = CachedStep(net)
+        self.reordered_step = ReorderedStep(net)
+        self.shapes: list = []   # (kind, B, T, S) in first-call order
+        self.first_call_s: dict = {}
+
+    # -- low level ------------------------------------------------------------------------
+    def empty_cache(self, batch: int, buffer: int):
+        from msllm.models.llama.kv_cache import empty_cache
+        from msllm.models.llama.model import ms_dtype
+
+        c = self.config
+        return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(c.compute_dtype))
+
+    def run(self, kind: str, ids, positions, mask, write, caches, beam_idx=None):
+        """One call of the compiled step; numpy in, (logits (B, V) float32 numpy, caches) out."""
+        import mindspore as ms
+
+        key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1])
+        new = key not in self.first_call_s
+        t0 = time.perf_counter()
+        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(write), ms.mutable(caches))
+        if beam_idx is None:
+            logits, caches = self.step(*args)
+        else:
+            logits, caches = self.reordered_step(ms.Tensor(beam_idx.astype(np.int32)), *args)
+        logits = logits.asnumpy()
+        if new:
+            self.shapes.append(key)
+            self.first_call_s[key] = time.perf_counter() - t0
+        return logits, caches
+
+    def prefill(self, prompts: Sequence[Sequence[int]], length: int, buffer: int, pad_id: int):
+        """Prompts into a fresh cache of ``buffer`` slots, left-padded to ``length``.
+        Returns (last-prompt-token logits (B, V), caches, pads (B,))."""
+        ids, pads = left_pad(prompts, length, pad_id)
+        slots = np.arange(length)
+        logits, caches = self.run("prefill", ids, positions_for(pads, slots), mask_for(pads, slots, buffer),
+                                  write_for(slots, buffer), self.empty_cache(len(prompts), buffer))
+        return logits, caches, pads
+
+    def decode_step(self, tokens: np.ndarray, slot: int, pads: np.ndarray, buffer: int, caches, beam_idx=None):
+        """Feed one token per row (B,) at cache slot ``slot``; returns (logits (B, V), caches)."""
+        q = np.array([slot])
+        return self.run("decode", tokens.astype(np.int32)[:, None], positions_for(pads, q),
+                        mask_for(pads, q, buffer), write_for(q, buffer), caches, beam_idx)
+
+    def full_forward(self, sequences: Sequence[Sequence[int]], width: int, pad_id: int) -> np.ndarray:
+        """No cache: the whole of each sequence, right-aligned in ``width`` slots, through the
+        model; logits (B, V) of each sequence's last token."""
+        ids, pads = left_pad(sequences, width, pad_id)
+        slots = np.arange(width)
+        logits, _ = self.run("full", ids, positions_for(pads, slots), mask_for(pads, slots, width),
+                             write_for(slots, width), self.empty_cache(len(sequences), width))
+        return logits
+
+    # -- the loop ---------------------------------------------------------------------------
+    def layout(self, prompts: Sequence[Sequence[int]], s: DecodeSettings, pad_to: Optional[int] = None,
+               buffer: Optional[int] = None):
+        """(P padded prompt length, new tokens, S buffer length) for ``prompts``; ``pad_to`` asks
+        for a longer P (e.g. the longest prompt of a whole file, so every batch shares graphs),
+        ``buffer`` for a longer S (e.g. the whole context window in chat: one decode graph).
+
+        Raises MsllmError for an empty prompt or one that does not fit the context window."""
+        if not prompts:
+            raise MsllmError("generate: no prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise MsllmError("generate: a prompt has no tokens (a text prompt starts with BOS; "
+                             "token-id prompts need at least one id)")
+        longest = max(len(p) for p in prompts)
+        max_new = s.new_tokens(longest, self.context)     # HF: max_length counts the padded prompt
+        length = max(round_up(longest), pad_to or 0)
+        return length, max_new, max(round_up(length + max_new), buffer or 0)
+
+    def generate(self, prompts: Sequence[Sequence[int]], s: DecodeSettings, stream: Optional[StreamFn] = None,
+                 pad_to: Optional[int] = None, keep_logits: bool = False,
+                 buffer: Optional[int] = None) -> GenerationResult:
+        """Continue each prompt (a list of token ids) per ``s``; see the module doc.
+
+        Beam search (``s.num_beams > 1``) goes to :func:`msllm.generation.beam.beam_search`.
+        ``stream`` is called after every step with the tokens chosen (finished rows get
+        ``pad_token_id``); it may stop every row (True) or some rows (a (B,) bool array), whose
+        finish reason is then ``"stop"`` (e.g. a template's stop string appeared).
+        """
+        if s.num_beams > 1:
+            from msllm.generation.beam import beam_search
+
+            return beam_search(self, prompts, s, pad_to=pad_to, keep_logits=keep_logits, buffer=buffer)
+        prompts = [list(map(int, p)) for p in prompts]
+        length, max_new, buffer = self.layout(prompts, s, pad_to, buffer)
+        b = len(prompts)
+        rng = np.random.default_rng(s.seed) if s.do_sample else None
+        eos = np.array(s.eos_token_id, np.int64)
+        out = [[] for _ in range(b)]
+        seen = [np.asarray(p, np.int64) for p in prompts] if s.repetition_penalty != 1.0 else None
+        finished = np.zeros(b, bool)
+        reasons = ["length"] * b
+        t0 = time.perf_counter()
+        if s.use_past:
+            logits, caches, pads = self.prefill(prompts, length, buffer, s.pad_token_id)
+        else:
+            width = round_up(length + max_new)
+            logits = self.full_forward(prompts, width, s.pad_token_id)
+        t_first = None
+        steps = 0
+        kept = [] if keep_logits else None
+        for k in range(max_new):
+            if kept is not None:
+                kept.append(logits.copy())
+            tokens = processors.choose(logits, s, rng, seen)
+            tokens = np.where(finished, s.pad_token_id, tokens)
+            for r in range(b):
+                if not finished[r]:
+                    out[r].append(int(tokens[r]))
+                    if seen is not None:
+                        seen[r] = np.append(seen[r], tokens[r])
+                    if eos.size and tokens[r] in eos:
+                        finished[r] = True
+                        reasons[r] = "eos"
+            if t_first is None:
+                t_first = time.perf_counter()
+            verdict = stream(k, tokens, finished.copy()) if stream is not None else None
+            if verdict is not None and verdict is not False:
+                stop = np.ones(b, bool) if verdict is True else np.asarray(verdict, bool)
+                for r in np.flatnonzero(stop & ~finished):
+                    finished[r], reasons[r] = True, "stop"
+            if finished.all() or k == max_new - 1:
+                break
+            steps += 1
+            if s.use_past:
+                logits, caches = self.decode_step(tokens, length + k, pads, buffer, caches)
+            else:
+                logits = self.full_forward([p + o for p, o in zip(prompts, out)], width, s.pad_token_id)
+        t_end = time.perf_counter()
+        return GenerationResult(out, reasons, None, t_first - t0, t_end - t_first, steps,
+                                compiled=list(self.shapes), logits=kept)
+
+
+def generator_for(net, config=None) -> Generator:
+    """The :class:`Generator` of ``net``, made on first use and kept on the network (attribute
+    ``_msllm_generator``), so repeated calls reuse the compiled graphs; ``config`` defaults to
+    ``net.config``."""
+    gen = getattr(net, "_msllm_generator", None)
+    if gen is None:
+        gen = Generator(net, config or net.config)
+        object.__setattr__(net, "_msllm_generator", gen)
+    return gen

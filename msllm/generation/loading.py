@@ -1,0 +1,268 @@
+"""A network ready for inference from whatever ``load_checkpoint`` names.
+
+Accepted (the kind is detected, see :func:`load_for_inference`):
+
+* an msllm checkpoint (a ``.ckpt`` / ``.safetensors`` file, or a run's output / checkpoint
+  directory: the newest complete checkpoint, :func:`msllm.training.checkpoint.resolve_checkpoint`);
+* a checkpoint in MindFormers' LLaMA naming (renamed on load by
+  :func:`msllm.training.checkpoint.load_params`);
+* a Hugging Face model directory (``config.json`` + safetensors / ``.bin``, or Meta's
+  ``params.json`` + ``consolidated.NN.pth``): converted in memory tensor by tensor with the
+  conversion code (:func:`msllm.convert.hf.open_hf_source`); the model's shape then comes from
+  its ``config.json``, so an HF download goes straight to predict or chat.
+
+For msllm checkpoints the model shape comes from the run YAML (``model.model_config``); when the
+checkpoint's manifest records the config it was saved with, a disagreement in shape or in the
+numerics that define the function (rope, norm epsilon, tied head) is one clear error.
+The manifest's ``"template"`` (the prompt template the model was trained with, written by the
+trainer from the dataset's sidecar) and ``"tokenizer"`` travel in :class:`InferenceInfo`.
+
+LoRA: ``adapter`` (``--adapter``) names an adapter checkpoint of LoRA training (or the PEFT
+import), applied on top of the base without merging by :func:`msllm.lora.adapter.load_adapter_into`
+(which refuses a base whose SHA-256 differs from the one the adapter records). A checkpoint that
+holds base and adapter weights together gets the adapters applied with its ``pet_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from msllm.errors import MsllmError
+from msllm.models.llama.config import LlamaConfig
+
+log = logging.getLogger("msllm")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUNDLED_TOKENIZER = os.path.join(ROOT, "examples", "data", "tokenizer.model")
+# fields that change the function a checkpoint computes without changing any weight's shape
+NUMERIC_FIELDS = ("rope_theta", "rope_scaling", "rms_norm_eps", "tie_word_embeddings")
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_heads", "ffn_size")
+
+
+@dataclass
+class InferenceInfo:
+    """Where the weights came from and what travels with them.
+
+    kind: ``msllm`` (incl. MindFormers-named checkpoints) or ``hf``; path: the file or directory
+    loaded; template: prompt template name from the checkpoint manifest (None: not recorded);
+    tokenizer: a tokenizer file that belongs to the weights (HF directory's ``tokenizer.model``
+    or the manifest's ``"tokenizer"``), None if unknown; eos_token_ids: every EOS id the source
+    declares (HF ``config.json`` may list several); adapter: the adapter applied, if any.
+    """
+
+    kind: str
+    path: str
+    template: Optional[str] = None
+    tokenizer: Optional[str] = None
+    eos_token_ids: tuple = ()
+    adapter: Optional[str] = None
+    notes: list = field(default_factory=list)
+    tokenizer_md5: Optional[str] = None
+
+
+def is_hf_dir(path: str) -> bool:
+    """A Hugging Face (``config.json``) or Meta (``params.json``) model directory."""
+    return os.path.isdir(path) and (os.path.isfile(os.path.join(path, "config.json"))
+                                    or os.path.isfile(os.path.join(path, "params.json")))
+
+
+def _compare_manifest(mc: LlamaConfig, saved: dict, path: str) -> None:
+    """MsllmError if the manifest's model config disagrees with ``mc`` in shape or numerics."""
+    from msllm.config import from_dict
+
+    try:
+        other = from_dict(LlamaConfig, saved, "model_config")
+    except MsllmError:
+        return  # an older / foreign manifest: the shape check of load_into still applies
+    diffs = [f"{k}={getattr(other, k)!r} (config: {getattr(mc, k)!r})"
+             for k in SHAPE_FIELDS + NUMERIC_FIELDS if getattr(other, k) != getattr(mc, k)]
+    if diffs:
+        raise MsllmError(f"checkpoint {path} was saved for a different model than model.model_config "
+                         f"describes: {'; '.join(diffs)}. Use the YAML the checkpoint was trained with "
+                         "(or override --model.model_config.KEY=VALUE)")
+
+
+def _inference_config(mc: LlamaConfig, shape_from: Optional[LlamaConfig] = None) -> LlamaConfig:
+    """``shape_from`` (e.g. an HF config.json) with the run's dtypes and inference keys, else ``mc``."""
+    if shape_from is None:
+        return mc
+    keep = ("compute_dtype", "layernorm_compute_type", "softmax_compute_type", "param_init_type",
+            "use_past", "do_sample", "top_k", "top_p", "repetition_penalty", "max_decode_length")
+    return dataclasses.replace(shape_from, **{k: getattr(mc, k) for k in keep})
+
+
+def _build(mc: LlamaConfig, fast_paths: bool):
+    from msllm.models.llama.model import LlamaForCausalLM
+
+    net = LlamaForCausalLM(mc, fast_paths=fast_paths)
+    net.set_train(False)
+    return net
+
+
+def _load_hf(path: str, mc_run: LlamaConfig, fast_paths: bool):
+    import mindspore as ms
+
+    from msllm.convert.hf import open_hf_source, to_float32
+
+    src = open_hf_source(path)
+    try:
+        mc = _inference_config(mc_run, src.config)
+        net = _build(mc, fast_paths)
+        for p in net.get_parameters():
+            ref = src.params.get(p.name)
+            if ref is None:
+                raise MsllmError(f"{path}: no tensor for the model's parameter {p.name}")
+            p.set_data(ms.Tensor(to_float32(ref.load(), ref.dtype).astype(np.float32)))
+        eos = src.raw_config.get("eos_token_id") if isinstance(src.raw_config, dict) else None
+    finally:
+        src.close()
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    tok = os.path.join(path, "tokenizer.model")
+    info = InferenceInfo("hf", path, None, tok if os.path.isfile(tok) else None, eos_ids)
+    gen_cfg = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_cfg):
+        info.notes.append(f"{gen_cfg} has no effect: decoding settings come from the run YAML's "
+                          "generation_config (and MindFormers' keys in model.model_config)")
+    return net, mc, info
+
+
+def _adapter_modules(params: dict) -> dict:
+    """{module: rank} of the LoRA adapter tensors in ``params``."""
+    from msllm.lora.targets import split_adapter_name
+
+    found = {}
+    for name, value in params.items():
+        parts = split_adapter_name(name)
+        if parts and parts[1] == "lora_A":
+            found[parts[0]] = int(value.shape[0])
+    return found
+
+
+def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool):
+    from msllm.training.checkpoint import load_into, load_params, read_sidecar, resolve_checkpoint
+
+    try:
+        ckpt = resolve_checkpoint(path, 0)   # data-parallel ranks hold the same weights: rank 0's
+    except MsllmError:
+        if rank == 0:
+            raise
+        ckpt = resolve_checkpoint(path, rank)
+    manifest = read_sidecar(ckpt) or {}
+    if manifest.get("lora"):
+        raise MsllmError(f"{ckpt} is a LoRA adapter checkpoint (no base weights): pass the base model as "
+                         f"load_checkpoint and this file as --adapter")
+    saved = manifest.get("model_config")
+    if isinstance(saved, dict):
+        _compare_manifest(mc, saved, ckpt)
+    net = _build(mc, fast_paths)
+    params = load_params(ckpt, mc)
+    adapters = _adapter_modules(params)
+    if adapters:
+        from msllm.lora.apply import apply_lora
+
+        pet = mc.pet_config
+        if pet is None and isinstance(saved, dict) and saved.get("pet_config"):
+            from msllm.models.llama.config import PetConfig
+
+            pet = PetConfig(**saved["pet_config"])
+        if pet is None:
+            raise MsllmError(f"checkpoint {ckpt} holds LoRA adapters ({len(adapters)} modules) but neither it nor "
+                             "model.model_config has a pet_config (lora_rank, lora_alpha) to apply them with")
+        apply_lora(net, pet, modules=sorted(adapters), dropout=0.0)
+    elif mc.pet_config is not None:
+        log.info("model.model_config.pet_config has no effect here: checkpoint %s holds no LoRA adapter "
+                 "weights (use --adapter for a separate adapter)", ckpt)
+    load_into(net, params, ckpt)
+    tok, md5 = manifest.get("tokenizer"), manifest.get("tokenizer_md5")
+    if isinstance(tok, dict):   # {"file": path, "md5": hex} or a path
+        tok, md5 = tok.get("file") or tok.get("path"), tok.get("md5", md5)
+    info = InferenceInfo("msllm", ckpt, manifest.get("template"), tok if isinstance(tok, str) else None,
+                         (mc.eos_token_id,), tokenizer_md5=md5 if isinstance(md5, str) else None)
+    return net, mc, info
+
+
+def _apply_adapter(net, adapter: str, info: InferenceInfo, rank: int) -> None:
+    """LoRA adapter ``adapter`` onto the loaded base (:func:`msllm.lora.adapter.load_adapter_into`:
+    the base's SHA-256 must be the one the adapter records; not merged, dropout off)."""
+    from msllm.lora.adapter import load_adapter_into
+
+    lora = load_adapter_into(net, adapter, base_path=info.path, rank=rank)
+    info.adapter = adapter
+    info.notes.append(f"LoRA adapter {adapter}: {len(lora.modules)} module(s), rank {lora.rank}, "
+                      f"scale {lora.scale:g}")
+
+
+def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] = None, rank: int = 0):
+    """Build the model and load weights for predict / chat / eval.
+
+    Args:
+        cfg: the :class:`~msllm.config.RunConfig` (``model.model_config``, ``fast_paths``,
+            ``load_checkpoint``).
+        path: what to load; default ``cfg.load_checkpoint``. An HF/Meta directory (has
+            ``config.json`` / ``params.json``), else an msllm/MindFormers checkpoint file or
+            directory (rank 0's newest complete checkpoint; this ``rank``'s if rank 0 has none).
+        adapter: a LoRA adapter checkpoint to apply on top (``--adapter``).
+
+    Returns:
+        ``(net, model_config, info)``: a ``LlamaForCausalLM`` in inference mode (float32 on CPU)
+        with the weights loaded, the :class:`LlamaConfig` it was built from, and
+        :class:`InferenceInfo`.
+
+    Raises:
+        MsllmError: nothing to load, a missing/unreadable/corrupt checkpoint, a shape or config
+            mismatch between checkpoint and config (naming both), a malformed HF directory.
+    """
+    path = path or cfg.load_checkpoint
+    if not path:
+        raise MsllmError("nothing to run: set load_checkpoint (--load_checkpoint CKPT: an msllm or MindFormers "
+                         "checkpoint, or a Hugging Face model directory)")
+    if not os.path.exists(path):
+        raise MsllmError(f"load_checkpoint {path!r} does not exist")
+    if is_hf_dir(path):
+        net, mc, info = _load_hf(path, cfg.model_config, cfg.fast_paths)
+    else:
+        net, mc, info = _load_msllm(path, rank, cfg.model_config, cfg.fast_paths)
+    if adapter:
+        _apply_adapter(net, adapter, info, rank)
+    for note in info.notes:
+        log.info("%s", note)
+    net.set_train(False)
+    log.info("loaded %s weights from %s (%d layers, hidden %d, heads %d/%d kv, vocab %d, context %d)%s",
+             info.kind, info.path, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.vocab_size,
+             mc.max_positions, f"; template {info.template!r}" if info.template else "")
+    return net, mc, info
+
+
+def find_tokenizer(info: InferenceInfo, explicit: Optional[str] = None) -> str:
+    """The tokenizer file to use: ``explicit`` (``--tokenizer``), else the one that came with the
+    weights (:attr:`InferenceInfo.tokenizer`; if that file is gone but the bundled LLaMA tokenizer
+    has the recorded MD5, the bundled one), else the bundled LLaMA tokenizer
+    ``examples/data/tokenizer.model`` (the one of LLaMA-1/2 and of msllm's demo; logged).
+
+    Raises MsllmError if the chosen file does not exist."""
+    from msllm.data.tokenizer import file_md5
+
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise MsllmError(f"--tokenizer {explicit} does not exist")
+        return explicit
+    if info.tokenizer:
+        if os.path.isfile(info.tokenizer):
+            return info.tokenizer
+        bundled_ok = os.path.isfile(BUNDLED_TOKENIZER) and file_md5(BUNDLED_TOKENIZER) == info.tokenizer_md5
+        if info.tokenizer_md5 and bundled_ok:
+            log.info("tokenizer: %s (recorded with %s) is gone; the bundled %s has the same MD5", info.tokenizer,
+                     info.path, BUNDLED_TOKENIZER)
+            return BUNDLED_TOKENIZER
+        raise MsllmError(f"the tokenizer recorded with {info.path} ({info.tokenizer}) does not exist: pass the "
+                         "model's tokenizer with --tokenizer")
+    if not os.path.isfile(BUNDLED_TOKENIZER):
+        raise MsllmError("no tokenizer: pass --tokenizer PATH (a SentencePiece tokenizer.model)")
+    log.info("tokenizer: %s (the bundled LLaMA tokenizer; the checkpoint names none)", BUNDLED_TOKENIZER)
+    return BUNDLED_TOKENIZER
