@@ -82,11 +82,11 @@ def show(cfg) -> None:
           f"pipeline_stage {pc.pipeline_stage} = {pc.device_num} devices")
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
+    """``run_msllm.py``'s own flags (everything else is a config override)."""
     parser = argparse.ArgumentParser(prog="run_msllm.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="run YAML, e.g. configs/llama/run_llama_tiny.yaml")
+    parser.add_argument("--config", required=config_required, help="run YAML, e.g. configs/llama/run_llama_tiny.yaml")
     parser.add_argument("--show", action="store_true", help="print model shapes and sizes, then exit")
     parser.add_argument("--print_config", action="store_true", help="print the resolved config, then exit")
     parser.add_argument("--use_parallel", help="MindFormers' flag: must agree with the launch (see above)")
@@ -99,12 +99,26 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--num_fewshot", type=int, help="few-shot examples per question (task default)")
     ev.add_argument("--limit", type=int, help="evaluate only the first N requests of each subject/task")
     ev.add_argument("--stride", type=int, help="ppl: sliding-window stride in tokens")
-    ev.add_argument("--tokenizer", help="SentencePiece model (default: the bundled LLaMA tokenizer)")
+    ev.add_argument("--tokenizer", help="predict/eval: SentencePiece model (default: the checkpoint's, else the "
+                    "bundled LLaMA tokenizer)")
     ev.add_argument("--max_gen_toks", type=int, help="gsm8k: most tokens generated per answer")
     ev.add_argument("--reuse_prefix", action="store_true", help="reuse the few-shot prefix through the KV cache")
-    args, rest = parser.parse_known_args(argv)
+    return parser
+
+
+def parse_entry_args(argv: list[str], config_required: bool = True) -> tuple[argparse.Namespace, list[str]]:
+    """``argv`` -> (``run_msllm.py``'s own flags, the config overrides as ``--a.b=value``); the
+    launcher (:mod:`msllm.cluster.launch`) parses a job's arguments with this too, so both agree
+    on which arguments are config keys."""
+    args, rest = build_parser(config_required).parse_known_args(argv)
+    return args, split_overrides(rest)
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_entry_args(argv)
     check_use_parallel(args.use_parallel)
-    cfg = load_config(args.config, split_overrides(rest))
+    cfg = load_config(args.config, overrides)
     if args.show:
         show(cfg)
         return 0
@@ -131,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.run_mode == "predict":
         from msllm.generation.predict import run_predict
 
-        run_predict(cfg, args.predict_data, template=args.template, adapter=args.adapter)
+        run_predict(cfg, args.predict_data, template=args.template, adapter=args.adapter, tokenizer=args.tokenizer)
         return 0
     if cfg.run_mode == "eval":
         from msllm.eval.runner import run_eval

@@ -228,10 +228,10 @@ def run_config_of(config_path: str, entry_args: Sequence[str]) -> RunConfig:
     (``--run_mode``, ``--output_dir``, and for ``run_msllm.py`` the extra ``--section.key=value``
     arguments, parsed as :func:`msllm.cli.split_overrides` does). Raises the config's own
     :class:`MsllmError` (unknown key, wrong type, unknown run_mode ...)."""
-    from msllm.cli import split_overrides
+    from msllm.cli import parse_entry_args
 
-    args = [a for a in entry_args if a not in ("--show", "--print_config")]
-    return load_config(config_path, split_overrides(args))
+    _, overrides = parse_entry_args(list(entry_args), config_required=False)
+    return load_config(config_path, overrides)
 
 
 def check_entry_accepts(cfg: RunConfig, config_path: str, rank_size: int) -> None:

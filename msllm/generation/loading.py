@@ -198,7 +198,8 @@ def _apply_adapter(net, adapter: str, info: InferenceInfo, rank: int) -> None:
                       f"scale {lora.scale:g}")
 
 
-def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] = None, rank: int = 0):
+def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] = None, rank: int = 0,
+                       fast_paths: Optional[bool] = None):
     """Build the model and load weights for predict / chat / eval.
 
     Args:
@@ -208,6 +209,7 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
             ``config.json`` / ``params.json``), else an msllm/MindFormers checkpoint file or
             directory (rank 0's newest complete checkpoint; this ``rank``'s if rank 0 has none).
         adapter: a LoRA adapter checkpoint to apply on top (``--adapter``).
+        fast_paths: the model's builder argument; None = ``cfg.fast_paths`` (benchmarks compare).
 
     Returns:
         ``(net, model_config, info)``: a ``LlamaForCausalLM`` in inference mode (float32 on CPU)
@@ -224,10 +226,11 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
                          "checkpoint, or a Hugging Face model directory)")
     if not os.path.exists(path):
         raise MsllmError(f"load_checkpoint {path!r} does not exist")
+    fast = cfg.fast_paths if fast_paths is None else fast_paths
     if is_hf_dir(path):
-        net, mc, info = _load_hf(path, cfg.model_config, cfg.fast_paths)
+        net, mc, info = _load_hf(path, cfg.model_config, fast)
     else:
-        net, mc, info = _load_msllm(path, rank, cfg.model_config, cfg.fast_paths)
+        net, mc, info = _load_msllm(path, rank, cfg.model_config, fast)
     if adapter:
         _apply_adapter(net, adapter, info, rank)
     for note in info.notes:

@@ -293,21 +293,25 @@ def train(cfg: RunConfig) -> dict:
     cc = cfg.callbacks.checkpoint
     ckpt_dir = ckpt.rank_dir(out, rt.rank)
     saved: list[str] = []
-    # the prompt template the data was built with travels into every checkpoint's manifest, so
-    # predict and chat format prompts as training saw them
+    # the prompt template and tokenizer the data was built with travel into every checkpoint's
+    # manifest, so predict and chat format and tokenize prompts as training saw them
+    from msllm.data.mindrecord import read_mindrecord_meta
     from msllm.data.templates import read_template_name
 
-    template = read_template_name(cfg.train_dataset.dataset_dir)
+    meta = read_mindrecord_meta(data.files[0])
+    data_identity = {"template": read_template_name(cfg.train_dataset.dataset_dir)}
+    if meta.get("tokenizer_md5"):
+        data_identity["tokenizer"] = {"file": meta.get("tokenizer_file"), "md5": meta["tokenizer_md5"]}
 
     def save(step: int) -> str:
         epoch = (step - 1) // spe + 1 if step else 1
         name = ckpt.checkpoint_name(cc.prefix, rt.rank, epoch, step, cc.format)
         if lora:  # adapters + their AdamW state + counters; the base identity in the manifest
             path = lora.save(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format, model_config=mc,
-                             template=template)
+                             **data_identity)
         else:
             path = ckpt.save_checkpoint(step_cell, os.path.join(ckpt_dir, name), epoch, step, cc.format,
-                                        model_config=mc, template=template)
+                                        model_config=mc, **data_identity)
         saved.append(path)
         ckpt.prune_checkpoints(ckpt_dir, cc.prefix, cc.keep_checkpoint_max)
         log.info("saved checkpoint %s", path)

@@ -1,0 +1,84 @@
+"""Helpers of the generation tests: real prompts, random HF models, transformers' generate."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY_YAML = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
+
+# Three real sentences of different lengths (8, 26 and 2 tokens with BOS).
+SENTENCES = ["I love Beijing, because",
+             "The capital of France is Paris, and the capital of Germany is Berlin. In 1969, Neil Armstrong",
+             "Hello"]
+
+# The model configs of tests/convert/test_convert_hf_parity.py (transformers LlamaConfig fields,
+# file format, stored dtype): MHA, GQA + tied embeddings + rope_theta 5e5, GQA + linear rope
+# scaling, MQA in bf16.
+CASES = {
+    "mha_untied_vocab32000": (dict(vocab_size=32000, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128),
+                              "safetensors", "float32"),
+    "gqa_tied_theta5e5": (dict(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                               num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0,
+                               tie_word_embeddings=True, max_position_embeddings=96), "safetensors", "float32"),
+    "gqa_linear_rope": (dict(vocab_size=500, hidden_size=48, intermediate_size=37, num_hidden_layers=2,
+                             num_attention_heads=6, num_key_value_heads=3, rope_theta=1e6,
+                             rope_scaling={"rope_type": "linear", "factor": 2.0}, max_position_embeddings=256),
+                        "bin", "float32"),
+    "mqa_bf16": (dict(vocab_size=700, hidden_size=32, intermediate_size=50, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64),
+                 "safetensors", "bfloat16"),
+}
+
+
+def prompts_for(tokenizer, vocab_size: int, sentences=SENTENCES) -> list[list[int]]:
+    """[bos] + tokens of each sentence (ids mod vocab_size for a smaller random vocabulary)."""
+    return [[i % vocab_size for i in [tokenizer.bos_id] + tokenizer.encode(s)] for s in sentences]
+
+
+def hf_generate(model, prompts, pad_id: int = 0, **kwargs):
+    """transformers ``generate`` on a left-padded batch (the layout HF documents for decoder-only
+    batches); returns the output object (``return_dict_in_generate``) and the padded length."""
+    import torch
+
+    length = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (length - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad_id, return_dict_in_generate=True,
+                             **kwargs)
+    return out, length
+
+
+def hf_new_tokens(out, length: int) -> list[list[int]]:
+    return out.sequences[:, length:].tolist()
+
+
+def same_tokens(ours: list[int], ref: list[int], fill: int) -> bool:
+    """``ours`` (a row's new tokens, ending at EOS if it stopped) equals HF's row, whose tail after
+    the stop is filled with ``fill``."""
+    n = len(ours)
+    return ref[:n] == ours and all(t == fill for t in ref[n:])
+
+
+def net_from_hf_dir(path: str):
+    """msllm network loaded from an HF directory through the inference loader."""
+    from msllm.config import RunConfig
+    from msllm.generation.loading import load_for_inference
+
+    net, mc, info = load_for_inference(RunConfig(), path)
+    return net, mc, info
+
+
+def max_logit_diff(ours: list, ref, active: np.ndarray) -> float:
+    """max |diff| of per-step logits (ours: list of (B, V); ref: HF's tuple of (B, V) tensors) over
+    the rows still generating at each step (``active`` (steps, B) bool)."""
+    worst = 0.0
+    for k, (a, b) in enumerate(zip(ours, ref)):
+        rows = active[k]
+        if rows.any():
+            worst = max(worst, float(np.abs(a[rows] - b.numpy()[rows]).max()))
+    return worst
