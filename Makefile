@@ -4,9 +4,15 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast clean
+.PHONY: install kernels demo test test-fast clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed kernels
+
+# msllm's CPU kernels (msllm/kernels/csrc -> msllm/kernels/_build, g++ >= 10): a no-op when the
+# build is up to date for these sources, this CPU and this MindSpore; without a compiler the
+# model uses MindSpore's operators (said once at start-up)
+kernels: $(VENV)/.installed
+	$(PY) -m msllm.kernels.build || echo "msllm kernels not built: the model falls back to MindSpore's operators"
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)

@@ -26,12 +26,15 @@ MF_VENV = os.environ.get("MF_VENV", os.path.join(HERE, ".venv-mindformers"))
 MF_PY = os.path.join(MF_VENV, "bin", "python")
 EXAMPLES = os.path.join(ROOT, "examples", "data")
 
-# The two shapes of issue #6. "tiny" = the reference shape of shared NOTES.md.
+# tiny and medium: the shapes of issue #6 ("tiny" = the reference shape of shared NOTES.md);
+# large: issue #14 (hidden 1024, 12 layers, 16 heads, FFN 2816, seq 1024, batch 2).
 SHAPES = {
     "tiny": dict(vocab_size=32000, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=688,
                  seq_length=256, batch_size=8),
     "medium": dict(vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1376,
                    seq_length=512, batch_size=4),
+    "large": dict(vocab_size=32000, hidden_size=1024, num_layers=12, num_heads=16, intermediate_size=2816,
+                  seq_length=1024, batch_size=2),
 }
 
 # Optimiser of every framework: AdamW as msllm's trainer configures it (configs/llama/*.yaml),
@@ -209,6 +212,45 @@ def machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "ram_gib": round(mem, 1),
             "kernel": platform.release(), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def cpu_clock_ghz() -> tuple[float, str]:
+    """The CPU clock the fp32 peak is computed with, and where it was read: lscpu's "CPU max MHz"
+    when the kernel reports one, else /proc/cpuinfo's "cpu MHz" (on the KVM development machines
+    only the latter exists: 2600 MHz, the TSC rate the hypervisor exposes)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("CPU max MHz:"):
+                return float(line.split(":", 1)[1]) / 1000.0, "lscpu 'CPU max MHz'"
+    except OSError:
+        pass
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("cpu MHz"):
+                return float(line.split(":", 1)[1]) / 1000.0, "/proc/cpuinfo 'cpu MHz'"
+    return float("nan"), "unknown"
+
+
+def cpu_fp32_peak() -> dict:
+    """Nominal fp32 peak of this machine: cores x FMA units x SIMD lanes x 2 FLOP x clock.
+
+    AVX-512 Xeons (Skylake-SP and later Gold/Platinum, Sapphire/Emerald Rapids) have 2 FMA units
+    per core, 16 fp32 lanes each (Intel 64 and IA-32 Optimization Reference Manual, ch. 2);
+    AVX2-only CPUs have 8 lanes. Issue #14 quotes 2.3 GHz (the base clock of its Xeon): 294.4
+    GFLOP/s on 2 cores; the clock read here is reported beside it.
+    """
+    cores = len(os.sched_getaffinity(0))
+    flags = set()
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    lanes = 16 if "avx512f" in flags else 8
+    ghz, source = cpu_clock_ghz()
+    return {"cores": cores, "fma_units": 2, "lanes": lanes, "clock_ghz": ghz, "clock_source": source,
+            "gflops": cores * 2 * lanes * 2 * ghz, "gflops_at_2.3ghz": cores * 2 * lanes * 2 * 2.3}
 
 
 def median(xs):

@@ -45,6 +45,28 @@ def timed(fn, repeats):
     return first, common.median(walls), common.median(cpus)
 
 
+def summarize_profile(directory: str, steps: int, top: int = 25) -> None:
+    """Print MindSpore's CPU profiler totals by operator type (ms per step), from the newest
+    ``*/FRAMEWORK/cpu_op_type_info_0.csv`` under ``directory``."""
+    import csv
+    import glob
+
+    files = sorted(glob.glob(os.path.join(directory, "*", "FRAMEWORK", "cpu_op_type_info_*.csv")),
+                   key=os.path.getmtime)
+    if not files:
+        print("no cpu_op_type_info csv found")
+        return
+    with open(files[-1]) as fh:
+        rows = list(csv.DictReader(fh))
+    rows.sort(key=lambda r: -float(r["total_compute_time"]))
+    total = sum(float(r["total_compute_time"]) for r in rows)
+    print(f"kernel time by operator type, ms per step ({total / steps:.0f} ms in total):")
+    for r in rows[:top]:
+        t = float(r["total_compute_time"])
+        print(f"  {r['op_type']:28s} {t / steps:9.1f} ms  {100 * t / total:5.1f}%  "
+              f"({int(r['type_occurrences']) // steps} calls)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
@@ -56,8 +78,18 @@ def main(argv=None):
     p.add_argument("--context", default="{}", help="JSON passed to ms.set_context (e.g. graph kernel flags)")
     p.add_argument("--code", default="", help="HEAD or a directory with model.py + step.py to profile "
                    "instead of the working tree (see ab_step.py)")
+    p.add_argument("--layout_path", action="store_true",
+                   help="build the model's layout path (fast_paths=False); default: the CPU fast path the "
+                   "trainer uses on CPU")
+    p.add_argument("--kernel_stats", action="store_true",
+                   help="time every msllm kernel call (MSLLM_KERNEL_PROFILE=1) and print ms per step by kernel")
+    p.add_argument("--model_config", default="{}",
+                   help='JSON set on the LlamaConfig, e.g. \'{"cpu_kernels": false}\' (fields not yet in '
+                   'LlamaConfig are set as attributes); "compact_loss" goes to the model builder')
     a = p.parse_args(argv)
     os.environ.setdefault("GLOG_v", "3")
+    if a.kernel_stats:
+        os.environ["MSLLM_KERNEL_PROFILE"] = "1"
 
     import numpy as np
 
@@ -91,8 +123,13 @@ def main(argv=None):
     ids, lab = Tensor(ids), Tensor(lab)
     tokens = s["batch_size"] * s["seq_length"]
 
+    model_config = json.loads(a.model_config)
+    compact = model_config.pop("compact_loss", None)       # a builder argument, not a config field
+    for key, value in model_config.items():
+        setattr(cfg, key, value)
+
     def fresh():
-        net = LlamaForCausalLM(cfg)
+        net = LlamaForCausalLM(cfg, compact_loss=compact, fast_paths=not a.layout_path)
         for q in net.trainable_params():
             q.set_data(Tensor(init[q.name]))
         return net
@@ -199,7 +236,20 @@ def main(argv=None):
         net = fresh()
         st = TrainStep(net, adamw(net), **kw)
         st.set_train()
+        if a.kernel_stats:
+            from msllm.kernels import kernel_stats
+
+            st(ids, lab)[0].asnumpy()                                  # compile outside the counts
+            kernel_stats(reset=True)
         report(name, timed(lambda: st(ids, lab)[0].asnumpy(), a.repeats))
+        if a.kernel_stats:
+            stats = kernel_stats(reset=True)
+            steps_run = a.repeats + 1                                   # timed() calls once more first
+            total = sum(sec for _, sec in stats.values())
+            print(f"  msllm kernels, per step: {1e3 * total / steps_run:.1f} ms in total", flush=True)
+            for kname, (calls, sec) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
+                print(f"    {kname:32s} {calls / steps_run:6.0f} calls {1e3 * sec / steps_run:9.1f} ms", flush=True)
+            results[name]["kernel_ms_per_step"] = {k: 1e3 * sec / steps_run for k, (c, sec) in stats.items()}
         if a.profiler and name == "step":
             prof = ms.Profiler(output_path=a.profiler)
             for _ in range(3):
@@ -207,6 +257,7 @@ def main(argv=None):
             prof.stop()
             prof.analyse()
             print(f"profiler output in {a.profiler}")
+            summarize_profile(a.profiler, 3)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"shape": a.shape, "jit_level": a.jit_level, "tokens": tokens, "results": results}, fh,

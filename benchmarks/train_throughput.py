@@ -1,23 +1,29 @@
-"""Training throughput, side by side: msllm vs MindFormers 1.9.0 vs PyTorch (eager, torch.compile)
-on the same LLaMA shapes, the same initial weights and the same real batches (bundled Alpaca
-records, msllm preprocessing, LLaMA tokenizer), fp32, AdamW, one process, 2 CPU threads.
+"""Training throughput, side by side: msllm vs MindFormers 1.9.0 vs PyTorch (HF transformers and a
+lean LLaMA, each eager and under torch.compile) on the same LLaMA shapes, the same initial
+weights and the same real batches (bundled Alpaca records, msllm preprocessing, LLaMA
+tokenizer), fp32, AdamW, one process, 2 CPU threads.
 
 Each framework runs in its own subprocess (MindFormers in ``benchmarks/.venv-mindformers``,
-made by ``benchmarks/setup_mindformers.sh``), and the runs alternate round by round
-(msllm, mindformers, torch-eager, torch-compile, msllm-noscale, msllm, mindformers, ...), so the
-machine's background load hits all of them alike. Matmul peaks (MindSpore, torch, numpy) are
-measured in the same invocation, before and after the runs, for MFU.
+made by ``benchmarks/setup_mindformers.sh``), and the runs alternate round by round (msllm,
+msllm-dense, torch-eager, torch-lean, torch-compile, torch-lean-compile, mindformers, then the
+next round), so the machine's background load hits all of them alike. Matmul peaks (MindSpore,
+torch, numpy) are measured in the same invocation, before and after the runs.
 
-    .venv/bin/python benchmarks/train_throughput.py --shape tiny            # ~10-14 min idle
-    .venv/bin/python benchmarks/train_throughput.py --shape medium
+    .venv/bin/python benchmarks/train_throughput.py --shape tiny       # ~15 min idle
+    .venv/bin/python benchmarks/train_throughput.py --shape medium     # ~20 min
+    .venv/bin/python benchmarks/train_throughput.py --shape large      # ~35 min
 
 Reports per framework: tokens/s (median over rounds of each run's median step time after
 warm-up), step time, process CPU seconds per step, first step (compile) time, start-up to end of
-first step (process spawn -> first loss), import time, peak RSS (VmHWM of the worker), MFU
-(6N + 12LHDT FLOPs/token over the best MindSpore matmul GFLOP/s) and the ratio to MindFormers
-(paired per round, median). Losses: every framework starts from the same weights and sees the
-same batches; msllm ``noscale`` (no loss scale, no clipping) does exactly MindFormers' update, so
-their first losses are compared (max |diff|).
+first step (process spawn -> first loss), import time, peak RSS (VmHWM of the worker), the
+paired ratios (same round, median) to MindFormers and to each PyTorch peer, and MFU = tokens/s x
+(6N + 12LHDT) FLOPs/token (PaLM, appendix B) over (a) the CPU's nominal fp32 peak (cores x 2 FMA
+x 16 lanes x 2 x the clock read from lscpu / /proc/cpuinfo, ``common.cpu_fp32_peak``), (b) the
+same at issue #14's 2.3 GHz, (c) the best matmul rate measured in the run. ``msllm`` uses the
+compact loss (head on target positions only: less work than 6N counts); ``msllm-dense`` does the
+same work as the others. Losses: every framework starts from the same weights and sees the same
+batches; msllm ``noscale`` (no loss scale, no clipping) does exactly MindFormers' and PyTorch's
+update, so the first losses are compared (max |diff| vs MindFormers, torch eager, torch lean).
 
 Writes ``benchmarks/results/train_throughput_<shape>.json`` and prints a Markdown table.
 """
@@ -45,14 +51,19 @@ WORKERS = {
     "mindformers": ("mf", "mf_worker.py", {}),
     "torch-eager": ("main", "torch_worker.py", {"compile": False}),
     "torch-compile": ("main", "torch_worker.py", {"compile": True}),
+    "torch-lean": ("main", "torch_worker.py", {"compile": False, "model": "lean", "name": "torch-lean"}),
+    "torch-lean-compile": ("main", "torch_worker.py", {"compile": True, "model": "lean",
+                                                        "name": "torch-lean-compile"}),
 }
+# the PyTorch peers msllm is compared with (paired ratios in the same round)
+TORCH_PEERS = ("torch-eager", "torch-lean", "torch-compile", "torch-lean-compile")
 # (measured steps in round 0, in later rounds, warm-up steps): round 0 gives 20 (tiny) / 10
 # (medium) losses per framework for the loss comparison, later rounds only throughput.
-DEFAULT_STEPS = {"tiny": (18, 10, 2), "medium": (6, 4, 2)}
+DEFAULT_STEPS = {"tiny": (18, 10, 2), "medium": (6, 4, 2), "large": (4, 3, 2)}
 # frameworks run only in round 0 (msllm-noscale: its losses are what is compared with
 # MindFormers'); medium steps are ~4x longer, so there only msllm, MindFormers and torch eager
 # are repeated
-ONCE = {"tiny": ("msllm-noscale",), "medium": ("msllm-noscale", "msllm-dense", "torch-compile")}
+ONCE = {"tiny": ("msllm-noscale",), "medium": ("msllm-noscale",), "large": ("msllm-noscale",)}
 
 
 def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float, extra: dict,
@@ -100,6 +111,7 @@ def measure_peaks() -> dict:
 def summarise(shape: str, runs: list[dict], peaks: list[dict]) -> dict:
     s = common.shape(shape)
     fpt = common.flops_per_token(s)
+    cpu_peak = common.cpu_fp32_peak()
     best = {}
     for key in ("mindspore_gflops", "torch_gflops", "numpy_gflops"):
         vals = [p[key] for p in peaks if key in p]
@@ -139,6 +151,10 @@ def summarise(shape: str, runs: list[dict], peaks: list[dict]) -> dict:
             row["mfu"] = row["tokens_per_s"] * fpt / (top * 1e9)
         if best["mindspore_gflops"]:
             row["mfu_vs_ms_peak"] = row["tokens_per_s"] * fpt / (best["mindspore_gflops"] * 1e9)
+        # MFU against the CPU's nominal fp32 peak (cores x 2 FMA x 16 lanes x 2 x clock), with the
+        # clock read from this machine and with issue #14's 2.3 GHz
+        row["mfu_cpu_peak"] = row["tokens_per_s"] * fpt / (cpu_peak["gflops"] * 1e9)
+        row["mfu_cpu_peak_2.3ghz"] = row["tokens_per_s"] * fpt / (cpu_peak["gflops_at_2.3ghz"] * 1e9)
         table[n] = row
     # paired ratios: run i of X / run i of MindFormers (same round)
     by_round: dict[int, dict[str, dict]] = {}
@@ -159,55 +175,84 @@ def summarise(shape: str, runs: list[dict], peaks: list[dict]) -> dict:
             table[n]["ratio_vs_mindformers"] = common.median(ratios)
             table[n]["ratio_vs_mindformers_all"] = ratios
             table[n]["cpu_ratio_vs_mindformers"] = common.median(cpu_ratios)
-        eager = [rd[n]["tokens_per_s"] / rd["torch-eager"]["tokens_per_s"]
-                 for rd in by_round.values() if n in rd and "torch-eager" in rd and n != "torch-eager"]
-        if eager:
-            table[n]["ratio_vs_torch_eager"] = common.median(eager)
+    for n in names:
+        if "error" in table.get(n, {}):
+            continue
+        for peer in TORCH_PEERS:
+            paired = [rd[n]["tokens_per_s"] / rd[peer]["tokens_per_s"]
+                      for rd in by_round.values() if n in rd and peer in rd and n != peer]
+            if paired:
+                table[n][f"ratio_vs_{peer}"] = common.median(paired)
+                table[n][f"ratio_vs_{peer}_all"] = paired
     # loss agreement (first round of each framework)
     first = {}
     for r in runs:
         if "error" not in r and r["framework"] not in first:
             first[r["framework"]] = r["losses"]
     loss_cmp = {}
+    for peer in ("torch-eager", "torch-lean"):
+        ref = first.get(peer)
+        if ref:
+            for n, l in first.items():
+                if n != peer:
+                    k = min(len(l), len(ref))
+                    loss_cmp.setdefault(n, {})[f"max_abs_diff_vs_{peer}"] = max(abs(a - b) for a, b in
+                                                                               zip(l[:k], ref[:k]))
     ref = first.get("mindformers")
     if ref:
         for n, l in first.items():
             if n != "mindformers":
                 k = min(len(l), len(ref))
-                loss_cmp[n] = {"steps": k, "max_abs_diff": max(abs(a - b) for a, b in zip(l[:k], ref[:k])),
-                               "first_loss": l[0], "last_loss": l[k - 1]}
-        loss_cmp["mindformers"] = {"steps": len(ref), "first_loss": ref[0], "last_loss": ref[-1]}
+                loss_cmp.setdefault(n, {}).update(
+                    steps=k, max_abs_diff=max(abs(a - b) for a, b in zip(l[:k], ref[:k])), first_loss=l[0],
+                    last_loss=l[k - 1])
+        loss_cmp.setdefault("mindformers", {}).update(steps=len(ref), first_loss=ref[0], last_loss=ref[-1])
+    for n, l in first.items():
+        loss_cmp.setdefault(n, {}).setdefault("steps", len(l))
+        loss_cmp[n].setdefault("first_loss", l[0])
+        loss_cmp[n].setdefault("last_loss", l[-1])
     return {"shape": shape, "shape_params": s, "flops_per_token": fpt, "params": common.num_params(s),
-            "best_peaks_gflops": best, "frameworks": table, "losses": loss_cmp}
+            "best_peaks_gflops": best, "cpu_fp32_peak": cpu_peak, "frameworks": table, "losses": loss_cmp}
 
 
 def markdown(summary: dict) -> str:
     p = summary["best_peaks_gflops"]
+    cp = summary["cpu_fp32_peak"]
     lines = [f"Shape `{summary['shape']}` {summary['shape_params']}, {summary['params'] / 1e6:.2f}M params, "
              f"{summary['flops_per_token'] / 1e6:.1f} MFLOP/token; best fp32 matmul 2048^3 in this run: "
              f"MindSpore {p['mindspore_gflops'] or 0:.0f}, torch {p['torch_gflops'] or 0:.0f}, "
-             f"numpy {p['numpy_gflops'] or 0:.0f} GFLOP/s", "",
-             "| framework | tokens/s (median, min-max) | tokens/s best step | step s | CPU s/step "
-             "| x MindFormers (wall, paired) | x MF (best step) | x MF (CPU s) | x torch eager | first step s "
-             "| spawn->1st loss s | import s | peak RSS MiB | MFU (best GEMM) | MFU (MS MatMul) |",
+             f"numpy {p['numpy_gflops'] or 0:.0f} GFLOP/s; CPU fp32 peak {cp['gflops']:.1f} GFLOP/s "
+             f"({cp['cores']} cores x 2 FMA x {cp['lanes']} lanes x 2 x {cp['clock_ghz']} GHz from "
+             f"{cp['clock_source']}; {cp['gflops_at_2.3ghz']:.1f} at 2.3 GHz)", "",
+             "| framework | tokens/s (median, min-max) | step s | CPU s/step | x MindFormers (paired) "
+             "| x torch eager | x torch lean | x torch.compile | x lean compile | first step s "
+             "| spawn->1st loss s | peak RSS MiB | MFU (CPU peak) | MFU (2.3 GHz peak) | MFU (best GEMM) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, r in summary["frameworks"].items():
         if "error" in r:
             lines.append(f"| {n} | error: {r['error'][:200]} |")
             continue
+        def ratio(key):
+            return f"{r[key]:.2f}" if key in r else "-"
+
         lines.append(
             f"| {n} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) "
-            f"| {r['tokens_per_s_best_step']:.0f} | {r['step_s']:.2f} | {r['cpu_s_per_step']:.2f} "
-            f"| {r.get('ratio_vs_mindformers', 1.0):.2f} | {r.get('best_step_ratio_vs_mindformers', 1.0):.2f} "
-            f"| {r.get('cpu_ratio_vs_mindformers', 1.0):.2f} | {r.get('ratio_vs_torch_eager', float('nan')):.2f} "
-            f"| {r['first_step_s']:.1f} | {r['startup_to_first_step_s']:.1f} | {r['import_s']:.1f} "
-            f"| {r['peak_rss_mib']:.0f} | {100 * r.get('mfu', 0):.1f}% | {100 * r.get('mfu_vs_ms_peak', 0):.1f}% |")
+            f"| {r['step_s']:.2f} | {r['cpu_s_per_step']:.2f} | {ratio('ratio_vs_mindformers')} "
+            f"| {ratio('ratio_vs_torch-eager')} | {ratio('ratio_vs_torch-lean')} | {ratio('ratio_vs_torch-compile')} "
+            f"| {ratio('ratio_vs_torch-lean-compile')} | {r['first_step_s']:.1f} | {r['startup_to_first_step_s']:.1f} "
+            f"| {r['peak_rss_mib']:.0f} | {100 * r['mfu_cpu_peak']:.1f}% | {100 * r['mfu_cpu_peak_2.3ghz']:.1f}% "
+            f"| {100 * r.get('mfu', 0):.1f}% |")
     if summary["losses"]:
-        lines += ["", "| framework | losses compared | first loss | last loss | max abs diff vs MindFormers |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| framework | losses compared | first loss | last loss | max abs diff vs MindFormers "
+                  "| vs torch eager | vs torch lean |", "|---|---|---|---|---|---|---|"]
+
+        def diff(c, key):
+            return f"{c[key]:.2e}" if key in c else "-"
+
         for n, c in summary["losses"].items():
             lines.append(f"| {n} | {c['steps']} | {c['first_loss']:.6f} | {c['last_loss']:.6f} "
-                         f"| {c.get('max_abs_diff', 0):.2e} |")
+                         f"| {diff(c, 'max_abs_diff')} | {diff(c, 'max_abs_diff_vs_torch-eager')} "
+                         f"| {diff(c, 'max_abs_diff_vs_torch-lean')} |")
     return "\n".join(lines)
 
 
@@ -215,7 +260,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
     p.add_argument("--frameworks",
-                   default="msllm,mindformers,torch-eager,torch-compile,msllm-dense,msllm-noscale")
+                   default="msllm,msllm-dense,torch-eager,torch-lean,torch-compile,torch-lean-compile,mindformers,"
+                           "msllm-noscale")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="measured steps per run in round 0 (tiny 18, medium 8)")
     p.add_argument("--steps_later", type=int, default=None, help="measured steps in later rounds (tiny 10, medium 5)")

@@ -9,7 +9,8 @@ variant: ``default`` (the YAML's dynamic loss scale 65536 + clip 1.0) or ``nosca
 ``compact_loss``: false = dense output head over every position, as MindFormers computes it.
 ``name``: the label reported (default msllm / msllm-<variant>).
 Extra keys: ``jit_level`` (O0/O1), ``threads`` (runtime_num_threads), ``context`` (dict passed
-to ms.set_context after setup_runtime).
+to ms.set_context after setup_runtime), ``model_config`` (dict of model_config attributes, e.g.
+``{"cpu_kernels": false}`` for MindSpore's operators only).
 Prints one ``BENCH_RESULT {json}`` line.
 """
 
@@ -65,6 +66,11 @@ def main():
     if args.get("variant") == "noscale":
         overrides += ["--runner_wrapper.loss_scale=none", "--runner_wrapper.use_clip_grad=False"]
     cfg = load_config(os.path.join(common.ROOT, "configs", "llama", "run_llama_tiny.yaml"), overrides)
+    # model_config keys this benchmark varies (cpu_kernels, use_flash_attention, fused_rms_norm)
+    for key, value in args.get("model_config", {}).items():
+        if not hasattr(cfg.model_config, key):
+            raise SystemExit(f"model_config key {key!r} is not a LlamaConfig field")
+        setattr(cfg.model_config, key, value)
     setup_runtime(cfg)
     if args.get("threads"):
         ms.set_context(runtime_num_threads=int(args["threads"]))
@@ -111,9 +117,10 @@ def main():
         "variant": args.get("variant", "default"), "shape": args["shape"],
         "mindspore": ms.__version__, "import_s": import_s, "build_s": build_s,
         "first_step_s": first_step_s, "startup_to_first_step_s": startup_to_first_step,
-        "step_s_median": med, "step_s_all": times, "cpu_s_median": common.median(cpus[warmup:]), "tokens_per_s": tokens / med,
+        "step_s_median": med, "step_s_all": times, "cpu_s_median": common.median(cpus[warmup:]), "cpu_s_all": cpus, "tokens_per_s": tokens / med,
         "losses": losses, "peak_rss_mib": common.peak_rss_mib(), "rss_mib": rss,
-        "jit_level": cfg.context.jit_level,
+        "jit_level": cfg.context.jit_level, "kernels": net.kernels.describe(),
+        "model_config_overrides": args.get("model_config", {}),
     })
 
 

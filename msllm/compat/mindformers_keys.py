@@ -96,8 +96,6 @@ NO_EFFECT: dict[str, str] = {
     "model.model_config.offset": "pipeline layer offset; msllm assigns layers to pipeline stages evenly",
     "model.model_config.rotary_dtype": "msllm computes the rotary tables in float32",
     "model.model_config.embedding_init_type": "msllm creates every parameter in param_init_type",
-    "model.model_config.use_flash_attention": ("Ascend FlashAttention kernel: the same softmax(QK^T/sqrt(d))V, "
-                                               "speed/memory only; msllm uses its own attention"),
     "model.model_config.use_prompt_flash_attention": "Ascend inference kernel choice: speed only",
     "model.model_config.use_paged_attention": "Ascend paged-attention inference: speed/memory only",
     "model.model_config.block_size": "paged-attention block size (use_paged_attention only)",

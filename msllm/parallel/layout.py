@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from msllm.errors import MsllmError
+from msllm.kernels import select
 from msllm.models.llama.names import OPTIMIZER_STATE_PREFIXES, is_norm_weight, is_optimizer_state, param_shapes
 
 Sym = Optional[str]          # "dp", "mp", "dpmp" or None (= not split)
@@ -252,9 +253,11 @@ def _linear(path: str, weight_split: tuple[Sym, Sym], stage: int, seq_parallel_o
                   params=((1, f"{path}.weight"),))
 
 
-def _rms_norm(path: str, stage: int, seq_parallel: bool) -> list[OpRule]:
+def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False) -> list[OpRule]:
     act: tuple[Sym, ...] = ("dp", "mp" if seq_parallel else None, None)      # (B, T, C)
     stat: tuple[Sym, ...] = ("dp", "mp" if seq_parallel else None, None)     # (B, T, 1)
+    if fused:  # MindSpore's RmsNorm(x, gamma), gamma replicated, as MindFormers' LlamaRMSNorm.shard
+        return [OpRule(path, "ascend_norm", (act, (None,)), stage, params=((1, f"{path}.weight"),))]
     return [
         OpRule(path, "square", (act,), stage),
         OpRule(path, "mean", (act,), stage),
@@ -264,8 +267,16 @@ def _rms_norm(path: str, stage: int, seq_parallel: bool) -> list[OpRule]:
     ]
 
 
-def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
+def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
+             kernels=None) -> list[OpRule]:
     """Every primitive strategy of the layout, in network order (the single source of truth).
+
+    ``kernels``: the model's :class:`msllm.kernels.select.KernelChoice` (default: what the layout
+    path runs on Ascend for ``model_config``). With MindSpore's ``FlashAttentionScore`` the
+    attention core is that one primitive, q/k/v (B, N, S, D) split (dp, mp, 1, 1) and the
+    compressed causal mask replicated, as MindFormers 1.9.0 shards it for sparse_mode 2
+    (``mindformers/modules/flash_attention.py``, ``_generate_flash_attention_strategy``); with
+    ``RmsNorm`` each norm is one primitive (x split like the composed norm's input, gamma replicated).
 
     Shapes of the inputs (B batch, T sequence, C hidden, H heads, D head dim, F ffn, V vocab,
     N = B*T): Linear MatMul (N, in) x (out, in); rotary Mul/Add/Neg/Concat and BatchMatMul
@@ -280,6 +291,10 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     so it can carry only one strategy: the q/k/v one; the output transpose is redistributed.
     """
     mc, pc = model_config, parallel_config
+    if kernels is None:
+        kernels = select.choose(mc, fast_paths=False, device="Ascend")
+    flash = kernels.attention == select.ASCEND_FLASH
+    fused_norm = kernels.norm == select.ASCEND_NORM
     sp = pc.use_seq_parallel and pc.model_parallel > 1
     stages = layer_stages(mc.num_layers, pc.pipeline_stage, stage_layers)
     last = pc.pipeline_stage - 1
@@ -295,7 +310,7 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     for i, st in enumerate(stages):
         lp = f"model.layers.{i}"
         ap, mp_ = f"{lp}.self_attn", f"{lp}.mlp"
-        rules += _rms_norm(f"{lp}.input_layernorm", st, sp)
+        rules += _rms_norm(f"{lp}.input_layernorm", st, sp, fused_norm)
         rules += [
             _linear(f"{ap}.q_proj", col, st), _linear(f"{ap}.k_proj", col, st), _linear(f"{ap}.v_proj", col, st),
             # (B, T, H, D) -> (B, H, T, D): the head axis carries the mp split
@@ -305,14 +320,19 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
             OpRule(ap, "neg", (heads4,), st),
             OpRule(ap, "concat", (heads4, heads4), st),
             OpRule(ap, "add_rope", (heads4, heads4), st),
-            OpRule(ap, "bmm_qk", (heads4, heads4), st),
-            OpRule(ap, "mul_scale", (heads4, ()), st),
-            OpRule(ap, "add_mask", (heads4, (None, None)), st),
-            OpRule(ap, "softmax", (heads4,), st),
-            OpRule(ap, "bmm_pv", (heads4, heads4), st),
-            _linear(f"{ap}.o_proj", row, st, seq_parallel_out=sp),
         ]
-        rules += _rms_norm(f"{lp}.post_attention_layernorm", st, sp)
+        if flash:  # q, k, v (B, N, S, D) and the (2048, 2048) mask; the None inputs take no strategy
+            rules.append(OpRule(ap, "fa_score", (heads4, heads4, heads4, (None, None)), st))
+        else:
+            rules += [
+                OpRule(ap, "bmm_qk", (heads4, heads4), st),
+                OpRule(ap, "mul_scale", (heads4, ()), st),
+                OpRule(ap, "add_mask", (heads4, (None, None)), st),
+                OpRule(ap, "softmax", (heads4,), st),
+                OpRule(ap, "bmm_pv", (heads4, heads4), st),
+            ]
+        rules.append(_linear(f"{ap}.o_proj", row, st, seq_parallel_out=sp))
+        rules += _rms_norm(f"{lp}.post_attention_layernorm", st, sp, fused_norm)
         ffn2: tuple[Sym, ...] = ("dp", "mp")                                 # (N, F)
         rules += [
             _linear(f"{mp_}.gate_proj", col, st), _linear(f"{mp_}.up_proj", col, st),
@@ -323,7 +343,7 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
             OpRule(lp, "add_attn", (seq3, seq3), st),
             OpRule(lp, "add_mlp", (seq3, seq3), st),
         ]
-    rules += _rms_norm("model.norm", last, sp)
+    rules += _rms_norm("model.norm", last, sp, fused_norm)
     if mc.tie_word_embeddings:
         rules.append(OpRule("", "head_matmul", (("dp", None), (vocab_split, None)), last))
     else:
@@ -579,7 +599,7 @@ def apply_layout(network, parallel_config, recompute_config=None,
     """
     mc = network.config
     dp, mp = parallel_config.data_parallel, parallel_config.model_parallel
-    rules = op_rules(mc, parallel_config, stage_layers)
+    rules = op_rules(mc, parallel_config, stage_layers, network.kernels)
     for rule in rules:
         cell = _resolve(network, rule.path)
         prim = getattr(cell, rule.prim, None)

@@ -32,7 +32,11 @@ Terms (bytes on the most loaded rank of each pipeline stage):
       attention       e N h                q/k/v projection input          (replicated)
                       4 e N h / t          rotated q, repeated k and v (GQA broadcasts k/v to all
                                            h heads before the matmuls), o_proj input
-                      a s N (m + c) / t    softmax output (+ its compute-dtype copy); no dropout
+                      a s N (m + c) / t    softmax output (+ its compute-dtype copy); no dropout;
+                                           with FlashAttentionScore (``use_flash_attention``,
+                                           :mod:`msllm.kernels.select`) instead its softmax_max
+                                           and softmax_sum, (B, a, s, 8) fp32 each (MindSpore's
+                                           FlashAttentionScore doc): 64 a N / t, no (B, a, s, s)
       SwiGLU MLP      e N h                gate/up input                    (replicated)
                       5 e N f / t          gate, sigmoid, silu, up, silu*up
 
@@ -51,7 +55,11 @@ Terms (bytes on the most loaded rank of each pipeline stage):
   (fp32 log-softmax output kept for backward, and the fp32 logits / their gradient; msllm's loss
   is not vocab-parallel, so V is whole even with a vocab-parallel head) + head output
   ``e N V / t_v`` when the compute dtype is not fp32.
-* **constants**: the causal mask ``P^2 * m`` and rotary tables ``2 P D e`` (P = max positions).
+* **constants**: the causal mask ``P^2 * m`` (with FlashAttentionScore its compressed
+  (2048, 2048) uint8 mask) and rotary tables ``2 P D e`` (P = max positions).
+
+The fused operators are those the layout path would run on Ascend for the model config
+(:func:`msllm.kernels.select.choose` with ``device="Ascend"``).
 
 Micro batch: ``runner_config.batch_size`` samples of one data-parallel rank (MindFormers'
 meaning: with pipelining the step is ``micro_batch_num`` micro batches of that size).
@@ -68,6 +76,7 @@ import re
 from typing import Optional, Sequence
 
 from msllm.errors import MsllmError
+from msllm.kernels import select
 from msllm.models.llama.names import is_optimizer_state
 from msllm.parallel.layout import (
     DTYPE_BYTES, param_layouts, stage_layer_counts, validate_layout)
@@ -98,8 +107,10 @@ def recompute_mode(recompute_config) -> str:
 
 
 def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_parallel: bool = False,
-                           recompute: str = "none") -> dict[str, float]:
+                           recompute: str = "none", flash_attention: bool = False) -> dict[str, float]:
     """Activation bytes one decoder layer keeps for backward, for one micro batch (module docstring).
+
+    ``flash_attention``: the attention core is FlashAttentionScore (no (B, H, T, T) scores kept).
 
     Returns ``{"stored": bytes kept per layer, "full": bytes of the layer without recompute}``.
     """
@@ -113,7 +124,7 @@ def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_para
     tokens = s * b
     replicated = tokens * h * (2 * (n + e) + 2 * e) / tsp
     attn_split = tokens * h * 4 * e / tp
-    scores = a * s * tokens * (m + c) / tp
+    scores = (64 * a * tokens if flash_attention else a * s * tokens * (m + c)) / tp
     mlp_split = 5 * e * tokens * f / tp
     full = replicated + attn_split + scores + mlp_split
     if recompute == "full":
@@ -125,6 +136,12 @@ def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_para
     else:
         raise MsllmError(f"recompute mode {recompute!r}: expected one of {RECOMPUTE_MODES}")
     return {"stored": stored, "full": full}
+
+
+def uses_flash_attention(model_config) -> bool:
+    """True when the layout path on Ascend runs MindSpore's FlashAttentionScore for this config
+    (:func:`msllm.kernels.select.choose`; raises its MsllmError for a config it refuses)."""
+    return select.choose(model_config, fast_paths=False, device="Ascend").attention == select.ASCEND_FLASH
 
 
 def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, recompute: str,
@@ -154,7 +171,8 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
     accum = accum_buf if (pc.pipeline_stage > 1 or accum_steps > 1) else 0.0
     tp = pc.model_parallel
     sp = pc.use_seq_parallel and tp > 1
-    per_layer = layer_activation_bytes(mc, micro_batch, tp, sp, recompute)
+    flash = uses_flash_attention(mc)
+    per_layer = layer_activation_bytes(mc, micro_batch, tp, sp, recompute, flash)
     in_flight = min(pc.pipeline_stage - stage, pc.micro_batch_num) if pc.pipeline_stage > 1 else 1
     acts = layers * per_layer["stored"] * in_flight
     if recompute == "full":
@@ -168,7 +186,8 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
         if e != 4:
             extra += e * tokens * mc.vocab_size / tv
     p = mc.max_positions
-    consts = p * p * DTYPE_BYTES[mc.softmax_compute_type] + 2 * p * mc.head_dim * e
+    mask = 2048 * 2048 if flash else p * p * DTYPE_BYTES[mc.softmax_compute_type]
+    consts = mask + 2 * p * mc.head_dim * e
     terms = {"weights": weights, "weight_copies": copies, "gradients": grads, "grad_accumulation": accum,
              "optimizer_states": states, "activations": acts, "head_and_loss": extra, "constants": consts}
     terms["total"] = sum(terms.values())

@@ -92,7 +92,7 @@ def test_blog_yaml_loads_and_maps():
         "context.graph_kernel_flags", "context.max_call_depth", "context.save_graphs", "context.save_graphs_path",
         "model.arch", "model.model_config.type", "model.model_config.extend_method",
         "model.model_config.checkpoint_name_or_path", "model.model_config.batch_size", "model.model_config.offset",
-        "model.model_config.rotary_dtype", "model.model_config.use_flash_attention", "processor", "metric",
+        "model.model_config.rotary_dtype", "processor", "metric",
         "eval_callbacks", "auto_tune", "filepath_prefix", "autotune_per_step", "init_start_profile",
         "profile_communication", "profile_memory", "layer_scale", "layer_decay", "lr_scale", "lr_scale_factor",
         "remote_save_url",

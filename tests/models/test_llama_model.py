@@ -46,7 +46,9 @@ def test_both_paths_compute_the_same_function():
     labels[:, :3] = -100
     np.testing.assert_allclose(a(ms.Tensor(ids)).asnumpy(), b(ms.Tensor(ids)).asnumpy(), atol=2e-6)
     la, lb = (float(m(ms.Tensor(ids), ms.Tensor(labels)).asnumpy()) for m in (a, b))
-    assert abs(la - lb) < 1e-6
+    # float32 rounding only: the fast path may run msllm's CPU kernels (other summation orders and
+    # exp/log), which moves the loss by a few ulp (observed 4e-7 relative)
+    assert abs(la - lb) <= 1e-6 * abs(la)
 
 
 def test_parameter_count_and_names(model):

@@ -86,13 +86,15 @@ def test_recompute_and_pipeline_in_flight_micro_batches():
     stages = p["stages"]
     assert [s["micro_batches_in_flight"] for s in stages] == [4, 3, 2, 1]     # 1F1B: p - i
     assert [s["layers"] for s in stages] == [20, 20, 20, 20]
-    full_layer = layer_activation_bytes(cfg.model_config, 1, tp=8, recompute="full")
+    # the 70B config sets use_flash_attention: the layer being recomputed keeps no scores
+    full_layer = layer_activation_bytes(cfg.model_config, 1, tp=8, recompute="full", flash_attention=True)
     for s in stages:
         assert s["activations"] == pytest.approx(20 * full_layer["stored"] * s["micro_batches_in_flight"]
                                                  + full_layer["full"])
     assert p["worst_stage"] == 0 and p["fits"] and stages[3]["head_and_loss"] > 0 == stages[0]["head_and_loss"]
     none = plan(cfg, recompute="none")
-    assert none["stages"][0]["activations"] > 10 * stages[0]["activations"]
+    # 9.45x with flash attention's small statistics (17.7x with the (B, a, s, s) scores)
+    assert none["stages"][0]["activations"] > 9 * stages[0]["activations"]
 
 
 def test_suggestions_fit_and_use_the_same_device_count():
@@ -120,3 +122,28 @@ def test_plan_memory_tool():
                         os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml"), "--device_memory", "lots"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "error: device memory 'lots'" in r.stderr
+
+
+def test_flash_attention_replaces_the_scores_term():
+    # FlashAttentionScore keeps softmax_max and softmax_sum, (B, a, s, 8) fp32 each, instead of the
+    # (B, a, s, s) probabilities: hand-computed for bf16, s 2048, b 1, a 16, h 1024, f 4096
+    bf = LlamaConfig(hidden_size=1024, num_heads=16, num_layers=2, intermediate_size=4096, seq_length=2048,
+                     compute_dtype="bfloat16")
+    n_tokens = 2048
+    without_scores = 2048 * 1024 * (2 * (4 + 2) + 2 * 2 + 4 * 2) + 5 * 2 * 2048 * 4096
+    assert layer_activation_bytes(bf, 1, flash_attention=True)["stored"] == pytest.approx(
+        without_scores + 2 * 16 * n_tokens * 8 * 4)
+    for t in (2, 8):
+        assert layer_activation_bytes(bf, 1, tp=t, flash_attention=True)["stored"] == pytest.approx(
+            2048 * 1024 * (2 * (4 + 2) + 2 * 2) + (2048 * 1024 * 4 * 2 + 5 * 2 * 2048 * 4096 + 2 * 16 * 2048 * 32) / t)
+    # the 7B config (use_flash_attention: True, bf16, head_dim 128) plans with it, and the same
+    # config with use_flash_attention: False needs the (B, a, s, s) term on top
+    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_7b.yaml"))
+    assert cfg.model_config.use_flash_attention is True
+    with_fa = plan(cfg, recompute="none")["stages"][0]
+    cfg.model_config.use_flash_attention = False
+    without = plan(cfg, recompute="none")["stages"][0]
+    mc, b, tp = cfg.model_config, cfg.runner_config.batch_size, cfg.parallel_config.model_parallel
+    a, sq = mc.num_heads, mc.seq_length
+    extra_per_layer = (a * sq * sq * b * (4 + 2) - 64 * a * sq * b) / tp
+    assert without["activations"] - with_fa["activations"] == pytest.approx(without["layers"] * extra_per_layer)

@@ -80,6 +80,14 @@ class LlamaConfig:
         layernorm_compute_type / softmax_compute_type: dtypes of RMSNorm and softmax math.
         param_init_type: dtype parameters are stored in.
         initializer_range: std of the normal initialisation of weight matrices.
+        use_flash_attention: attention without the (B, H, T, T) score tensor (MindFormers' key):
+            msllm's CPU kernel on the CPU fast path, MindSpore's ``FlashAttentionScore`` on the
+            layout path (Ascend). None = wherever available, True = required (refused where it
+            cannot run), False = the composed operators. Rules: :mod:`msllm.kernels.select`.
+        fused_rms_norm: RMSNorm as one operator (MindFormers' key; msllm's CPU kernel, or
+            MindSpore's ``RmsNorm`` on Ascend); None / True / False as above.
+        cpu_kernels: msllm's CPU kernels (``msllm/kernels``: oneDNN linear layers, SwiGLU, rotary,
+            cross-entropy), built by ``python -m msllm.kernels.build``; None = when built.
     """
 
     vocab_size: int = 32000
@@ -105,6 +113,10 @@ class LlamaConfig:
     softmax_compute_type: str = "float32"
     param_init_type: str = "float32"
     initializer_range: float = 0.02
+    # fused operators (msllm/kernels/select.py); None = use where available
+    use_flash_attention: Optional[bool] = None
+    fused_rms_norm: Optional[bool] = None
+    cpu_kernels: Optional[bool] = None
     # MindFormers keeps inference settings in model_config; msllm reads them as the defaults of
     # ``generation_config`` (msllm.generation.config.GenerationConfig), None = not set here.
     use_past: Optional[bool] = None

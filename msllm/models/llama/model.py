@@ -24,12 +24,19 @@ softmax views and the loss over target positions only. Each is commented where i
 the gain measured in BENCHMARKS.md. Without it the model keeps the shapes that
 ``msllm.parallel.layout``'s primitive strategies are written for (the path Ascend runs).
 
+Fused operators (:func:`msllm.kernels.select.choose`, from the config keys ``cpu_kernels``,
+``use_flash_attention``, ``fused_rms_norm``): on the CPU fast path msllm's own C++ kernels
+(``msllm/kernels``: oneDNN GEMMs, flash attention, RMSNorm + residual add, SwiGLU, rotary); on the
+layout path MindSpore's Ascend primitives ``FlashAttentionScore`` and ``RmsNorm``. Each fused
+path says where it comes from in one comment; the composed operators remain the fallback.
+
 Shape letters: B batch, T sequence, C hidden, H query heads, K key/value heads, D head dim,
 F MLP width, V vocabulary.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -37,9 +44,13 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
+from mindspore.ops.operations.nn_ops import FlashAttentionScore
 
+from msllm.kernels.select import ASCEND_FLASH, ASCEND_NORM, CPU_FLASH, CPU_NORM, KernelChoice, choose
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.kv_cache import KVCache
+
+log = logging.getLogger("msllm")
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -53,14 +64,21 @@ class Linear(nn.Cell):
     """``y = x @ W^T`` without bias; W: (out_features, in_features) like ``torch.nn.Linear``.
 
     Input (N, in) in any float dtype, computed in ``compute_dtype``, output (N, out).
+    ``kernels`` (:class:`msllm.kernels.ops.CpuKernels`): the product runs on msllm's oneDNN sgemm
+    kernel (same arguments, x W^T) instead of MindSpore's CPU MatMul; ``dynamic_rows`` when N is
+    known only at run time (the output head under the compact loss).
     """
 
-    def __init__(self, in_features: int, out_features: int, config: LlamaConfig, std: float):
+    def __init__(self, in_features: int, out_features: int, config: LlamaConfig, std: float, kernels=None,
+                 dynamic_rows: bool = False):
         super().__init__()
         self.weight = Parameter(initializer(Normal(std), (out_features, in_features),
                                             ms_dtype(config.param_init_type)), name="weight")
         self.compute_dtype = ms_dtype(config.compute_dtype)
-        self.matmul = ops.MatMul(transpose_b=True)
+        if kernels is None:
+            self.matmul = ops.MatMul(transpose_b=True)
+        else:  # fused path: msllm/kernels/csrc/linear.cc (oneDNN sgemm from the mindspore wheel)
+            self.matmul = kernels.linear_dynamic_rows if dynamic_rows else kernels.linear
         self.cast = ops.Cast()
 
     def construct(self, x):
@@ -78,9 +96,14 @@ class RMSNorm(nn.Cell):
     slower on (B, T, C) than on (B*T, C); forward + both gradients of one norm took 10.7 ms on
     (8, 256, 256) and 3.2 ms on its 2-D view (24 ms vs 7 ms on (4, 512, 512);
     benchmarks/micro_ops.py --which norm).
+
+    ``impl`` (:class:`msllm.kernels.select.KernelChoice` names): ``CPU_NORM`` runs msllm's one-pass
+    kernel (``kernels``), ``ASCEND_NORM`` MindSpore's ``RmsNorm`` primitive, anything else the
+    composed operators. :meth:`add_and_norm` also fuses the residual add before the norm.
     """
 
-    def __init__(self, hidden_size: int, eps: float, config: LlamaConfig, flat: bool = False):
+    def __init__(self, hidden_size: int, eps: float, config: LlamaConfig, flat: bool = False,
+                 impl: str = "", kernels=None):
         super().__init__()
         self.weight = Parameter(initializer("ones", (hidden_size,), ms_dtype(config.param_init_type)),
                                 name="weight")
@@ -94,8 +117,25 @@ class RMSNorm(nn.Cell):
         self.mul_weight = ops.Mul()
         self.reshape = ops.Reshape()
         self.flat = flat
+        self.fused = None
+        self.fused_add = None
+        self.ascend_norm = None
+        if impl == CPU_NORM:  # fused path: msllm/kernels/csrc/norm.cc (one pass, rstd kept for backward)
+            self.fused, self.fused_add = kernels.rms_norm, kernels.add_rms_norm
+            self.eps_tensor = kernels.eps_tensor(eps)
+        elif impl == ASCEND_NORM:  # fused path: MindSpore's ops.RmsNorm (Ascend; x / rms(x) * gamma, rstd)
+            self.ascend_norm = ops.RmsNorm(eps)
+
+    def add_and_norm(self, x, a):
+        """With msllm's kernel only: x, a (B, T, C) -> (h = x + a, norm(h)), both (B, T, C)."""
+        h, y, _ = self.fused_add(x, a, self.weight, self.eps_tensor)
+        return h, y
 
     def construct(self, x):
+        if self.fused is not None:
+            return self.fused(x, self.weight, self.eps_tensor)[0]
+        if self.ascend_norm is not None:
+            return self.ascend_norm(x, self.cast(self.weight, x.dtype))[0]
         dtype, shape = x.dtype, x.shape
         if self.flat:
             x = self.reshape(x, (-1, shape[-1]))                                # (N, C)
@@ -128,17 +168,39 @@ class Attention(nn.Cell):
     Input x (B, T, C); output (B, T, C). K = n_kv_heads key/value heads are shared by H / K
     query heads each. ``construct`` attends causally within x; ``construct_cached`` appends x's
     keys/values to a cache of S slots and attends over the cache under a given mask.
+
+    ``choice.attention`` (:func:`msllm.kernels.select.choose`) picks how ``construct`` attends:
+    msllm's CPU flash kernel, MindSpore's Ascend ``FlashAttentionScore``, or the composed
+    operators (scores (B, H, T, T) -> mask -> softmax -> x V). The cached path is always composed.
     """
 
-    def __init__(self, config: LlamaConfig, fast_paths: bool = False):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
         super().__init__()
         c, h, k, d = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
         std = config.initializer_range
+        kern = choice.cpu if choice is not None else None
         self.n_heads, self.n_kv, self.head_dim, self.n_rep, self.hidden = h, k, d, h // k, c
-        self.q_proj = Linear(c, h * d, config, std)
-        self.k_proj = Linear(c, k * d, config, std)
-        self.v_proj = Linear(c, k * d, config, std)
-        self.o_proj = Linear(h * d, c, config, std)
+        self.q_proj = Linear(c, h * d, config, std, kern)
+        self.k_proj = Linear(c, k * d, config, std, kern)
+        self.v_proj = Linear(c, k * d, config, std, kern)
+        self.o_proj = Linear(h * d, c, config, std, kern)
+        attention = choice.attention if choice is not None else ""
+        self.flash = None
+        self.fa_score = None
+        if attention == CPU_FLASH:
+            # fused path: msllm/kernels/csrc/attention.cc (FlashAttention-2 blocking on the CPU; q, k,
+            # v stay in the projections' (B, T, heads, D) layout; rotary by csrc/elementwise.cc)
+            self.flash, self.rope = kern.flash_attention, kern.rope
+        elif attention == ASCEND_FLASH:
+            # fused path: MindSpore's FlashAttentionScore (Ascend; its docstring in mindspore 2.10
+            # ops/auto_generate/gen_ops_prim.py): layout "BNSD" = (B, N, S, D), N2 = K kv heads
+            # dividing N1 = H (GQA without repeat_kv), scale 1/sqrt(D), sparse_mode 2 =
+            # "leftUpCausal" with the compressed (2048, 2048) uint8 mask, 1 = discard (above the
+            # diagonal); output 3 is attention_out (B, H, T, D)
+            self.fa_score = FlashAttentionScore(head_num=h, keep_prob=1.0, scale_value=1.0 / math.sqrt(d),
+                                                pre_tokens=2147483647, next_tokens=2147483647,
+                                                inner_precise=0, input_layout="BNSD", sparse_mode=2)
+            self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1), ms.uint8)
         self.scale = 1.0 / math.sqrt(d)
         self.softmax_dtype = ms_dtype(config.softmax_compute_type)
         self.compute_dtype = ms_dtype(config.compute_dtype)
@@ -175,17 +237,19 @@ class Attention(nn.Cell):
         x = ops.broadcast_to(self.reshape(x, (b, k, 1, t, d)), (b, k, self.n_rep, t, d))
         return self.reshape(x, (b, k * self.n_rep, t, d))
 
-    def project(self, x, cos, sin):
-        """x (B, T, C) -> q (B, H, T, D) rotated and scaled by 1/sqrt(D), k (B, K, T, D) rotated,
-        v (B, K, T, D)."""
+    def project(self, x, cos, sin, scale_q=True):
+        """x (B, T, C) -> q (B, H, T, D) rotated (and scaled by 1/sqrt(D) with ``scale_q``),
+        k (B, K, T, D) rotated, v (B, K, T, D)."""
         b, t, c = x.shape
         x2d = self.reshape(x, (b * t, c))                                              # (B*T, C)
         q = self.transpose(self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim)), (0, 2, 1, 3))
         k = self.transpose(self.reshape(self.k_proj(x2d), (b, t, self.n_kv, self.head_dim)), (0, 2, 1, 3))
         v = self.transpose(self.reshape(self.v_proj(x2d), (b, t, self.n_kv, self.head_dim)), (0, 2, 1, 3))
-        # 1/sqrt(D) applied to q (B, H, T, D) rather than to the scores (B, H, T, T): T/D times
-        # fewer multiplies, forward and backward
-        q = self.mul_scale(self.rotate(q, cos, sin), self.scale)                       # (B, H, T, D)
+        q = self.rotate(q, cos, sin)                                                   # (B, H, T, D)
+        if scale_q:
+            # 1/sqrt(D) applied to q (B, H, T, D) rather than to the scores (B, H, T, T): T/D times
+            # fewer multiplies, forward and backward
+            q = self.mul_scale(q, self.scale)
         return q, self.rotate(k, cos, sin), v
 
     def attend(self, q, k, v, mask):
@@ -206,7 +270,30 @@ class Attention(nn.Cell):
         out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
         return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
 
+    def attend_flash(self, x, cos, sin):
+        """msllm's CPU kernels: x (B, T, C) -> (B, T, C), causal, no transposes, no (B, H, T, T)."""
+        b, t, c = x.shape
+        x2d = self.reshape(x, (b * t, c))                                              # (B*T, C)
+        q = self.rope(self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim)), cos, sin)
+        k = self.rope(self.reshape(self.k_proj(x2d), (b, t, self.n_kv, self.head_dim)), cos, sin)
+        v = self.reshape(self.v_proj(x2d), (b, t, self.n_kv, self.head_dim))          # (B, T, K, D)
+        out, _ = self.flash(q, k, v)                                                   # (B, T, H, D)
+        out = self.o_proj(self.reshape(out, (b * t, self.n_heads * self.head_dim)))    # (B*T, C)
+        return self.reshape(out, (b, t, self.hidden))
+
+    def attend_fa_score(self, x, cos, sin):
+        """MindSpore's FlashAttentionScore (Ascend): x (B, T, C) -> (B, T, C), causal."""
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin, scale_q=False)                            # (B, H|K, T, D)
+        _, _, _, out = self.fa_score(q, k, v, None, None, None, self.fa_mask, None)   # (B, H, T, D)
+        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
+        return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
+
     def construct(self, x, cos, sin, mask):
+        if self.flash is not None:
+            return self.attend_flash(x, cos, sin)
+        if self.fa_score is not None:
+            return self.attend_fa_score(x, cos, sin)
         q, k, v = self.project(x, cos, sin)
         return self.attend(q, k, v, mask)                                              # causal mask (T, T)
 
@@ -222,18 +309,22 @@ class Attention(nn.Cell):
 class MLP(nn.Cell):
     """SwiGLU feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; (N, C) -> (N, C)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, kernels=None):
         super().__init__()
         c, f, std = config.hidden_size, config.ffn_size, config.initializer_range
-        self.gate_proj = Linear(c, f, config, std)
-        self.up_proj = Linear(c, f, config, std)
-        self.down_proj = Linear(f, c, config, std)
+        self.gate_proj = Linear(c, f, config, std, kernels)
+        self.up_proj = Linear(c, f, config, std, kernels)
+        self.down_proj = Linear(f, c, config, std, kernels)
         self.sigmoid = ops.Sigmoid()  # silu(g) = g * sigmoid(g); MindSpore 2.10 has no SiLU primitive
         self.mul_silu = ops.Mul()
         self.mul = ops.Mul()
+        # fused path: msllm/kernels/csrc/elementwise.cc (silu(g) * u and its gradient in one pass)
+        self.swiglu = kernels.swiglu if kernels is not None else None
 
     def construct(self, x):
         gate = self.gate_proj(x)                                                   # (N, F)
+        if self.swiglu is not None:
+            return self.down_proj(self.swiglu(gate, self.up_proj(x)))              # (N, C)
         act = self.mul_silu(gate, self.sigmoid(gate))
         return self.down_proj(self.mul(act, self.up_proj(x)))                      # (N, C)
 
@@ -241,45 +332,57 @@ class MLP(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Pre-norm transformer block: x + attn(norm(x)), then h + mlp(norm(h)); (B, T, C) -> (B, T, C)."""
 
-    def __init__(self, config: LlamaConfig, fast_paths: bool = False):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths)
-        self.self_attn = Attention(config, fast_paths)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths)
-        self.mlp = MLP(config)
+        kern, norm = (choice.cpu, choice.norm) if choice is not None else (None, "")
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, config, fast_paths, norm, kern)
+        self.self_attn = Attention(config, fast_paths, choice)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, config, fast_paths, norm, kern)
+        self.mlp = MLP(config, kern)
         self.add_attn = ops.Add()
         self.add_mlp = ops.Add()
         self.reshape = ops.Reshape()
 
-    def feed_forward(self, h):
-        """h (B, T, C) -> h + mlp(norm(h)) (B, T, C)."""
-        b, t, c = h.shape
-        m = self.mlp(self.reshape(self.post_attention_layernorm(h), (b * t, c)))
+    def feed_forward(self, x, a):
+        """x (B, T, C) and the attention output a (B, T, C) -> h + mlp(norm(h)) with h = x + a."""
+        b, t, c = x.shape
+        if self.post_attention_layernorm.fused_add is not None:  # residual add inside the norm kernel
+            h, normed = self.post_attention_layernorm.add_and_norm(x, a)           # (B, T, C) each
+        else:
+            h = self.add_attn(x, a)
+            normed = self.post_attention_layernorm(h)
+        m = self.mlp(self.reshape(normed, (b * t, c)))                             # (B*T, C)
         return self.add_mlp(h, self.reshape(m, (b, t, c)))
 
     def construct(self, x, cos, sin, mask):
-        h = self.add_attn(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
-        return self.feed_forward(h)
+        return self.feed_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
 
     def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write):
         """As ``construct`` for new tokens x (B, T, C) over a cache; returns (x', k_cache, v_cache)."""
         a, k_cache, v_cache = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask,
                                                               k_cache, v_cache, write)
-        return self.feed_forward(self.add_attn(x, a)), k_cache, v_cache
+        return self.feed_forward(x, a), k_cache, v_cache
 
 
 class LlamaModel(nn.Cell):
-    """Embedding + decoder layers + final norm: token ids (B, T) int32 -> hidden (B, T, C)."""
+    """Embedding + decoder layers + final norm: token ids (B, T) int32 -> hidden (B, T, C).
 
-    def __init__(self, config: LlamaConfig, fast_paths: bool = False):
+    ``choice``: the fused operators to build (default :func:`msllm.kernels.select.choose` for
+    ``config`` and ``fast_paths``, logged)."""
+
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
         super().__init__()
+        if choice is None:
+            choice = choose(config, fast_paths)
+            log.info(choice.describe())
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          embedding_table=Normal(config.initializer_range),
                                          dtype=ms.int32)
         self.embed_tokens.embedding_table.set_dtype(ms_dtype(config.param_init_type))
-        self.layers = nn.CellList([DecoderLayer(config, fast_paths) for _ in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths)
+        self.layers = nn.CellList([DecoderLayer(config, fast_paths, choice) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths, choice.norm, choice.cpu)
         cos, sin = rotary_tables(config)
         p = config.max_positions
         # Constant tables, not Parameters: they are not trained and not checkpointed.
@@ -352,16 +455,23 @@ class LlamaForCausalLM(nn.Cell):
     def __init__(self, config: LlamaConfig, compact_loss: bool | None = None, fast_paths: bool = False):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, fast_paths)
+        self.kernels = choose(config, fast_paths)  # which fused operators (msllm/kernels/select.py)
+        log.info(self.kernels.describe())
+        self.model = LlamaModel(config, fast_paths, self.kernels)
+        self.compact_loss = fast_paths if compact_loss is None else compact_loss
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, config, config.initializer_range)
-        self.head_matmul = ops.MatMul(transpose_b=True)  # for tied embeddings
-        self.loss = CausalLMLoss(config.ignore_token_id)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, config, config.initializer_range,
+                                  self.kernels.cpu, dynamic_rows=self.compact_loss)
+        if self.kernels.cpu is None:                     # for tied embeddings
+            self.head_matmul = ops.MatMul(transpose_b=True)
+        else:  # fused path: msllm/kernels/csrc/linear.cc
+            kern = self.kernels.cpu
+            self.head_matmul = kern.linear_dynamic_rows if self.compact_loss else kern.linear
+        self.loss = CausalLMLoss(config.ignore_token_id, self.kernels.cpu)
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
-        self.compact_loss = fast_paths if compact_loss is None else compact_loss
         self.gather_rows = ops.Gather()
         self.concat_rows = ops.Concat(0)
         # appended to the kept rows: row 0 with an ignored target, so that K = 0 (every target
@@ -415,19 +525,29 @@ class CausalLMLoss(nn.Cell):
 
     logits (B, T, V) (or (N, V)) float32, targets (B, T) (or (N,)) int32 -> scalar float32
     ``sum_i mask_i * (logsumexp(z_i) - z_i[y_i]) / max(sum_i mask_i, 1)``.
+    ``kernels``: the per-row logsumexp and its gradient run in msllm's fused CPU kernel.
     """
 
-    def __init__(self, ignore_index: int = -100):
+    def __init__(self, ignore_index: int = -100, kernels=None):
         super().__init__()
         self.ignore_index = ignore_index
         self.log_softmax = ops.LogSoftmax(-1)
         self.gather = ops.GatherD()
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
+        # fused path: msllm/kernels/csrc/loss.cc (two passes over the logits forward, one backward;
+        # no (N, V) log-probabilities kept)
+        self.cross_entropy = kernels.cross_entropy if kernels is not None else None
 
     def construct(self, logits, targets):
         v = logits.shape[-1]
         logits = self.reshape(logits, (-1, v))                                  # (N, V)
+        if self.cross_entropy is not None:
+            targets = self.reshape(targets, (-1,))                              # (N,)
+            counted = targets != self.ignore_index
+            rows = self.cross_entropy(logits, ops.select(counted, targets, -1 * ops.ones_like(targets)))
+            mask = self.cast(counted, ms.float32)                               # (N,)
+            return rows[:, 0].sum() / ops.maximum(mask.sum(), 1.0)              # rows: (N, 2) nll, lse
         targets = self.reshape(targets, (-1, 1))                                # (N, 1)
         mask = self.cast(targets != self.ignore_index, ms.float32)              # (N, 1)
         safe = ops.maximum(targets, 0)                                          # ignored -> id 0

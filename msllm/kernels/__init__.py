@@ -1,0 +1,71 @@
+"""msllm's CPU kernels: fused operators for training on x86-64 CPUs, as MindSpore custom operators.
+
+One C++ library (``csrc/``, built by ``python -m msllm.kernels.build``, which ``make install``
+runs) provides, each with its gradient:
+
+* ``linear``: the projections and the output head on oneDNN's sgemm (the libdnnl.so.3 inside the
+  mindspore wheel), split over the cores; MindSpore 2.10's own CPU MatMul (nnacl) is 1.5-3x
+  slower on the model's shapes (docs/kernels.md);
+* ``flash_attention``: causal (grouped-query) attention without the (B, H, T, T) score tensor,
+  FlashAttention-2's algorithm with per-thread blocks;
+* ``rms_norm`` / ``add_rms_norm``: RMSNorm in one pass, optionally fused with the residual add;
+* ``swiglu`` and ``rope``: SwiGLU's silu(g) * u and the rotary embedding in one pass each.
+
+The model selects them with its configuration (see ``msllm/models/llama/model.py``) and falls
+back to MindSpore's composed operators when they are not built or not wanted. Design, numbers
+and tolerances: docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from msllm.errors import MsllmError
+
+
+def unavailable_reason() -> str | None:
+    """None if the kernels are built for this machine and this MindSpore, else why not (one
+    sentence saying how to fix it)."""
+    from msllm.kernels import build as _build  # imported here: ``python -m msllm.kernels.build`` runs it
+
+    return _build.problem_with_build()
+
+
+def available() -> bool:
+    """True when :func:`library_path` would succeed."""
+    return unavailable_reason() is None
+
+
+def library_path() -> str:
+    """Absolute path of the built library; raises MsllmError saying how to build it."""
+    from msllm.kernels import build as _build
+
+    why = unavailable_reason()
+    if why:
+        raise MsllmError(why)
+    return os.path.join(_build.build_dir(), _build.LIB_NAME)
+
+
+def cpu_kernels():
+    """The MindSpore operators (:class:`msllm.kernels.ops.CpuKernels`) of the built library."""
+    from msllm.kernels.ops import cpu_kernels as _make
+
+    return _make(library_path())
+
+
+def kernel_stats(reset: bool = False) -> dict:
+    """Calls and wall seconds per kernel since the start (or the last reset), recorded only when
+    the process runs with ``MSLLM_KERNEL_PROFILE=1``: ``{"msllm_linear": (calls, seconds), ...}``."""
+    import ctypes
+
+    lib = ctypes.CDLL(library_path())  # the library MindSpore loaded: same handle, same counters
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = lib.msllm_kernel_stats(buf, len(buf), int(reset))
+    out = {}
+    for line in buf.value[:n].decode().splitlines():
+        name, calls, nanos = line.split()
+        out[name] = (int(calls), int(nanos) / 1e9)
+    return out
+
+
+__all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats"]

@@ -1,0 +1,200 @@
+"""Build msllm's CPU kernels: ``csrc/*.cc`` -> ``_build/libmsllm_kernels.so``.
+
+    python -m msllm.kernels.build            # build if missing or stale (called by ``make install``)
+    python -m msllm.kernels.build --force    # rebuild
+    python -m msllm.kernels.build --check    # report whether a usable build exists; exit 2 if not
+
+Needs only what pip and apt provide: ``g++`` 10 or newer (C++20 for ``std::atomic::wait``;
+Debian/Ubuntu: ``apt-get install g++``) and the ``mindspore`` wheel, whose ``lib/libdnnl.so.3``
+(oneDNN) supplies the GEMM; no MindSpore or oneDNN headers are needed (the one oneDNN function
+used, ``dnnl_sgemm``, is declared in ``csrc/common.h``). The library is compiled for this
+machine's CPU (``-march=native``); ``_build/build_info.json`` records the source digest, the
+compiler, the flags, the MindSpore version and the instruction sets the code was compiled for,
+and :func:`msllm.kernels.library_path` refuses a build that is stale or made for another CPU.
+
+Where: ``MSLLM_KERNELS_DIR`` if set, else ``msllm/kernels/_build`` next to this file. The output
+is written under a temporary name and renamed, so an interrupted build leaves nothing half-made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from msllm.errors import MsllmError, cli_main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+LIB_NAME = "libmsllm_kernels.so"
+INFO_NAME = "build_info.json"
+CXXFLAGS = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-fno-math-errno",
+            "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+# instruction-set macros recorded at build time and checked against /proc/cpuinfo at load time
+ISA_MACROS = {"__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512DQ__": "avx512dq",
+              "__AVX512VL__": "avx512vl", "__AVX2__": "avx2", "__FMA__": "fma", "__AVX__": "avx"}
+MIN_GXX = 10
+
+
+def build_dir() -> str:
+    """Directory holding the built library and its build_info.json."""
+    return os.environ.get("MSLLM_KERNELS_DIR") or os.path.join(HERE, "_build")
+
+
+def sources() -> list[str]:
+    return sorted(os.path.join(CSRC, f) for f in os.listdir(CSRC) if f.endswith((".cc", ".h")))
+
+
+def source_digest() -> str:
+    """SHA-256 over the C++ sources and the compiler flags (a change in either means rebuild)."""
+    h = hashlib.sha256(" ".join(CXXFLAGS).encode())
+    for path in sources():
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def mindspore_lib_dir() -> str:
+    """``site-packages/mindspore/lib`` (found without importing mindspore), which must hold
+    ``libdnnl.so.3``."""
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or not spec.origin:
+        raise MsllmError("msllm kernels: the mindspore package is not installed in this Python")
+    lib = os.path.join(os.path.dirname(spec.origin), "lib")
+    if not os.path.exists(os.path.join(lib, "libdnnl.so.3")):
+        raise MsllmError(f"msllm kernels: {lib}/libdnnl.so.3 (oneDNN, shipped in the mindspore wheel) "
+                         "is missing; expected mindspore 2.10 for x86_64 Linux")
+    return lib
+
+
+def compiler() -> tuple[str, int, str]:
+    """(path, major version, version line) of the C++ compiler (``CXX`` or ``g++``)."""
+    cxx = os.environ.get("CXX", "g++")
+    path = shutil.which(cxx)
+    if path is None:
+        raise MsllmError(f"msllm kernels: no C++ compiler {cxx!r} on PATH; install g++ >= {MIN_GXX} "
+                         "(Debian/Ubuntu: apt-get install g++) or set CXX")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    first = out.splitlines()[0] if out else cxx
+    m = re.search(r"(\d+)\.\d+", first)
+    major = int(m.group(1)) if m else 0
+    if "clang" not in first and major < MIN_GXX:
+        raise MsllmError(f"msllm kernels: {path} is {first!r}; g++ >= {MIN_GXX} is needed (C++20)")
+    return path, major, first
+
+
+def isa_of_build(cxx: str) -> list[str]:
+    """The /proc/cpuinfo flags whose instruction sets ``-march=native`` enables here."""
+    out = subprocess.run([cxx, "-march=native", "-dM", "-E", "-x", "c++", "-"], input="", capture_output=True,
+                         text=True).stdout
+    return sorted(flag for macro, flag in ISA_MACROS.items() if re.search(rf"#define {macro}\b", out))
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def mindspore_version() -> str:
+    try:
+        return importlib.metadata.version("mindspore")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def read_info(directory: str | None = None) -> dict | None:
+    path = os.path.join(directory or build_dir(), INFO_NAME)
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def problem_with_build(directory: str | None = None) -> str | None:
+    """None if a usable library is built, else why not (one sentence, with the fix)."""
+    d = directory or build_dir()
+    lib, info = os.path.join(d, LIB_NAME), read_info(d)
+    fix = "run `python -m msllm.kernels.build` (make install does)"
+    if not os.path.exists(lib) or info is None:
+        return f"msllm's CPU kernels are not built ({lib} missing): {fix}"
+    if info.get("digest") != source_digest():
+        return f"msllm's CPU kernels in {d} were built from other sources or flags: {fix}"
+    if info.get("mindspore") != mindspore_version():
+        return (f"msllm's CPU kernels were built against mindspore {info.get('mindspore')}, "
+                f"this is {mindspore_version()}: {fix}")
+    missing = sorted(set(info.get("isa", [])) - cpu_flags())
+    if missing:
+        return (f"msllm's CPU kernels in {d} were compiled for a CPU with {', '.join(missing)}, "
+                f"which this CPU lacks: {fix} on this machine")
+    if not os.path.exists(os.path.join(info.get("mindspore_lib", ""), "libdnnl.so.3")):
+        return f"msllm's CPU kernels link {info.get('mindspore_lib')}/libdnnl.so.3, which is gone: {fix}"
+    return None
+
+
+def build(force: bool = False, verbose: bool = True) -> str:
+    """Compile the kernels if missing or stale; returns the library path. Raises MsllmError
+    (no compiler, no oneDNN, a compile error) naming what to fix."""
+    d = build_dir()
+    lib = os.path.join(d, LIB_NAME)
+    if not force and problem_with_build(d) is None:
+        if verbose:
+            print(f"msllm kernels: up to date: {lib}")
+        return lib
+    cxx, _, version = compiler()
+    ms_lib = mindspore_lib_dir()
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".libmsllm_kernels.", suffix=".so", dir=d)
+    os.close(fd)
+    cmd = [cxx, *CXXFLAGS, "-I", CSRC, "-o", tmp, *[s for s in sources() if s.endswith(".cc")],
+           f"-L{ms_lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{ms_lib}"]
+    if verbose:
+        print("msllm kernels: " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        os.unlink(tmp)
+        raise MsllmError(f"msllm kernels: compiling {CSRC} failed ({version}):\n{p.stderr[-4000:]}")
+    os.replace(tmp, lib)
+    info = {"digest": source_digest(), "compiler": version, "flags": CXXFLAGS, "mindspore": mindspore_version(),
+            "mindspore_lib": ms_lib, "isa": isa_of_build(cxx), "sources": [os.path.basename(s) for s in sources()]}
+    fd, tmp = tempfile.mkstemp(prefix=".build_info.", suffix=".json", dir=d)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(info, fh, indent=1)
+    os.replace(tmp, os.path.join(d, INFO_NAME))
+    if verbose:
+        print(f"msllm kernels: built {lib} (instruction sets: {', '.join(info['isa']) or 'baseline'})")
+    return lib
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Build msllm's CPU kernels (msllm/kernels/csrc).")
+    p.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    p.add_argument("--check", action="store_true", help="only report whether a usable build exists")
+    a = p.parse_args(argv)
+    if a.check:
+        why = problem_with_build()
+        if why:
+            raise MsllmError(why)
+        print(f"msllm kernels: usable build in {build_dir()}")
+        return
+    build(force=a.force)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,437 @@
+// Shared pieces of msllm's CPU kernels: the MindSpore AOT entry signature, a small persistent
+// thread pool, a parallel fp32 GEMM on oneDNN's dnnl_sgemm, and AVX-512 helpers (exp, sums).
+//
+// Every kernel is an ``extern "C"`` function with the signature MindSpore's ``ops.Custom``
+// (func_type="aot", CPU) calls (mindspore/ops/operations/custom_ops.py, docstring of Custom):
+//   int f(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+//         void* stream, void* extra)
+// params holds the inputs then the outputs (host pointers on CPU); a non-zero return makes
+// MindSpore raise. All tensors are contiguous row-major float32.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace msllm {
+
+// ---------------------------------------------------------------------------------------------
+// Optional timing of every kernel call (MSLLM_KERNEL_PROFILE=1): calls and wall time per kernel,
+// read from Python with msllm_kernel_stats (benchmarks/profile_step.py).
+struct KernelStats {
+  std::atomic<int64_t> calls{0}, nanos{0};
+  const char *name = nullptr;
+};
+constexpr int kMaxKernels = 64;
+inline KernelStats *stats_table() {
+  static KernelStats table[kMaxKernels];
+  return table;
+}
+inline bool profiling() {
+  static const bool on = [] {
+    const char *e = std::getenv("MSLLM_KERNEL_PROFILE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+struct ScopedTimer {
+  KernelStats *slot = nullptr;
+  std::chrono::steady_clock::time_point t0;
+  ScopedTimer(const char *name, int id) {
+    if (!profiling()) return;
+    slot = stats_table() + id;
+    slot->name = name;
+    t0 = std::chrono::steady_clock::now();
+  }
+  ~ScopedTimer() {
+    if (!slot) return;
+    slot->calls.fetch_add(1);
+    slot->nanos.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+};
+inline int kernel_id(const char *name) {  // a fixed slot per kernel name (assigned on first use)
+  static std::atomic<int> next{0};
+  static const char *names[kMaxKernels] = {};
+  for (int i = 0; i < next.load(); ++i)
+    if (names[i] && std::strcmp(names[i], name) == 0) return i;
+  int i = next.fetch_add(1);
+  names[i % kMaxKernels] = name;
+  return i % kMaxKernels;
+}
+
+}  // namespace msllm
+
+// Entry point in MindSpore's AOT signature; the body (written after the macro) gets the same
+// arguments except stream/extra, and is timed when MSLLM_KERNEL_PROFILE=1.
+#define MSLLM_AOT(name)                                                                                     \
+  static int name##_body(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);   \
+  extern "C" __attribute__((visibility("default"))) int name(int nparam, void **params, int *ndims,         \
+                                                             int64_t **shapes, const char **dtypes,         \
+                                                             void *, void *) {                              \
+    static const int id = msllm::kernel_id(#name);                                                          \
+    msllm::ScopedTimer timer(#name, id);                                                                    \
+    return name##_body(nparam, params, ndims, shapes, dtypes);                                              \
+  }                                                                                                         \
+  static int name##_body(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes)
+
+namespace msllm {
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks: every tensor float32 (returns false otherwise; the kernel then returns 1).
+inline bool all_f32(int nparam, const char **dtypes) {
+  for (int i = 0; i < nparam; ++i)
+    if (std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0) return false;
+  return true;
+}
+
+inline int64_t numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread pool. MindSpore runs its CPU kernels one after another on its actor thread; while one
+// of ours runs, MindSpore's own kernel threads sleep, so the pool uses (cores - 1) workers plus
+// the calling thread. Workers spin ~50 us after a job (kernels come back to back) and then
+// sleep on a futex (std::atomic::wait), so they do not steal cycles from MindSpore's kernels.
+// Size: MSLLM_KERNEL_THREADS if set, else the number of CPUs this process may run on.
+class Pool {
+ public:
+  static Pool &get() {
+    static Pool pool;
+    return pool;
+  }
+  int size() const { return n_; }
+
+  // Calls fn(i) for every i in [0, ntasks), tasks handed out dynamically; returns when all ran.
+  // A call from inside a task runs its tasks inline (no nesting).
+  template <class F>
+  void run(int ntasks, F &&fn) {
+    if (ntasks <= 0) return;
+    if (n_ == 1 || ntasks == 1 || in_pool()) {
+      for (int i = 0; i < ntasks; ++i) fn(i);
+      return;
+    }
+    std::function<void(int)> job(fn);
+    job_ = &job;
+    ntasks_ = ntasks;
+    next_.store(0, std::memory_order_relaxed);
+    busy_.store(n_ - 1, std::memory_order_relaxed);
+    epoch_.fetch_add(1, std::memory_order_release);
+    epoch_.notify_all();
+    in_pool() = true;
+    work();
+    in_pool() = false;
+    while (busy_.load(std::memory_order_acquire) != 0) cpu_relax();
+    job_ = nullptr;
+  }
+
+ private:
+  Pool() {
+    int n = 1;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+    if (const char *e = std::getenv("MSLLM_KERNEL_THREADS"))
+      if (std::atoi(e) > 0) n = std::atoi(e);
+    n_ = std::max(1, n);
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    stop_.store(true);
+    epoch_.fetch_add(1);
+    epoch_.notify_all();
+    for (auto &t : workers_) t.join();
+  }
+  static bool &in_pool() {
+    static thread_local bool flag = false;
+    return flag;
+  }
+  void work() {
+    for (;;) {
+      int i = next_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= ntasks_) break;
+      (*job_)(i);
+    }
+  }
+  void loop() {
+    in_pool() = true;
+    uint32_t seen = 0;  // the epoch at construction (run() may already have moved it on)
+    for (;;) {
+      auto t0 = std::chrono::steady_clock::now();
+      uint32_t e;
+      while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
+        cpu_relax();
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(50)) epoch_.wait(seen);
+      }
+      seen = e;
+      if (stop_.load()) return;
+      work();
+      busy_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  int n_ = 1;
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> epoch_{0};
+  std::atomic<int> next_{0}, busy_{0};
+  std::atomic<bool> stop_{false};
+  std::function<void(int)> *job_ = nullptr;
+  int ntasks_ = 0;
+};
+
+// Per-thread scratch buffer of at least n floats (kept between calls, 64-byte aligned).
+inline float *scratch(int slot, int64_t n) {
+  struct Buf {
+    float *p = nullptr;
+    int64_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  static thread_local Buf bufs[4];
+  Buf &b = bufs[slot];
+  if (b.n < n) {
+    std::free(b.p);
+    int64_t bytes = ((n * 4 + 63) / 64) * 64;
+    b.p = static_cast<float *>(std::aligned_alloc(64, bytes));
+    b.n = n;
+  }
+  return b.p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM. oneDNN's C API (dnnl.h, "dnnl_sgemm": row-major C = alpha op(A) op(B) + beta C) from
+// the libdnnl.so.3 that the mindspore wheel ships (oneDNN 3.10, THREADPOOL runtime: called
+// without a threadpool it runs on the calling thread). Declared here so that no oneDNN header
+// is needed to build.
+extern "C" int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                          int64_t ldc);
+
+inline void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // C = beta C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+    return;
+  }
+  dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// oneDNN's threadpool interface (oneDNN ``include/oneapi/dnnl/dnnl_threadpool_iface.hpp``): the
+// library parallelises a GEMM itself over a user thread pool, sharing its packed operands
+// between the threads. The virtual-function layout below is the one of oneDNN 3.10 (the
+// version in the mindspore 2.10 wheel, checked at run time by threadpool_gemm_ok()); a later
+// oneDNN may add virtual functions, so any other version falls back to slabs (below).
+namespace dnnl_abi {
+struct threadpool_iface {
+  virtual int get_num_threads() const = 0;
+  virtual bool get_in_parallel() const = 0;
+  virtual void parallel_for(int n, const std::function<void(int, int)> &fn) = 0;
+  virtual uint64_t get_flags() const = 0;
+  virtual void wait() = 0;
+  virtual ~threadpool_iface() = default;
+};
+struct version_t {
+  int major, minor, patch;
+  const char *hash;
+  unsigned cpu_runtime, gpu_runtime;
+};
+}  // namespace dnnl_abi
+
+extern "C" int dnnl_threadpool_interop_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                                             float *C, int64_t ldc, void *threadpool);
+extern "C" const dnnl_abi::version_t *dnnl_version();
+
+class DnnlThreadpool final : public dnnl_abi::threadpool_iface {
+ public:
+  int get_num_threads() const override { return Pool::get().size(); }
+  bool get_in_parallel() const override { return inside(); }
+  void parallel_for(int n, const std::function<void(int, int)> &fn) override {
+    Pool::get().run(n, [&](int i) {
+      const bool was = inside();
+      inside() = true;
+      fn(i, n);
+      inside() = was;
+    });
+  }
+  uint64_t get_flags() const override { return 0; }  // synchronous
+  void wait() override {}
+  static bool &inside() {
+    static thread_local bool flag = false;
+    return flag;
+  }
+};
+
+// oneDNN 3.10 with the THREADPOOL runtime, and not disabled with MSLLM_GEMM=slabs
+inline bool threadpool_gemm_ok() {
+  static const bool ok = [] {
+    const char *e = std::getenv("MSLLM_GEMM");
+    if (e && std::strcmp(e, "slabs") == 0) return false;
+    const dnnl_abi::version_t *v = dnnl_version();
+    return v && v->major == 3 && v->minor == 10 && v->cpu_runtime == 8;  // 8 = DNNL_RUNTIME_THREADPOOL
+  }();
+  return ok;
+}
+
+// The same GEMM over the pool's threads. Preferred: oneDNN partitions it itself over the pool
+// (threadpool interop), sharing packed panels between the threads. Fallback ("slabs"): C is cut
+// into equal slabs of rows (or of columns when C is wide and short), two per thread, handed out
+// dynamically, each one single-threaded dnnl_sgemm; cutting rows repacks B once per slab and
+// cutting columns repacks A, so the cut goes along the larger of M and N. Measured on the
+// model's shapes (benchmarks/micro_kernels.py, docs/kernels.md): the interop is as fast or
+// faster (up to 1.3x on the down projection's weight gradient, where slabs repack A).
+inline void parallel_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  Pool &pool = Pool::get();
+  const int nt = pool.size();
+  if (nt == 1 || M * N * K < (int64_t)1 << 20) {
+    sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  if (threadpool_gemm_ok() && M > 0 && N > 0 && K > 0) {
+    static DnnlThreadpool tp;
+    if (dnnl_threadpool_interop_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &tp) == 0) return;
+  }
+  const bool rows = M >= N;
+  const int64_t len = rows ? M : N, align = rows ? 16 : 64;
+  int64_t parts = std::min<int64_t>(2 * nt, std::max<int64_t>(1, len / align));
+  const int64_t step = ((len + parts - 1) / parts + align - 1) / align * align;
+  parts = (len + step - 1) / step;
+  pool.run(static_cast<int>(parts), [&](int i) {
+    const int64_t b0 = i * step, b1 = std::min(len, b0 + step);
+    if (b1 <= b0) return;
+    if (rows) {
+      const float *a = ta == 'N' ? A + b0 * lda : A + b0;
+      sgemm(ta, tb, b1 - b0, N, K, alpha, a, lda, B, ldb, beta, C + b0 * ldc, ldc);
+    } else {
+      const float *b = tb == 'N' ? B + b0 : B + b0 * ldb;
+      sgemm(ta, tb, M, b1 - b0, K, alpha, A, lda, b, ldb, beta, C + b0, ldc);
+    }
+  });
+}
+
+// Split [0, n) into the pool's threads: fn(begin, end) per chunk (chunks of `grain` multiples).
+template <class F>
+inline void parallel_rows(int64_t n, int64_t grain, F &&fn) {
+  Pool &pool = Pool::get();
+  int nt = pool.size();
+  int64_t chunks = std::min<int64_t>(nt * 4, (n + grain - 1) / grain);
+  if (chunks <= 1) {
+    fn(int64_t(0), n);
+    return;
+  }
+  int64_t step = (n + chunks - 1) / chunks;
+  pool.run((int)chunks, [&](int i) {
+    int64_t b = i * step, e = std::min(n, b + step);
+    if (e > b) fn(b, e);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// exp(x) for float: Cephes expf (range reduction x = n ln2 + r, degree-6 polynomial on r; about
+// 1 ulp on [-87, 88]). Vector form for AVX-512 and the same formula for scalars/tails.
+inline float exp_scalar(float x) {
+  x = std::min(std::max(x, -87.3365478515625f), 88.3762626647949f);
+  float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r * r + r + 1.0f;
+  return std::ldexp(p, (int)n);
+}
+
+#if defined(__AVX512F__)
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3365478515625f)), _mm512_set1_ps(88.3762626647949f));
+  __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
+#endif
+
+// max over x[0:n)
+inline float row_max(const float *x, int64_t n) {
+  int64_t j = 0;
+  float m = -INFINITY;
+#if defined(__AVX512F__)
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + j));
+  m = _mm512_reduce_max_ps(vm);
+#endif
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// y[j] = exp(alpha * x[j] - shift) for j < n; returns the sum (y may alias x)
+inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, float shift) {
+  int64_t j = 0;
+  float s = 0.f;
+#if defined(__AVX512F__)
+  __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+  for (; j < n; j += 16) {
+    __mmask16 k = tail_mask(n - j);
+    __m512 e = exp512(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, x + j), va, vs));
+    e = _mm512_maskz_mov_ps(k, e);
+    _mm512_mask_storeu_ps(y + j, k, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  s = _mm512_reduce_add_ps(acc);
+#else
+  for (; j < n; ++j) {
+    y[j] = exp_scalar(alpha * x[j] - shift);
+    s += y[j];
+  }
+#endif
+  return s;
+}
+
+// sum_j a[j] * b[j]
+inline float dot(const float *a, const float *b, int64_t n) {
+  int64_t j = 0;
+  float s = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
+  s = _mm512_reduce_add_ps(acc);
+#endif
+  for (; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+}  // namespace msllm

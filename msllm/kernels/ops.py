@@ -1,0 +1,147 @@
+"""MindSpore operators over msllm's CPU kernels: ``ops.Custom(func_type="aot")`` primitives with
+their gradients (``bprop``), built once per process from the compiled library.
+
+MindSpore's AOT custom operators on CPU (``mindspore/ops/operations/custom_ops.py``, class
+``Custom``; tutorial "Custom Operators", aot type) call an ``extern "C"`` function of a shared
+library with the input and output buffers; ``out_shape`` / ``out_dtype`` infer the outputs and
+``bprop(*inputs, out, dout)`` gives the gradient, itself written with other custom operators.
+Every operator takes and returns float32 tensors; shapes are in :class:`CpuKernels`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, ops
+from mindspore.ops import CustomRegOp, DataType
+
+
+def _same(*dtypes):
+    return dtypes[0]
+
+
+class CpuKernels:
+    """The operators of one compiled library (``lib``: path of libmsllm_kernels.so).
+
+    linear(x (..., in), w (out, in)) -> x w^T (..., out)          [torch.nn.Linear layout]
+    linear_dynamic_rows: the same for x whose leading dimension is known only at run time
+    flash_attention(q (B,T,H,D), k (B,T,K,D), v (B,T,K,D)) -> (o (B,T,H,D), lse (B,H,T))
+        causal softmax(q k^T / sqrt(D)) v, H/K query heads per key/value head, no (B,H,T,T) tensor
+    rms_norm(x (..., C), w (C,), eps (1,)) -> (y (..., C), rstd (N,))
+    add_rms_norm(a, b (..., C), w (C,), eps (1,)) -> (h = a + b, rmsnorm(h), rstd (N,))
+    cross_entropy(logits (N, V), targets (N,) int32) -> (N, 2): per row (nll, logsumexp), nll 0 where
+        the target is negative (ignored)
+    swiglu(g (..., F), u (..., F)) -> silu(g) * u
+    rope(x (B,T,N,D), cos (P,D), sin (P,D)) -> x cos + rotate_half(x) sin over rows 0..T-1 of the tables
+    """
+
+    def __init__(self, lib: str):
+        self.lib = lib
+
+        def prim(name, out_shape, out_dtype=_same, bprop=None):
+            return ops.Custom(f"{lib}:msllm_{name}", out_shape, out_dtype, "aot", bprop=bprop)
+
+        def prim_cpp_infer(name, inputs=(DataType.F32_Default, DataType.F32_Default), bprop=None):
+            # output shape from the library's ``msllm_<name>InferShape`` (MindSpore asks it again
+            # when an input shape is known only at run time); this path needs the operator's
+            # registration info and a fixed output dtype (float32)
+            reg = CustomRegOp(f"msllm_{name}_cpu")
+            for i in range(len(inputs)):
+                reg = reg.input(i, f"x{i}")
+            reg = reg.output(0, "y").dtype_format(*inputs, DataType.F32_Default).target("CPU").get_op_info()
+            return ops.Custom(f"{lib}:msllm_{name}", None, ms.float32, "aot", bprop=bprop, reg_info=reg)
+
+        # ---- linear: y = x w^T; dx = dy w, dw = dy^T x -----------------------------------------
+        linear_dx = prim("linear_dx", lambda dy, w: list(dy[:-1]) + [w[1]])
+        linear_dw = prim("linear_dw", lambda dy, x: [dy[-1], x[-1]])
+
+        def linear_bprop(x, w, out, dout):
+            return linear_dx(dout, w), linear_dw(dout, x)
+
+        self.linear = prim("linear", lambda x, w: list(x[:-1]) + [w[0]], bprop=linear_bprop)
+        # the same with C++ shape inference (csrc/linear.cc) for inputs whose row count is known
+        # only at run time (the output head under the compact loss), which a Python infer
+        # function cannot serve; kept apart because MindSpore re-infers such operators at every
+        # launch
+        linear_dx_dyn = prim_cpp_infer("linear_dx")
+        linear_dw_dyn = prim_cpp_infer("linear_dw")
+
+        def linear_dyn_bprop(x, w, out, dout):
+            return linear_dx_dyn(dout, w), linear_dw_dyn(dout, x)
+
+        self.linear_dynamic_rows = prim_cpp_infer("linear", bprop=linear_dyn_bprop)
+
+        # ---- cross-entropy rows: (nll, lse) per position (csrc/loss.cc) ------------------------
+        f32, i32 = DataType.F32_Default, DataType.I32_Default
+        ce_grad = prim_cpp_infer("cross_entropy_grad", (f32, f32, i32, f32))
+
+        def ce_bprop(logits, targets, out, dout):
+            return ce_grad(dout, logits, targets, out), ops.zeros_like(targets)
+
+        self.cross_entropy = prim_cpp_infer("cross_entropy", (f32, i32), bprop=ce_bprop)
+
+        # ---- causal flash attention ------------------------------------------------------------
+        attn_grad = prim("flash_attention_grad", lambda do, q, k, v, o, lse: (q, k, v),
+                         lambda *d: (d[1], d[2], d[3]))
+
+        def attn_bprop(q, k, v, out, dout):
+            return attn_grad(dout[0], q, k, v, out[0], out[1])
+
+        self.flash_attention = prim("flash_attention", lambda q, k, v: (q, [q[0], q[2], q[1]]),
+                                    lambda q, k, v: (q, q), bprop=attn_bprop)
+
+        # ---- RMSNorm and residual add + RMSNorm -------------------------------------------------
+        norm_grad = prim("rms_norm_grad", lambda dy, x, w, rstd: (x, w), lambda *d: (d[1], d[2]))
+
+        def norm_bprop(x, w, eps, out, dout):
+            dx, dw = norm_grad(dout[0], x, w, out[1])
+            return dx, dw, ops.zeros_like(eps)
+
+        self.rms_norm = prim("rms_norm", lambda x, w, eps: (x, [_rows(x)]), lambda x, w, eps: (x, x),
+                             bprop=norm_bprop)
+        add_norm_grad = prim("add_rms_norm_grad", lambda dh, dy, h, w, rstd: (h, w), lambda *d: (d[2], d[3]))
+
+        def add_norm_bprop(a, b, w, eps, out, dout):
+            dx, dw = add_norm_grad(dout[0], dout[1], out[0], w, out[2])
+            return dx, dx, dw, ops.zeros_like(eps)
+
+        self.add_rms_norm = prim("add_rms_norm", lambda a, b, w, eps: (a, a, [_rows(a)]),
+                                 lambda a, b, w, eps: (a, a, a), bprop=add_norm_bprop)
+
+        # ---- SwiGLU and rotary embedding ------------------------------------------------------
+        swiglu_grad = prim("swiglu_grad", lambda da, g, u: (g, u), lambda *d: (d[1], d[2]))
+
+        def swiglu_bprop(g, u, out, dout):
+            return swiglu_grad(dout, g, u)
+
+        self.swiglu = prim("swiglu", lambda g, u: g, bprop=swiglu_bprop)
+        rope_grad = prim("rope_grad", lambda dy, c, s: dy)
+
+        def rope_bprop(x, cos, sin, out, dout):
+            return rope_grad(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
+
+        self.rope = prim("rope", lambda x, c, s: x, bprop=rope_bprop)
+
+    @staticmethod
+    def eps_tensor(eps: float) -> Tensor:
+        """The (1,) float32 tensor the norm operators take their epsilon from."""
+        return Tensor(np.array([eps], np.float32), ms.float32)
+
+
+def _rows(shape) -> int:
+    """Product of all but the last dimension (-1 if any is unknown at compile time)."""
+    n = 1
+    for s in list(shape)[:-1]:
+        if s < 0:
+            return -1
+        n *= s
+    return n
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_kernels(lib: str) -> CpuKernels:
+    """The operators of the library at ``lib``, made once per process."""
+    return CpuKernels(lib)

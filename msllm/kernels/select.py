@@ -1,0 +1,125 @@
+"""Which implementation each part of the model uses, from the model config and the device.
+
+Three ``model.model_config`` keys (fields of :class:`msllm.models.llama.config.LlamaConfig`)
+choose:
+
+``use_flash_attention`` (MindFormers' key)
+    Attention without the (B, H, T, T) score tensor. On the CPU fast path: msllm's kernel
+    (``msllm/kernels/csrc/attention.cc``). On the layout path (Ascend): MindSpore's
+    ``FlashAttentionScore`` (float16/bfloat16 only, so it needs ``compute_dtype`` float16 or
+    bfloat16). None: on wherever it exists (CPU: when the kernels are built; Ascend: when the
+    compute dtype allows); True: required, refused where it cannot run; False: composed operators.
+``fused_rms_norm`` (MindFormers' key, MindFormers' default True)
+    RMSNorm as one operator: msllm's kernel on the CPU fast path (fused with the residual add
+    before the MLP), MindSpore's ``ops.RmsNorm`` on the layout path (Ascend only). None / True /
+    False as above.
+``cpu_kernels`` (msllm's key)
+    msllm's CPU kernels for the linear layers (oneDNN sgemm), SwiGLU and the rotary embedding, and
+    the precondition of the two CPU choices above. None: use them when built; True: required
+    (refused when not built, with the build command); False: MindSpore's operators only. No effect
+    on the layout path.
+
+The choice is logged once per model build (logger ``msllm``), naming what runs and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from msllm.errors import MsllmError
+
+log = logging.getLogger("msllm")
+
+COMPOSED = "composed"
+CPU_FLASH = "msllm CPU flash attention"
+ASCEND_FLASH = "MindSpore FlashAttentionScore"
+CPU_NORM = "msllm CPU RMSNorm (+ residual add)"
+ASCEND_NORM = "MindSpore RmsNorm"
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What the model builds. ``cpu``: :class:`msllm.kernels.ops.CpuKernels` or None (MindSpore's
+    operators for linear, SwiGLU, rotary); ``attention`` / ``norm``: one of the names above."""
+
+    cpu: Optional[Any]
+    attention: str
+    norm: str
+    notes: tuple = ()
+
+    def describe(self) -> str:
+        linear = "msllm CPU kernels (oneDNN sgemm)" if self.cpu is not None else "MindSpore MatMul"
+        text = f"model kernels: linear/SwiGLU/rotary: {linear}; attention: {self.attention}; RMSNorm: {self.norm}"
+        return text + ("" if not self.notes else " (" + "; ".join(self.notes) + ")")
+
+
+def _setting(key: str, value) -> Optional[bool]:
+    if value is not None and not isinstance(value, bool):
+        raise MsllmError(f"model.model_config.{key}={value!r}: expected true, false or null")
+    return value
+
+
+def choose(config, fast_paths: bool, device: Optional[str] = None) -> KernelChoice:
+    """Resolve the three keys for ``config`` (a :class:`~msllm.models.llama.config.LlamaConfig`).
+
+    Args:
+        fast_paths: the model's CPU fast path (``RunConfig.fast_paths``: CPU without operator
+            sharding); False is the layout path the parallel strategies are written for.
+        device: ``"CPU"`` / ``"Ascend"`` / ``"GPU"``; default MindSpore's ``device_target``.
+    Raises:
+        MsllmError: a key set to True asks for something this device or build cannot do.
+    """
+    if device is None:
+        import mindspore as ms
+
+        device = ms.get_context("device_target")
+    want_cpu = _setting("cpu_kernels", config.cpu_kernels)
+    want_fa = _setting("use_flash_attention", config.use_flash_attention)
+    want_norm = _setting("fused_rms_norm", config.fused_rms_norm)
+    notes = []
+    if fast_paths:
+        from msllm import kernels
+
+        cpu = None
+        if want_cpu is not False:
+            why = kernels.unavailable_reason()
+            dtypes = {getattr(config, k, "float32") for k in ("compute_dtype", "param_init_type",
+                                                            "layernorm_compute_type", "softmax_compute_type")}
+            if why is None and dtypes != {"float32"}:
+                why = f"msllm's CPU kernels compute in float32 only (the config has {sorted(dtypes)})"
+            if why is None:
+                cpu = kernels.cpu_kernels()
+            else:
+                asked = [k for k, v in (("cpu_kernels", want_cpu), ("use_flash_attention", want_fa),
+                                        ("fused_rms_norm", want_norm)) if v]
+                if asked:
+                    raise MsllmError(f"model.model_config.{asked[0]}: True needs {why}")
+                notes.append(why)
+        for key, want in (("use_flash_attention", want_fa), ("fused_rms_norm", want_norm)):
+            if want and cpu is None:  # only when cpu_kernels is False
+                raise MsllmError(f"model.model_config.{key}: True on CPU needs msllm's CPU kernels, but "
+                                 "cpu_kernels is False")
+        attention = CPU_FLASH if cpu is not None and want_fa is not False else COMPOSED
+        norm = CPU_NORM if cpu is not None and want_norm is not False else COMPOSED
+        return KernelChoice(cpu, attention, norm, tuple(notes))
+
+    # layout path (Ascend, or operator sharding): MindSpore's fused primitives where documented
+    ascend = device == "Ascend"
+    low_precision = getattr(config, "compute_dtype", "float32") in ("float16", "bfloat16")
+    if want_fa and not low_precision:
+        raise MsllmError(f"model.model_config.use_flash_attention: True needs compute_dtype float16 or bfloat16 "
+                         f"(MindSpore's FlashAttentionScore takes no float32), got {config.compute_dtype!r}")
+    head_dim_ok = getattr(config, "head_dim", 16) % 16 == 0  # FlashAttentionScore: "D ... a multiple of 16"
+    if want_fa and not head_dim_ok:
+        raise MsllmError(f"model.model_config.use_flash_attention: True needs head_dim (hidden_size / num_heads) "
+                         f"a multiple of 16 (MindSpore's FlashAttentionScore), got {config.head_dim}")
+    attention = ASCEND_FLASH if want_fa or (want_fa is None and ascend and low_precision and head_dim_ok) else COMPOSED
+    norm = ASCEND_NORM if want_norm or (want_norm is None and ascend) else COMPOSED
+    if not ascend and (attention != COMPOSED or norm != COMPOSED):
+        notes.append(f"{attention if attention != COMPOSED else norm} runs on Ascend only: this graph cannot "
+                     f"run on {device}")
+    if want_cpu:
+        notes.append("cpu_kernels has no effect on the layout path")
+    return KernelChoice(None, attention, norm, tuple(notes))

@@ -1,0 +1,254 @@
+"""msllm's CPU kernels against independent references: forward outputs against numpy in float64,
+gradients against MindSpore's automatic differentiation of the composed operators the kernels
+replace (the model's fallback path).
+
+Tolerance (float32 kernels): max |kernel - reference| <= 1e-5 * max |reference| (+ 1e-6 absolute
+for values near zero) for forwards and gradients. The kernels sum in a different order than
+the references (blocked GEMMs, per-thread partial sums), so results differ by rounding only:
+observed 1e-7 to 2e-6 relative."""
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+SEED = 20261122
+RTOL = 1e-5
+
+
+def close(actual, expected, rtol=RTOL):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    err = np.abs(actual - expected).max()
+    bound = rtol * np.abs(expected).max() + 1e-6
+    assert err <= bound, f"max abs error {err:.3e} > {bound:.3e}"
+
+
+def rng():
+    print("seed", SEED)
+    return np.random.default_rng(SEED)
+
+
+def t(a):
+    return Tensor(np.asarray(a, np.float32))
+
+
+def grads(fn, args, dout):
+    """Gradients of sum(fn(*args) * dout) with respect to every argument."""
+    def loss(*xs):
+        return (fn(*xs) * dout).sum()
+
+    return [g.asnumpy() for g in ops.grad(loss, grad_position=tuple(range(len(args))))(*args)]
+
+
+@pytest.mark.parametrize("x_shape,out", [((2, 5, 12), 7),      # leading dims, one thread (small)
+                                         ((300, 96), 160),      # rows cut over the threads
+                                         ((40, 64), 3000)],     # columns cut (wide output)
+                         ids=["small-3d", "row-slabs", "column-slabs"])
+def test_linear_matches_matmul(kernels, pynative, x_shape, out):
+    r = rng()
+    x, w = r.standard_normal(x_shape), r.standard_normal((out, x_shape[-1])) * 0.1
+    dy = r.standard_normal(x_shape[:-1] + (out,))
+    close(kernels.linear(t(x), t(w)).asnumpy(), x @ w.T)
+    got = grads(kernels.linear, (t(x), t(w)), t(dy))
+    ref = grads(lambda a, b: ops.matmul(a, b.T), (t(x), t(w)), t(dy))
+    for g, e in zip(got, ref):
+        close(g, e)
+    close(got[0], dy @ w)                                        # and against the formulas
+    close(got[1], dy.reshape(-1, out).T @ x.reshape(-1, x_shape[-1]))
+
+
+def test_linear_on_rows_known_only_at_run_time(kernels, graph_mode):
+    """The output head under the compact loss: rows picked by nonzero(), so the GEMM's shape is
+    dynamic in the compiled graph (``linear_dynamic_rows``: C++ shape inference in csrc/linear.cc)."""
+
+    class Head(nn.Cell):
+        def __init__(self, matmul, w):
+            super().__init__()
+            self.matmul = matmul
+            self.w = ms.Parameter(Tensor(w), name="w")
+
+        def construct(self, x, targets):
+            keep = ops.nonzero(targets >= 0).reshape(-1)
+            return (self.matmul(ops.gather(x, keep, 0), self.w) ** 2).sum()
+
+    class Grad(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+            self.g = ops.GradOperation(get_all=True, get_by_list=True)
+            self.params = ms.ParameterTuple(net.trainable_params())
+
+        def construct(self, x, targets):
+            return self.net(x, targets), self.g(self.net, self.params)(x, targets)
+
+    r = rng()
+    x, w = r.standard_normal((50, 32)).astype(np.float32), (r.standard_normal((70, 32)) * 0.1).astype(np.float32)
+    masks = [r.random(50) < 0.4, r.random(50) < 0.7]                 # two different row counts
+    results = []
+    for matmul in (kernels.linear_dynamic_rows, ops.MatMul(transpose_b=True)):
+        net = Grad(Head(matmul, w))
+        out = []
+        for keep in masks:
+            targets = np.where(keep, 1, -100).astype(np.int32)
+            loss, (gx, gw) = net(Tensor(x), Tensor(targets))
+            out.append((loss.asnumpy(), gx[0].asnumpy(), gw[0].asnumpy()))
+        results.append(out)
+    for mine, ref in zip(*results):
+        for a, b in zip(mine, ref):
+            close(a, b)
+
+
+def attention_numpy(q, k, v):
+    """Causal softmax(q k^T / sqrt(D)) v in float64; q (B,T,H,D), k/v (B,T,K,D), head h uses kv
+    head h // (H/K)."""
+    b, tq, h, d = q.shape
+    rep = h // k.shape[2]
+    kk, vv = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(d)
+    s = np.where(np.tril(np.ones((tq, tq), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    return np.einsum("bhqk,bkhd->bqhd", p, vv), lse
+
+
+def attention_composed(q, k, v):
+    """The same with MindSpore's operators (the model's fallback: scores, mask, softmax)."""
+    b, tq, h, d = q.shape
+    rep = h // k.shape[2]
+    qq = ops.transpose(q, (0, 2, 1, 3))
+    kk = ops.repeat_interleave(ops.transpose(k, (0, 2, 1, 3)), rep, 1)
+    vv = ops.repeat_interleave(ops.transpose(v, (0, 2, 1, 3)), rep, 1)
+    s = ops.matmul(qq, ops.transpose(kk, (0, 1, 3, 2))) / np.sqrt(d)
+    s = s + Tensor(np.triu(np.full((tq, tq), -1e9, np.float32), 1))
+    return ops.transpose(ops.matmul(ops.softmax(s, -1), vv), (0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("b,tq,h,kv,d", [(2, 70, 4, 2, 16),   # GQA, two query blocks (64 + 6)
+                                         (1, 130, 2, 2, 8),   # three blocks, multi-head
+                                         (3, 1, 2, 1, 8),     # one token
+                                         (1, 800, 2, 1, 16)], # T >= 768: 128-row blocks, 7 of them
+                         ids=["gqa-2-blocks", "mha-3-blocks", "one-token", "mqa-128-row-blocks"])
+def test_flash_attention_matches_numpy_and_composed_gradients(kernels, pynative, b, tq, h, kv, d):
+    r = rng()
+    q, k, v = (r.standard_normal((b, tq, n, d)) for n in (h, kv, kv))
+    dy = r.standard_normal((b, tq, h, d))
+    out, lse = kernels.flash_attention(t(q), t(k), t(v))
+    ref, ref_lse = attention_numpy(q, k, v)
+    close(out.asnumpy(), ref)
+    close(lse.asnumpy(), ref_lse)
+    got = grads(lambda *x: kernels.flash_attention(*x)[0], (t(q), t(k), t(v)), t(dy))
+    want = grads(attention_composed, (t(q), t(k), t(v)), t(dy))
+    for g, e in zip(got, want):
+        close(g, e)
+
+
+def test_flash_attention_is_causal(kernels, pynative):
+    r = rng()
+    q, k, v = (r.standard_normal((1, 100, 2, 16)) for _ in range(3))
+    k2, v2 = k.copy(), v.copy()
+    k2[:, 60:], v2[:, 60:] = r.standard_normal((1, 40, 2, 16)), r.standard_normal((1, 40, 2, 16))
+    a = kernels.flash_attention(t(q), t(k), t(v))[0].asnumpy()
+    c = kernels.flash_attention(t(q), t(k2), t(v2))[0].asnumpy()
+    np.testing.assert_array_equal(a[:, :60], c[:, :60])
+    assert np.abs(a[:, 60:] - c[:, 60:]).max() > 1e-2
+
+
+def rms_numpy(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def rms_composed(x, w):
+    return x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + 1e-5) * w
+
+
+def test_rms_norm_and_residual_add(kernels, pynative):
+    r = rng()
+    x, a, w = r.standard_normal((3, 7, 40)), r.standard_normal((3, 7, 40)), 1 + 0.3 * r.standard_normal(40)
+    dy, dh = r.standard_normal((3, 7, 40)), r.standard_normal((3, 7, 40))
+    eps = kernels.eps_tensor(1e-5)
+    y, rstd = kernels.rms_norm(t(x), t(w), eps)
+    close(y.asnumpy(), rms_numpy(x, w, 1e-5))
+    close(rstd.asnumpy(), 1 / np.sqrt((x * x).mean(-1).reshape(-1) + 1e-5))
+    got = grads(lambda p, q: kernels.rms_norm(p, q, eps)[0], (t(x), t(w)), t(dy))
+    for g, e in zip(got, grads(rms_composed, (t(x), t(w)), t(dy))):
+        close(g, e)
+    h, y2, _ = kernels.add_rms_norm(t(x), t(a), t(w), eps)
+    close(h.asnumpy(), x + a)
+    close(y2.asnumpy(), rms_numpy(x + a, w, 1e-5))
+
+    def fused(p, q, s):  # both outputs used, as in the decoder block (residual + norm)
+        hh, yy, _ = kernels.add_rms_norm(p, q, s, eps)
+        return (hh * t(dh)).sum() + (yy * t(dy)).sum()
+
+    def composed(p, q, s):
+        hh = p + q
+        return (hh * t(dh)).sum() + (rms_composed(hh, s) * t(dy)).sum()
+
+    got = ops.grad(fused, grad_position=(0, 1, 2))(t(x), t(a), t(w))
+    want = ops.grad(composed, grad_position=(0, 1, 2))(t(x), t(a), t(w))
+    for g, e in zip(got, want):
+        close(g.asnumpy(), e.asnumpy())
+
+
+def test_swiglu(kernels, pynative):
+    r = rng()
+    g = r.standard_normal((33, 50)) * 4
+    g[0, :4] = [-100.0, -30.0, 30.0, 100.0]                     # exp clamps: sigmoid saturates, no NaN
+    u, dy = r.standard_normal((33, 50)), r.standard_normal((33, 50))
+    close(kernels.swiglu(t(g), t(u)).asnumpy(), g / (1 + np.exp(-g)) * u)
+    got = grads(kernels.swiglu, (t(g), t(u)), t(dy))
+    want = grads(lambda a, b: a * ops.sigmoid(a) * b, (t(g), t(u)), t(dy))
+    for x, e in zip(got, want):
+        assert np.isfinite(x).all()
+        close(x, e)
+
+
+def test_rope(kernels, pynative):
+    """General (not duplicated-half) tables, so every index of the formula is exercised; the
+    tables have more rows (positions) than the sequence, as the model passes them."""
+    r = rng()
+    b, tq, n, d, p = 2, 9, 3, 8, 16
+    x, dy = r.standard_normal((b, tq, n, d)), r.standard_normal((b, tq, n, d))
+    cs, sn = r.standard_normal((p, d)), r.standard_normal((p, d))
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    c4, s4 = cs[None, :tq, None], sn[None, :tq, None]
+    close(kernels.rope(t(x), t(cs), t(sn)).asnumpy(), x * c4 + np.concatenate([-x2, x1], -1) * s4)
+
+    def composed(z):
+        rot = ops.concat((-z[..., d // 2:], z[..., :d // 2]), -1)
+        return z * t(c4) + rot * t(s4)
+
+    close(grads(lambda z: kernels.rope(z, t(cs), t(sn)), (t(x),), t(dy))[0],
+          grads(composed, (t(x),), t(dy))[0])
+
+
+def test_kernels_refuse_other_dtypes(kernels, pynative):
+    x = Tensor(np.ones((4, 8), np.float16))
+    with pytest.raises(RuntimeError):
+        kernels.swiglu(x, x).asnumpy()
+
+
+def test_cross_entropy_rows(kernels, pynative):
+    r = rng()
+    n, v = 37, 1000
+    z = r.standard_normal((n, v)) * 3
+    y = r.integers(0, v, n).astype(np.int32)
+    y[[3, 10, 11]] = -1                                          # ignored rows
+    out = kernels.cross_entropy(t(z), Tensor(y)).asnumpy()
+    lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+    nll = np.where(y >= 0, lse - z[np.arange(n), np.maximum(y, 0)], 0.0)
+    close(out[:, 0], nll)
+    close(out[:, 1], lse)
+    g = r.standard_normal((n, 2))                                # gradient through both outputs
+
+    def composed(logits):
+        logp = ops.log_softmax(logits, -1)
+        picked = ops.gather_elements(logp, 1, Tensor(np.maximum(y, 0)[:, None]))[:, 0]
+        keep = Tensor((y >= 0).astype(np.float32))
+        return ops.stack((-picked * keep, logits.logsumexp(-1)), -1)
+
+    close(grads(lambda x: kernels.cross_entropy(x, Tensor(y)), (t(z),), t(g))[0],
+          grads(composed, (t(z),), t(g))[0])
