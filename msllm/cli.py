@@ -108,7 +108,7 @@ def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
 
 def parse_entry_args(argv: list[str], config_required: bool = True) -> tuple[argparse.Namespace, list[str]]:
     """``argv`` -> (``run_msllm.py``'s own flags, the config overrides as ``--a.b=value``); the
-    launcher (:mod:`msllm.cluster.launch`) parses a job's arguments with this too, so both agree
+    launcher (:mod:`msllm.cluster.launch_plan`) parses a job's arguments with this too, so both agree
     on which arguments are config keys."""
     args, rest = build_parser(config_required).parse_known_args(argv)
     return args, split_overrides(rest)

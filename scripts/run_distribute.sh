@@ -12,7 +12,7 @@
 # OUTPUT/log/pids_{START}_{END}.txt; OUTPUT = $MSLLM_OUTPUT_DIR, else the config's output_dir (printed).
 # Env: PYTHON (interpreter), MSLLM_ENTRY (script to run instead of run_msllm.py), MSLLM_DEVICE_TARGET,
 # MS_SCHED_PORT (default 8118), MSLLM_NO_WAIT=1, MSLLM_KILL_TIMEOUT (s, default 30).
-# Logic: msllm/cluster/launch.py.
+# Logic: msllm/cluster/launch.py (plan: launch_plan.py, processes: launch_processes.py).
 set -eu
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then

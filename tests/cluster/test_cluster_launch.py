@@ -1,4 +1,4 @@
-"""Tests of scripts/run_distribute.sh and msllm.cluster.launch (real processes, MindSpore on CPU).
+"""Tests of scripts/run_distribute.sh and msllm.cluster.launch* (real processes, MindSpore on CPU).
 
 The program the launcher runs is tests/cluster/cluster_allreduce_worker.py (env MSLLM_ENTRY):
 it joins the MindSpore cluster, AllReduces its rank and writes result_dir/rank_{i}.json.
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from msllm.cluster.launch import make_plan
+from msllm.cluster.launch_plan import make_plan
+from msllm.cluster.rank_table import save_rank_table
+from msllm.cluster.rank_table_devices import placeholder_device_ips
+from msllm.cluster.rank_table_format import make_rank_table, merge_rank_tables
 from msllm.config import RUN_MODES
-from msllm.cluster.rank_table import make_rank_table, merge_rank_tables, placeholder_device_ips, save_rank_table
 from msllm.errors import MsllmError
 
 REPO = Path(__file__).resolve().parents[2]

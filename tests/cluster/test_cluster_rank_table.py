@@ -1,4 +1,4 @@
-"""Tests of HCCL rank tables: tools/hccl_tools.py, tools/merge_hccl.py, msllm.cluster.rank_table."""
+"""Tests of HCCL rank tables: tools/hccl_tools.py, tools/merge_hccl.py, msllm.cluster.rank_table*."""
 
 import json
 import os
@@ -8,17 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from msllm.cluster.rank_table import (
+from msllm.cluster.rank_table import load_rank_table, save_rank_table
+from msllm.cluster.rank_table_devices import parse_device_range, placeholder_device_ips
+from msllm.cluster.rank_table_format import (
     Device,
     RankTable,
     Server,
-    load_rank_table,
     make_rank_table,
     merge_rank_tables,
-    parse_device_range,
-    placeholder_device_ips,
     rank_table_from_dict,
-    save_rank_table,
 )
 from msllm.errors import MsllmError
 

@@ -1,0 +1,185 @@
+"""Start the processes of a launch plan, record their pids, and watch them until they end.
+
+Each process (plan: :mod:`msllm.cluster.launch_plan`) gets its own session (process group) and
+writes stdout and stderr to its log, so a Ctrl-C reaches only the launcher, which then forwards
+SIGTERM. ``OUTPUT/log/pids_{START}_{END}.txt`` lists ``role rank pid log`` per process (scheduler
+rank is ``-``). If a process exits non-zero, :func:`wait_all` names it, its exit code and log
+(with the log's last lines), sends SIGTERM to the others of this invocation, SIGKILL after the
+kill timeout (``MSLLM_KILL_TIMEOUT``, default 30 s), and returns 1; SIGINT/SIGTERM to the launcher
+are forwarded the same way (128+signal: 130/143); 0 only if every process exited 0. MindFormers'
+``scripts/run_distribute.sh`` starts the ranks in the background and returns at once; the msllm
+launcher waits by default (``MSLLM_NO_WAIT=1`` returns at once, see :mod:`msllm.cluster.launch`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from msllm.cluster.launch_plan import LaunchPlan, ProcessSpec
+from msllm.fileio import atomic_open
+
+DEFAULT_KILL_TIMEOUT = 30.0
+TAIL_LINES = 20
+
+
+@dataclass
+class Running:
+    """A started process and its spec."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen
+
+
+class SignalRecorder:
+    """Record SIGINT/SIGTERM to the launcher instead of dying, so children can be stopped first."""
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self._old = {}
+
+    def __enter__(self) -> "SignalRecorder":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, _frame) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def start_processes(plan: LaunchPlan, cwd: str) -> List[Running]:
+    """Start every process of ``plan`` (scheduler first), each in its own session, output to its log.
+
+    If starting one fails, those already started are terminated and the error propagates.
+    """
+    running: List[Running] = []
+    try:
+        for spec in plan.processes:
+            os.makedirs(os.path.dirname(spec.log_path), exist_ok=True)
+            with open(spec.log_path, "wb") as log:
+                popen = subprocess.Popen(plan.command, cwd=cwd, env=spec.env, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            running.append(Running(spec, popen))
+    except BaseException:
+        terminate(running, DEFAULT_KILL_TIMEOUT)
+        raise
+    return running
+
+
+def write_pid_file(plan: LaunchPlan, running: Sequence[Running]) -> None:
+    """Write ``role rank pid log`` per process to :attr:`LaunchPlan.pid_file` (atomically)."""
+    with atomic_open(plan.pid_file) as fh:
+        for r in running:
+            rank = "-" if r.spec.rank is None else str(r.spec.rank)
+            fh.write(f"{r.spec.role} {rank} {r.popen.pid} {r.spec.log_path}\n")
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group of ``popen`` (its own session), ignoring gone processes."""
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            popen.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def terminate(running: Sequence[Running], kill_timeout: float, signals: Optional[SignalRecorder] = None) -> None:
+    """SIGTERM every still-running process group, SIGKILL those alive after ``kill_timeout`` seconds.
+
+    A further SIGINT/SIGTERM to the launcher while waiting (recorded in ``signals``) kills at once.
+    """
+    alive = [r for r in running if r.popen.poll() is None]
+    for r in alive:
+        _signal_group(r.popen, signal.SIGTERM)
+    first = signals.received if signals else None
+    deadline = time.monotonic() + kill_timeout
+    while alive and time.monotonic() < deadline:
+        if signals is not None and signals.received != first:
+            break
+        time.sleep(0.1)
+        alive = [r for r in alive if r.popen.poll() is None]
+    for r in alive:
+        if r.popen.poll() is None:
+            print(f"{r.spec.label} (pid {r.popen.pid}) still running: SIGKILL", file=sys.stderr, flush=True)
+            _signal_group(r.popen, signal.SIGKILL)
+    for r in running:
+        try:
+            r.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def describe_exit(code: int) -> str:
+    """``exit code N`` or ``killed by signal NAME (N)`` for a Popen return code."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {name} ({-code})"
+    return f"exit code {code}"
+
+
+def tail(path: str, lines: int = TAIL_LINES) -> List[str]:
+    """The last ``lines`` lines of the text file ``path`` (reads at most its last 256 KiB)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 256 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return list(deque(text.splitlines(), maxlen=lines))
+
+
+def wait_all(running: Sequence[Running], kill_timeout: float, poll: float = 0.2) -> int:
+    """Wait for every process; on the first failure or a signal stop the rest (see :func:`terminate`).
+
+    Returns 0 if all exited 0, 1 if one failed, 128+signal if the launcher was signalled.
+    """
+    pending = list(running)
+    with SignalRecorder() as signals:
+        while pending:
+            if signals.received is not None:
+                name = signal.Signals(signals.received).name
+                print(f"launcher got {name}: sending SIGTERM to {len(pending)} processes "
+                      f"(SIGKILL after {kill_timeout:g} s)", file=sys.stderr, flush=True)
+                terminate(pending, kill_timeout, signals)
+                return 128 + signals.received
+            for r in list(pending):
+                code = r.popen.poll()
+                if code is None:
+                    continue
+                pending.remove(r)
+                if code == 0:
+                    print(f"{r.spec.label} finished (exit code 0)", flush=True)
+                    continue
+                err = sys.stderr
+                print(f"error: {r.spec.label} (pid {r.popen.pid}) failed: {describe_exit(code)}; "
+                      f"log: {r.spec.log_path}", file=err)
+                lines = tail(r.spec.log_path)
+                print(f"---- last {len(lines)} lines of {r.spec.log_path} ----", file=err)
+                for line in lines:
+                    print(line, file=err)
+                print("---- end of log ----", file=err, flush=True)
+                others = [x for x in pending if x.popen.poll() is None]
+                if others:
+                    print(f"stopping {', '.join(x.spec.label for x in others)} of this invocation: SIGTERM, "
+                          f"SIGKILL after {kill_timeout:g} s", file=err, flush=True)
+                terminate(pending, kill_timeout, signals)
+                return 1
+            time.sleep(poll)
+    print(f"all {len(running)} processes of this invocation finished successfully", flush=True)
+    return 0
