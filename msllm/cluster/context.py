@@ -148,7 +148,7 @@ def setup_runtime(cfg: RunConfig) -> Runtime:
             f"{pc.data_parallel} x {pc.model_parallel} x {pc.pipeline_stage} = {want} processes, but "
             f"{world} were started; start {want} (scripts/run_distribute.sh ... RANK_SIZE={want}) "
             f"or override --parallel_config.data_parallel={world}")
-    from msllm.parallel.layout import parallel_context_kwargs  # validates the layout against the model
+    from msllm.parallel.context import parallel_context_kwargs  # validates the layout against the model
 
     kwargs = parallel_context_kwargs(cfg, rank)
     if world > 1:

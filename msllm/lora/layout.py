@@ -1,5 +1,5 @@
 """Parallel layouts of the LoRA parameters and operators, derived from the base layer's rule in
-:func:`msllm.parallel.layout.op_rules` (Megatron-LM pattern, Shoeybi et al. 2019 sec. 3).
+:func:`msllm.parallel.layout_rules.op_rules` (Megatron-LM pattern, Shoeybi et al. 2019 sec. 3).
 
 For a targeted linear layer with weight W (out, in) split ``(w_out, w_in)``:
 
@@ -16,19 +16,18 @@ MindFormers shards its ``LoRADense`` the same way from the base MatMul's strateg
 (``mindformers/pet/tuners/lora_adapter.py``, ``recursive_replace_dense_cell``, transpose_b case).
 
 The optimizer-shard rule and the AdamW moments' layouts are those of
-:func:`msllm.parallel.layout.param_layouts` (same code path: ``_opt_group``); adapters are
-float32.
+:func:`msllm.parallel.param_layout.param_layouts` (the same function,
+:func:`~msllm.parallel.param_layout.layouts_from_rules`, computes both); adapters are float32 and
+never norm weights, so every adapter may be optimizer-sharded.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 from msllm.lora.targets import adapter_names, adapter_shapes, match_targets
-from msllm.models.llama.names import OPTIMIZER_STATE_PREFIXES
-from msllm.parallel.layout import (DEFAULT_OPT_THRESHOLD_KB, DTYPE_BYTES, OpRule, ParamLayout, _opt_group, _tensor_map,
-                                   concrete, op_rules)
+from msllm.parallel.layout_rules import OpRule, concrete, op_rules
+from msllm.parallel.param_layout import DEFAULT_OPT_THRESHOLD_KB, ParamLayout, layouts_from_rules
 
 
 def lora_modules(model_config) -> list[str]:
@@ -76,37 +75,20 @@ def lora_param_layouts(model_config, parallel_config, stage_layers: Optional[Seq
                        include_optimizer_states: bool = True,
                        opt_threshold_kb: int = DEFAULT_OPT_THRESHOLD_KB) -> dict[str, ParamLayout]:
     """``{name: ParamLayout}`` of every adapter parameter (and ``adam_m.`` / ``adam_v.`` states),
-    to be merged with :func:`msllm.parallel.layout.param_layouts` (e.g. for
+    to be merged with :func:`msllm.parallel.param_layout.param_layouts` (e.g. for
     ``write_strategy_files(..., layouts=...)``). {} without a pet_config."""
     modules = lora_modules(model_config)
     if not modules:
         return {}
-    pc = parallel_config
-    dev = (pc.data_parallel, pc.model_parallel)
     shapes = adapter_shapes(model_config, modules, model_config.pet_config.lora_rank)
-    out: dict[str, ParamLayout] = {}
-    for rule in lora_op_rules(model_config, parallel_config, stage_layers):
-        for idx, name in rule.params:
-            tmap = _tensor_map(rule.in_strategy[idx])
-            shape = shapes[name]
-            size = step = 0
-            if pc.optimizer_shard:  # the rule of param_layouts (adapters are never norm weights)
-                group = _opt_group(dev, tmap)
-                nbytes = math.prod(shape) * DTYPE_BYTES["float32"]
-                first = shape[0] // (1 if tmap[0] == -1 else dev[len(dev) - 1 - tmap[0]])
-                if len(group) > 1 and nbytes >= opt_threshold_kb * 1024 and first % len(group) == 0:
-                    size, step = len(group), (group[-1] - group[0]) // (len(group) - 1)
-            out[name] = ParamLayout(dev, tmap, shape, rule.stage, size, step, "float32")
-    if include_optimizer_states:
-        for name in list(out):
-            for prefix in OPTIMIZER_STATE_PREFIXES:
-                out[prefix + name] = out[name]
-    return out
+    return layouts_from_rules(lora_op_rules(model_config, parallel_config, stage_layers), shapes, parallel_config,
+                              "float32", include_optimizer_states=include_optimizer_states,
+                              opt_threshold_kb=opt_threshold_kb)
 
 
 def apply_lora_layout(network, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
     """``.shard()`` the LoRA primitives of ``network`` (after :func:`~msllm.lora.apply.apply_lora`
-    and :func:`msllm.parallel.layout.apply_layout`) per :func:`lora_op_rules`. Returns the rules.
+    and :func:`msllm.parallel.apply.apply_layout`) per :func:`lora_op_rules`. Returns the rules.
     A rule whose primitive or parameter is missing raises AssertionError (table and cells drifted)."""
     from msllm.lora.apply import resolve_cell
 

@@ -2,7 +2,7 @@
 
 Terms (bytes on the most loaded rank of each pipeline stage):
 
-* **weights**: each rank's parameter slices, from :func:`msllm.parallel.layout.param_layouts`
+* **weights**: each rank's parameter slices, from :func:`msllm.parallel.param_layout.param_layouts`
   (the same table the strategy files come from), in ``param_init_type``. With the parallel
   optimizer MindSpore keeps only the 1/N optimizer slice of a sharded weight.
 * **weight copies**: the compute-dtype copy of a weight that the forward pass makes and the
@@ -78,8 +78,8 @@ from typing import Optional, Sequence
 from msllm.errors import MsllmError
 from msllm.kernels import select
 from msllm.models.llama.names import is_optimizer_state
-from msllm.parallel.layout import (
-    DTYPE_BYTES, param_layouts, stage_layer_counts, validate_layout)
+from msllm.parallel.layout_checks import stage_layer_counts, validate_layout
+from msllm.parallel.param_layout import DTYPE_BYTES, param_layouts
 
 RECOMPUTE_MODES = ("none", "select", "full")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,

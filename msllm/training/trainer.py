@@ -230,13 +230,13 @@ def train(cfg: RunConfig) -> dict:
 
         lora = LoraTraining(network, cfg, rt.rank)
     if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
-        from msllm.parallel.layout import apply_layout
+        from msllm.parallel.apply import apply_layout
 
         apply_layout(network, cfg.parallel_config, cfg.recompute_config)
         if lora is not None:
             lora.shard(cfg.parallel_config)
     else:
-        from msllm.parallel.layout import apply_recompute
+        from msllm.parallel.apply import apply_recompute
 
         if apply_recompute(network, cfg.recompute_config):
             log.info("recompute: %s activations of %d layers are recomputed in the backward pass",

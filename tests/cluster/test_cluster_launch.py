@@ -389,7 +389,7 @@ def test_only_save_strategy_13b_on_two_servers_writes_each_ranks_own_file(tmp_pa
     import mindspore as ms
 
     from msllm.config import load_config
-    from msllm.parallel.layout import param_layouts
+    from msllm.parallel.param_layout import param_layouts
 
     (tmp_path / "scripts").mkdir()
     (tmp_path / "configs" / "llama").mkdir(parents=True)

@@ -232,12 +232,12 @@ def test_layout_shards_the_fused_primitives_like_mindformers(pynative):
     norms (dp, 1, 1) with gamma replicated (``models/llama/llama_layer.py``, LlamaRMSNorm.shard);
     the composed attention's primitives get no rule."""
     from msllm.config import ParallelLayoutConfig
-    from msllm.parallel import layout as L
+    from msllm.parallel.apply import apply_layout
 
     cfg = with_keys(small(compute_dtype="float16", num_layers=2), use_flash_attention=True, fused_rms_norm=True)
     net = LlamaForCausalLM(cfg, fast_paths=False)
     pc = ParallelLayoutConfig(data_parallel=2, model_parallel=2)
-    rules = {r.name for r in L.apply_layout(net, pc)}
+    rules = {r.name for r in apply_layout(net, pc)}
     attn = net.model.layers[1].self_attn
     assert attn.fa_score.in_strategy == ((2, 2, 1, 1), (2, 2, 1, 1), (2, 2, 1, 1), (1, 1))
     assert "model.layers.1.self_attn.fa_score" in rules and "model.layers.1.self_attn.softmax" not in rules
@@ -245,6 +245,6 @@ def test_layout_shards_the_fused_primitives_like_mindformers(pynative):
     assert net.model.norm.ascend_norm.in_strategy == ((2, 1, 1), (1,))
     # the composed model keeps the composed rules
     plain = LlamaForCausalLM(with_keys(small(), use_flash_attention=False, fused_rms_norm=False), fast_paths=False)
-    names = {r.name for r in L.apply_layout(plain, pc)}
+    names = {r.name for r in apply_layout(plain, pc)}
     assert "model.layers.1.self_attn.softmax" in names and "model.layers.1.self_attn.fa_score" not in names
     assert plain.model.layers[1].self_attn.softmax.in_strategy == ((2, 2, 1, 1),)

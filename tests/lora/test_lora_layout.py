@@ -14,7 +14,7 @@ from msllm.config import ParallelLayoutConfig
 from msllm.lora.layout import lora_op_rules, lora_param_layouts
 from msllm.lora.targets import adapter_names, linear_modules
 from msllm.models.llama.config import PetConfig
-from msllm.parallel.layout import param_layouts
+from msllm.parallel.param_layout import param_layouts
 
 PET = PetConfig(lora_rank=4, lora_alpha=8, target_modules=".*")  # every linear layer and the head
 LAYOUT = ParallelLayoutConfig(data_parallel=2, model_parallel=2, optimizer_shard=False, vocab_emb_dp=False)
@@ -66,7 +66,7 @@ def test_apply_lora_layout_shards_the_lora_primitives():
     from msllm.lora.apply import apply_lora
     from msllm.lora.layout import apply_lora_layout
     from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.parallel.layout import apply_layout
+    from msllm.parallel.apply import apply_layout
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -86,7 +86,8 @@ def test_apply_lora_layout_shards_the_lora_primitives():
 def test_resharded_adapters_compute_the_unsharded_update(tmp_path):
     import mindspore as ms
 
-    from msllm.parallel.reshard import collect_rank_checkpoints, transform_checkpoints
+    from msllm.parallel.reshard import transform_checkpoints
+    from msllm.parallel.reshard_inputs import collect_rank_checkpoints
     from msllm.parallel.strategy import write_strategy_files
 
     print("seed", SEED)

@@ -9,7 +9,13 @@ import pytest
 from msllm.config import ParallelLayoutConfig, RecomputeConfig, RunConfig, load_config
 from msllm.errors import MsllmError
 from msllm.models.llama.config import preset
-from msllm.parallel import layout as L
+from msllm.models.llama.names import param_shapes
+from msllm.parallel.apply import SELECT_RECOMPUTE, _resolve, apply_layout
+from msllm.parallel.context import parallel_context_kwargs
+from msllm.parallel.layout_checks import (global_batch_size, layer_stages, stage_layer_counts, validate_layout,
+                                          validate_run_layout)
+from msllm.parallel.layout_rules import cell_stages, concrete
+from msllm.parallel.param_layout import DEFAULT_OPT_THRESHOLD_KB, param_layouts, slice_for_rank
 
 
 def pc(**kw):
@@ -30,42 +36,42 @@ def pc(**kw):
 def test_invalid_layouts_raise_one_error_naming_the_key(kw, model_kw, key):
     mc = preset("tiny", **model_kw)
     with pytest.raises(MsllmError, match=key.replace("(", r"\(").replace(")", r"\)")):
-        L.validate_layout(mc, pc(**kw))
+        validate_layout(mc, pc(**kw))
 
 
 def test_device_count_and_global_batch_are_checked():
     mc = preset("tiny")
     with pytest.raises(MsllmError, match=r"2 x 2 x 1 = 4, but the device count is 8"):
-        L.validate_layout(mc, pc(data_parallel=2, model_parallel=2), device_num=8)
+        validate_layout(mc, pc(data_parallel=2, model_parallel=2), device_num=8)
     with pytest.raises(MsllmError, match=r"global batch size 6 is not divisible by .* 2 x 2"):
-        L.validate_layout(mc, pc(data_parallel=2, pipeline_stage=2, micro_batch_num=2), global_batch_size=6)
-    assert L.validate_layout(mc, pc(data_parallel=2, model_parallel=2), device_num=4, global_batch_size=8) == [4]
+        validate_layout(mc, pc(data_parallel=2, pipeline_stage=2, micro_batch_num=2), global_batch_size=6)
+    assert validate_layout(mc, pc(data_parallel=2, model_parallel=2), device_num=4, global_batch_size=8) == [4]
 
 
 def test_run_level_rules():
     cfg = load_config("configs/llama/run_llama_tiny.yaml", ["--parallel_config.model_parallel=2"])
     with pytest.raises(MsllmError, match="need parallel.parallel_mode: 1"):
-        L.validate_run_layout(cfg)
+        validate_run_layout(cfg)
     cfg = load_config("configs/llama/run_llama_7b.yaml", ["--parallel.enable_parallel_optimizer=False"])
     with pytest.raises(MsllmError, match="optimizer_shard=True disagrees with parallel.enable_parallel_optimizer"):
-        L.validate_run_layout(cfg)
+        validate_run_layout(cfg)
     cfg70 = load_config("configs/llama/run_llama_70b.yaml")
-    assert L.validate_run_layout(cfg70, device_num=64) == [20, 20, 20, 20]
-    assert L.global_batch_size(cfg70) == 1 * 2 * 16 * 1     # MindFormers: bs x dp x micro x accum
+    assert validate_run_layout(cfg70, device_num=64) == [20, 20, 20, 20]
+    assert global_batch_size(cfg70) == 1 * 2 * 16 * 1     # MindFormers: bs x dp x micro x accum
 
 
 def test_stage_splits_even_uneven_and_explicit():
-    assert L.stage_layer_counts(80, 4) == [20, 20, 20, 20]
-    assert L.stage_layer_counts(10, 4) == [2, 3, 3, 2]       # extra layers to the middle stages
-    assert L.stage_layer_counts(5, 2) == [2, 3]
-    assert L.stage_layer_counts(10, 4, [1, 4, 4, 1]) == [1, 4, 4, 1]
-    assert L.layer_stages(4, 2, [1, 3]) == [0, 1, 1, 1]
+    assert stage_layer_counts(80, 4) == [20, 20, 20, 20]
+    assert stage_layer_counts(10, 4) == [2, 3, 3, 2]       # extra layers to the middle stages
+    assert stage_layer_counts(5, 2) == [2, 3]
+    assert stage_layer_counts(10, 4, [1, 4, 4, 1]) == [1, 4, 4, 1]
+    assert layer_stages(4, 2, [1, 3]) == [0, 1, 1, 1]
     with pytest.raises(MsllmError, match="sums to 9"):
-        L.stage_layer_counts(10, 4, [1, 4, 3, 1])
+        stage_layer_counts(10, 4, [1, 4, 3, 1])
     with pytest.raises(MsllmError, match="has 3 entries"):
-        L.stage_layer_counts(10, 4, [4, 4, 2])
+        stage_layer_counts(10, 4, [4, 4, 2])
     with pytest.raises(MsllmError, match="at least one layer"):
-        L.stage_layer_counts(10, 2, [10, 0])
+        stage_layer_counts(10, 2, [10, 0])
 
 
 def test_param_shapes_match_the_real_network():
@@ -77,12 +83,12 @@ def test_param_shapes_match_the_real_network():
     for mc in (preset("tiny"), preset("tiny", tie_word_embeddings=True, num_layers=2)):
         net = LlamaForCausalLM(mc)
         real = {p.name: tuple(p.shape) for p in net.get_parameters()}
-        assert real == L.param_shapes(mc)
+        assert real == param_shapes(mc)
 
 
 def test_megatron_pattern_of_param_layouts():
     mc = preset("tiny")
-    lay = L.param_layouts(mc, pc(data_parallel=2, model_parallel=2, pipeline_stage=2, micro_batch_num=2,
+    lay = param_layouts(mc, pc(data_parallel=2, model_parallel=2, pipeline_stage=2, micro_batch_num=2,
                                  vocab_emb_dp=False))
     q = lay["model.layers.0.self_attn.q_proj.weight"]
     assert q.dev_matrix == (2, 2) and q.tensor_map == (0, -1) and q.stage == 0      # column: split out
@@ -93,13 +99,13 @@ def test_megatron_pattern_of_param_layouts():
     assert lay["lm_head.weight"].tensor_map == (0, -1) and lay["lm_head.weight"].stage == 1
     assert lay["model.norm.weight"].stage == 1
     assert lay["adam_m.lm_head.weight"] == lay["lm_head.weight"] == lay["adam_v.lm_head.weight"]
-    dp_only = L.param_layouts(mc, pc(data_parallel=2, model_parallel=2))
+    dp_only = param_layouts(mc, pc(data_parallel=2, model_parallel=2))
     assert dp_only["model.embed_tokens.embedding_table"].tensor_map == (-1, -1)      # vocab_emb_dp
 
 
 def test_optimizer_shard_follows_mindspore_rules():
     mc = preset("tiny")  # q (128,128) fp32 = 64 KB: at the threshold; k (64,128) = 32 KB: below
-    lay = L.param_layouts(mc, pc(data_parallel=2, model_parallel=2, optimizer_shard=True))
+    lay = param_layouts(mc, pc(data_parallel=2, model_parallel=2, optimizer_shard=True))
     q = lay["model.layers.0.self_attn.q_proj.weight"]
     assert (q.opt_shard_size, q.opt_shard_step) == (2, 2)            # group: ranks {m, m + mp}
     assert q.slice_shape == (32, 128)                                 # 128 / mp 2 / dp 2
@@ -107,17 +113,17 @@ def test_optimizer_shard_follows_mindspore_rules():
     assert lay["model.layers.0.input_layernorm.weight"].opt_shard_size == 0
     emb = lay["model.embed_tokens.embedding_table"]                   # replicated on all 4 ranks
     assert (emb.opt_shard_size, emb.opt_shard_step, emb.slice_shape) == (4, 1, (8000, 128))
-    none = L.param_layouts(mc, pc(data_parallel=1, model_parallel=2, optimizer_shard=True))
+    none = param_layouts(mc, pc(data_parallel=1, model_parallel=2, optimizer_shard=True))
     assert none["model.layers.0.self_attn.q_proj.weight"].opt_shard_size == 0    # nothing repeated
 
 
 def test_slice_for_rank_tiles_the_tensor():
     mc = preset("tiny")
-    lay = L.param_layouts(mc, pc(data_parallel=2, model_parallel=2, optimizer_shard=True))
+    lay = param_layouts(mc, pc(data_parallel=2, model_parallel=2, optimizer_shard=True))
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight",
                  "model.embed_tokens.embedding_table"):
         full = np.arange(math.prod(lay[name].full_shape), dtype=np.float32).reshape(lay[name].full_shape)
-        parts = [L.slice_for_rank(full, lay[name], r) for r in range(4)]
+        parts = [slice_for_rank(full, lay[name], r) for r in range(4)]
         assert all(p.shape == lay[name].slice_shape for p in parts)
         seen = np.concatenate([p.ravel() for p in parts])
         assert np.array_equal(np.sort(seen), full.ravel())            # disjoint and complete
@@ -138,17 +144,17 @@ def sharded_net():
     before = net(ids).asnumpy()
     layout = pc(data_parallel=2, model_parallel=2, pipeline_stage=2, micro_batch_num=2, vocab_emb_dp=False,
                 optimizer_shard=True)
-    rules = L.apply_layout(net, layout, RecomputeConfig(recompute=True), stage_layers=[1, 3])
+    rules = apply_layout(net, layout, RecomputeConfig(recompute=True), stage_layers=[1, 3])
     return net, mc, layout, rules, ids, before
 
 
 def test_apply_layout_sets_exactly_the_param_layouts(sharded_net):
     net, mc, layout, rules, _, _ = sharded_net
-    lays = L.param_layouts(mc, layout, stage_layers=[1, 3])
+    lays = param_layouts(mc, layout, stage_layers=[1, 3])
     checked = set()
     for rule in rules:
-        prim = getattr(L._resolve(net, rule.path), rule.prim)
-        assert prim.in_strategy == L.concrete(rule.in_strategy, 2, 2)
+        prim = getattr(_resolve(net, rule.path), rule.prim)
+        assert prim.in_strategy == concrete(rule.in_strategy, 2, 2)
         for idx, name in rule.params:
             lay = lays[name]
             implied = tuple(1 if m == -1 else lay.dev_matrix[len(lay.dev_matrix) - 1 - m] for m in lay.tensor_map)
@@ -168,9 +174,9 @@ def test_apply_layout_sets_stages_recompute_and_norm_flags(sharded_net):
     assert net.model.embed_tokens.pipeline_stage == 0
     assert [net.model.layers[i].pipeline_stage for i in range(4)] == [0, 1, 1, 1]
     assert net.model.norm.pipeline_stage == 1 and net.lm_head.pipeline_stage == 1 and net.loss.pipeline_stage == 1
-    lays = L.param_layouts(mc, layout, stage_layers=[1, 3])
-    for path, stage in L.cell_stages(mc, layout, [1, 3]).items():
-        for p in L._resolve(net, path).get_parameters():
+    lays = param_layouts(mc, layout, stage_layers=[1, 3])
+    for path, stage in cell_stages(mc, layout, [1, 3]).items():
+        for p in _resolve(net, path).get_parameters():
             assert lays[p.name].stage == stage
     norms = [p for p in net.get_parameters() if "norm" in p.name]
     assert norms and all(p.parallel_optimizer is False for p in norms)
@@ -190,10 +196,10 @@ def test_select_recompute_marks_the_attention_core_and_swiglu_ops():
     from msllm.models.llama.model import LlamaForCausalLM
 
     net = LlamaForCausalLM(preset("tiny", num_layers=1))
-    L.apply_layout(net, pc(), RecomputeConfig(select_recompute=True))
+    apply_layout(net, pc(), RecomputeConfig(select_recompute=True))
     attn, mlp = net.model.layers[0].self_attn, net.model.layers[0].mlp
-    assert all(getattr(attn, p).attrs.get("recompute") for p in L.SELECT_RECOMPUTE["self_attn"])
-    assert all(getattr(mlp, p).attrs.get("recompute") for p in L.SELECT_RECOMPUTE["mlp"])
+    assert all(getattr(attn, p).attrs.get("recompute") for p in SELECT_RECOMPUTE["self_attn"])
+    assert all(getattr(mlp, p).attrs.get("recompute") for p in SELECT_RECOMPUTE["mlp"])
     assert not attn.q_proj.matmul.attrs.get("recompute")
 
 
@@ -202,7 +208,7 @@ def test_parallel_context_kwargs_are_accepted_by_mindspore():
 
     for name in ("7b", "13b", "70b", "tiny"):
         cfg = load_config(f"configs/llama/run_llama_{name}.yaml", ["--output_dir=/tmp/msllm_out"])
-        kw = L.parallel_context_kwargs(cfg, rank=5)
+        kw = parallel_context_kwargs(cfg, rank=5)
         assert kw["device_num"] == cfg.parallel_config.device_num
         try:
             ms.set_auto_parallel_context(**kw)
@@ -212,14 +218,14 @@ def test_parallel_context_kwargs_are_accepted_by_mindspore():
                     assert got == value or (isinstance(value, dict) and value.items() <= got.items()), key
         finally:
             ms.reset_auto_parallel_context()
-    kw = L.parallel_context_kwargs(load_config("configs/llama/run_llama_70b.yaml"), rank=63)
+    kw = parallel_context_kwargs(load_config("configs/llama/run_llama_70b.yaml"), rank=63)
     assert kw["parallel_mode"] == "semi_auto_parallel" and kw["pipeline_stages"] == 4
     assert kw["strategy_ckpt_config"]["save_file"].endswith("strategy/ckpt_strategy_rank_63.ckpt")
     assert kw["strategy_ckpt_config"]["only_trainable_params"] is False
-    assert kw["parallel_optimizer_config"]["parallel_optimizer_threshold"] == L.DEFAULT_OPT_THRESHOLD_KB
-    assert L.parallel_context_kwargs(load_config("configs/llama/run_llama_tiny.yaml")) == {
+    assert kw["parallel_optimizer_config"]["parallel_optimizer_threshold"] == DEFAULT_OPT_THRESHOLD_KB
+    assert parallel_context_kwargs(load_config("configs/llama/run_llama_tiny.yaml")) == {
         "parallel_mode": "data_parallel", "device_num": 2, "gradients_mean": True}
 
 
 def test_run_config_default_is_valid():
-    assert L.validate_run_layout(RunConfig()) == [32]
+    assert validate_run_layout(RunConfig()) == [32]

@@ -9,8 +9,9 @@ import pytest
 
 from msllm.config import ParallelLayoutConfig
 from msllm.models.llama.config import preset
-from msllm.parallel.layout import param_layouts
-from msllm.parallel.reshard import collect_rank_checkpoints, transform_checkpoints
+from msllm.parallel.param_layout import param_layouts
+from msllm.parallel.reshard import transform_checkpoints
+from msllm.parallel.reshard_inputs import collect_rank_checkpoints
 from msllm.parallel.strategy import write_strategy_files
 
 MC = preset("tiny")                      # 4 query heads sharing 2 key/value heads (GQA)

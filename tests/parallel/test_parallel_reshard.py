@@ -12,9 +12,9 @@ import pytest
 from msllm.config import ParallelLayoutConfig, RunConfig
 from msllm.errors import MsllmError
 from msllm.models.llama.config import preset
-from msllm.parallel.layout import param_layouts, slice_for_rank, stage_of_rank
-from msllm.parallel.reshard import (
-    collect_rank_checkpoints, reshard_for_start, resolve_strategy, transform_checkpoints)
+from msllm.parallel.param_layout import param_layouts, slice_for_rank, stage_of_rank
+from msllm.parallel.reshard import reshard_for_start, transform_checkpoints
+from msllm.parallel.reshard_inputs import collect_rank_checkpoints, resolve_strategy
 from msllm.parallel.strategy import write_strategy_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -12,10 +12,11 @@ import pytest
 
 from msllm.config import ParallelLayoutConfig, load_config
 from msllm.models.llama.config import preset
-from msllm.parallel.layout import param_layouts, param_shapes, rank_param_bytes
-from msllm.parallel.reshard import resolve_strategy
-from msllm.parallel.strategy import (
-    SUMMARY_NAME, list_strategy_files, read_strategy, save_strategy_for_run, write_strategy_files)
+from msllm.models.llama.names import param_shapes
+from msllm.parallel.param_layout import param_layouts, rank_param_bytes
+from msllm.parallel.reshard_inputs import resolve_strategy
+from msllm.parallel.strategy import SUMMARY_NAME, save_strategy_for_run, write_strategy_files
+from msllm.parallel.strategy_files import list_strategy_files, read_strategy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

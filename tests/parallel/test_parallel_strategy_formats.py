@@ -16,9 +16,11 @@ import mindspore as ms
 from msllm.config import ParallelLayoutConfig, load_config
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.names import msllm_to_mindformers_name
-from msllm.parallel.layout import param_layouts, slice_for_rank
-from msllm.parallel.reshard import collect_rank_checkpoints, reshard_for_start, transform_checkpoints
-from msllm.parallel.strategy import list_strategy_files, save_strategy_for_run, write_strategy_files
+from msllm.parallel.param_layout import param_layouts, slice_for_rank
+from msllm.parallel.reshard import reshard_for_start, transform_checkpoints
+from msllm.parallel.reshard_inputs import collect_rank_checkpoints
+from msllm.parallel.strategy import save_strategy_for_run, write_strategy_files
+from msllm.parallel.strategy_files import list_strategy_files
 from msllm.training import checkpoint as ckpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -22,7 +22,7 @@ batches decode row by row exactly). The training graph never builds the cached p
 without operator sharding) selects shapes MindSpore's CPU kernels run faster: 2-D RMSNorm and
 softmax views and the loss over target positions only. Each is commented where it is used, with
 the gain measured in BENCHMARKS.md. Without it the model keeps the shapes that
-``msllm.parallel.layout``'s primitive strategies are written for (the path Ascend runs).
+``msllm.parallel.layout_rules``' primitive strategies are written for (the path Ascend runs).
 
 Fused operators (:func:`msllm.kernels.select.choose`, from the config keys ``cpu_kernels``,
 ``use_flash_attention``, ``fused_rms_norm``): on the CPU fast path msllm's own C++ kernels

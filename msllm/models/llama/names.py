@@ -3,7 +3,7 @@ one definition of every parameter's shape.
 
 Everything that names or sizes a weight uses this module: checkpoint loading
 (:mod:`msllm.training.checkpoint`), conversion (:mod:`msllm.convert`), MindFormers checkpoints
-(:mod:`msllm.formats.mindformers`) and parallel layouts (:mod:`msllm.parallel.layout`).
+(:mod:`msllm.formats.mindformers`) and parallel layouts (:mod:`msllm.parallel.param_layout`).
 Pure Python: no MindSpore, no numpy.
 
 Sources of the columns:

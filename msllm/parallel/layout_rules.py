@@ -1,0 +1,199 @@
+"""The sharding rule table of the LLaMA model: every primitive a parallel layout splits, with a
+symbolic strategy, and the pipeline stage of every cell.
+
+Pattern: Megatron-LM tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", sec. 3, fig. 3),
+expressed as MindSpore operator strategies the way MindFormers does it for LLaMA
+(``mindformers/models/llama/llama_transformer.py``, ``llama_layer.py``, ``llama.py``):
+
+* batch axis split ``data_parallel`` (dp) ways on every operator;
+* q/k/v and gate/up projections are column-parallel: weight ``(out, in)`` split on ``out`` by
+  ``model_parallel`` (mp), MatMul strategy ``((dp, 1), (mp, 1))``;
+* o and down projections are row-parallel: weight split on ``in``, ``((dp, mp), (1, mp))``; the
+  partial outputs are summed (AllReduce, or ReduceScatter with ``use_seq_parallel``);
+* attention (BatchMatMul, Softmax, rotary Mul/Add) is split on the head axis: ``(dp, mp, 1, 1)``;
+* RMSNorm weights are replicated; norm inputs ``(dp, 1, 1)`` (``(dp, mp, 1)`` with sequence
+  parallelism, Korthikanti et al. 2022 sec. 4.2.2);
+* embedding and output head: vocab-parallel (table/weight split on V by mp) when
+  ``vocab_emb_dp`` is False, else replicated with the lookup/head data-parallel;
+* pipeline: embedding on stage 0, decoder layers per :func:`msllm.parallel.layout_checks.layer_stages`,
+  final norm, head and loss on the last stage (:func:`cell_stages`).
+
+One source of truth: :func:`op_rules` lists, for a model config and layout, every primitive to
+shard with a *symbolic* strategy (axis names ``"dp"``, ``"mp"``, ``"dpmp"`` = both, ``None`` = 1)
+and the parameters each op consumes. :func:`msllm.parallel.apply.apply_layout` turns the symbols
+into numbers (:func:`concrete`) and calls ``.shard()``;
+:func:`msllm.parallel.param_layout.param_layouts` turns the same symbols of the parameter inputs
+into MindSpore tensor layouts (device matrix + tensor map). Nothing here builds a network or
+allocates weights; the model file (:mod:`msllm.models.llama.model`) knows nothing of this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from msllm.kernels import select
+from msllm.parallel.layout_checks import layer_stages
+
+Sym = Optional[str]          # "dp", "mp", "dpmp" or None (= not split)
+SymStrategy = tuple[tuple[Sym, ...], ...]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """One primitive to shard.
+
+    path: cell path inside ``LlamaForCausalLM`` (``model.layers.3.self_attn.q_proj``).
+    prim: attribute name of the primitive on that cell (``matmul``).
+    in_strategy / out_strategy: symbolic strategies, one tuple per input (output).
+    stage: pipeline stage of the cell.
+    params: ``(input index, full parameter name)`` for inputs that are parameters.
+    """
+
+    path: str
+    prim: str
+    in_strategy: SymStrategy
+    stage: int
+    out_strategy: Optional[SymStrategy] = None
+    params: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}.{self.prim}" if self.path else self.prim
+
+
+def concrete(strategy: Optional[SymStrategy], dp: int, mp: int):
+    """Symbolic strategy -> MindSpore strategy tuple: ``"dp"`` -> dp, ``"mp"`` -> mp,
+    ``"dpmp"`` -> dp*mp, ``None`` -> 1; ``None`` stays ``None``."""
+    if strategy is None:
+        return None
+    size = {"dp": dp, "mp": mp, "dpmp": dp * mp, None: 1}
+    return tuple(tuple(size[s] for s in dims) for dims in strategy)
+
+
+def _linear(path: str, weight_split: tuple[Sym, Sym], stage: int, seq_parallel_out: bool = False) -> OpRule:
+    """MatMul(x (N, in), W (out, in), transpose_b): x is split on N by dp and on its contracted
+    axis like W's ``in`` axis; the weight strategy is ``weight_split``."""
+    out = (("dpmp", None),) if seq_parallel_out else None
+    return OpRule(path, "matmul", (("dp", weight_split[1]), weight_split), stage, out,
+                  params=((1, f"{path}.weight"),))
+
+
+def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False) -> list[OpRule]:
+    act: tuple[Sym, ...] = ("dp", "mp" if seq_parallel else None, None)      # (B, T, C)
+    stat: tuple[Sym, ...] = ("dp", "mp" if seq_parallel else None, None)     # (B, T, 1)
+    if fused:  # MindSpore's RmsNorm(x, gamma), gamma replicated, as MindFormers' LlamaRMSNorm.shard
+        return [OpRule(path, "ascend_norm", (act, (None,)), stage, params=((1, f"{path}.weight"),))]
+    return [
+        OpRule(path, "square", (act,), stage),
+        OpRule(path, "mean", (act,), stage),
+        OpRule(path, "rsqrt", (stat,), stage),
+        OpRule(path, "mul", (act, stat), stage),
+        OpRule(path, "mul_weight", (act, (None,)), stage, params=((1, f"{path}.weight"),)),
+    ]
+
+
+def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
+             kernels=None) -> list[OpRule]:
+    """Every primitive strategy of the layout, in network order (the single source of truth).
+
+    ``kernels``: the model's :class:`msllm.kernels.select.KernelChoice` (default: what the layout
+    path runs on Ascend for ``model_config``). With MindSpore's ``FlashAttentionScore`` the
+    attention core is that one primitive, q/k/v (B, N, S, D) split (dp, mp, 1, 1) and the
+    compressed causal mask replicated, as MindFormers 1.9.0 shards it for sparse_mode 2
+    (``mindformers/modules/flash_attention.py``, ``_generate_flash_attention_strategy``); with
+    ``RmsNorm`` each norm is one primitive (x split like the composed norm's input, gamma replicated).
+
+    Shapes of the inputs (B batch, T sequence, C hidden, H heads, D head dim, F ffn, V vocab,
+    N = B*T): Linear MatMul (N, in) x (out, in); rotary Mul/Add/Neg/Concat and BatchMatMul
+    (B, H, T, D); scores, mask add and Softmax (B, H, T, T) with the mask (T, T); RMSNorm ops
+    (B, T, C) with statistics (B, T, 1); MLP element-wise ops (N, F); embedding Gather
+    (V, C) x (N,); loss LogSoftmax (N, V) and GatherD (N, V) x (N, 1).
+
+    Not covered (the model computes them with functional ops, which MindSpore gives its default
+    strategy and redistributes around): the half-splits of ``Attention.rotate`` (tensor slicing),
+    ``repeat_kv``'s ``broadcast_to``, RMSNorm's ``+ eps`` and the loss's masking/sum. And
+    ``Attention.transpose`` is one primitive used for both (B, T, H, D) -> (B, H, T, D) and back,
+    so it can carry only one strategy: the q/k/v one; the output transpose is redistributed.
+    """
+    mc, pc = model_config, parallel_config
+    if kernels is None:
+        kernels = select.choose(mc, fast_paths=False, device="Ascend")
+    flash = kernels.attention == select.ASCEND_FLASH
+    fused_norm = kernels.norm == select.ASCEND_NORM
+    sp = pc.use_seq_parallel and pc.model_parallel > 1
+    stages = layer_stages(mc.num_layers, pc.pipeline_stage, stage_layers)
+    last = pc.pipeline_stage - 1
+    vocab_split: Sym = None if pc.vocab_emb_dp else "mp"
+    rules: list[OpRule] = [
+        OpRule("model.embed_tokens", "gather", ((vocab_split, None), ("dp",)), 0,
+               params=((0, "model.embed_tokens.embedding_table"),)),
+    ]
+    col: tuple[Sym, Sym] = ("mp", None)
+    row: tuple[Sym, Sym] = (None, "mp")
+    heads4: tuple[Sym, ...] = ("dp", "mp", None, None)                      # (B, H, T, D) / (B, H, T, T)
+    seq3: tuple[Sym, ...] = ("dp", "mp" if sp else None, None)              # (B, T, C)
+    for i, st in enumerate(stages):
+        lp = f"model.layers.{i}"
+        ap, mp_ = f"{lp}.self_attn", f"{lp}.mlp"
+        rules += _rms_norm(f"{lp}.input_layernorm", st, sp, fused_norm)
+        rules += [
+            _linear(f"{ap}.q_proj", col, st), _linear(f"{ap}.k_proj", col, st), _linear(f"{ap}.v_proj", col, st),
+            # (B, T, H, D) -> (B, H, T, D): the head axis carries the mp split
+            OpRule(ap, "transpose", (("dp", None, "mp", None),), st),
+            OpRule(ap, "mul_cos", (heads4, (None, None)), st),
+            OpRule(ap, "mul_sin", (heads4, (None, None)), st),
+            OpRule(ap, "neg", (heads4,), st),
+            OpRule(ap, "concat", (heads4, heads4), st),
+            OpRule(ap, "add_rope", (heads4, heads4), st),
+        ]
+        if flash:  # q, k, v (B, N, S, D) and the (2048, 2048) mask; the None inputs take no strategy
+            rules.append(OpRule(ap, "fa_score", (heads4, heads4, heads4, (None, None)), st))
+        else:
+            rules += [
+                OpRule(ap, "bmm_qk", (heads4, heads4), st),
+                OpRule(ap, "mul_scale", (heads4, ()), st),
+                OpRule(ap, "add_mask", (heads4, (None, None)), st),
+                OpRule(ap, "softmax", (heads4,), st),
+                OpRule(ap, "bmm_pv", (heads4, heads4), st),
+            ]
+        rules.append(_linear(f"{ap}.o_proj", row, st, seq_parallel_out=sp))
+        rules += _rms_norm(f"{lp}.post_attention_layernorm", st, sp, fused_norm)
+        ffn2: tuple[Sym, ...] = ("dp", "mp")                                 # (N, F)
+        rules += [
+            _linear(f"{mp_}.gate_proj", col, st), _linear(f"{mp_}.up_proj", col, st),
+            OpRule(mp_, "sigmoid", (ffn2,), st),
+            OpRule(mp_, "mul_silu", (ffn2, ffn2), st),
+            OpRule(mp_, "mul", (ffn2, ffn2), st),
+            _linear(f"{mp_}.down_proj", row, st, seq_parallel_out=sp),
+            OpRule(lp, "add_attn", (seq3, seq3), st),
+            OpRule(lp, "add_mlp", (seq3, seq3), st),
+        ]
+    rules += _rms_norm("model.norm", last, sp, fused_norm)
+    if mc.tie_word_embeddings:
+        rules.append(OpRule("", "head_matmul", (("dp", None), (vocab_split, None)), last))
+    else:
+        rules.append(_linear("lm_head", (vocab_split, None), last))
+    # The loss is not vocab-parallel (msllm's CausalLMLoss uses one LogSoftmax): with a
+    # vocab-parallel head MindSpore all-gathers the logits before it.
+    rules += [
+        OpRule("loss", "log_softmax", (("dp", None),), last),
+        OpRule("loss", "gather", (("dp", None), ("dp", None)), last),
+    ]
+    return rules
+
+
+def cell_stages(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> dict[str, int]:
+    """Pipeline stage of each cell: embedding 0, layers per
+    :func:`~msllm.parallel.layout_checks.layer_stages`, final norm, head and loss the last stage."""
+    last = parallel_config.pipeline_stage - 1
+    out = {"model.embed_tokens": 0}
+    for i, st in enumerate(layer_stages(model_config.num_layers, parallel_config.pipeline_stage, stage_layers)):
+        out[f"model.layers.{i}"] = st
+    out.update({"model.norm": last, "loss": last})
+    if not model_config.tie_word_embeddings:
+        out["lm_head"] = last
+    return out
+
+
+__all__ = ["OpRule", "Sym", "SymStrategy", "cell_stages", "concrete", "op_rules"]
