@@ -1,28 +1,43 @@
-"""Shared test set-up: quiet MindSpore's C++ logging, paths to the bundled real data."""
+"""Shared test set-up: quiet MindSpore's C++ logging, ``tests/`` on ``sys.path`` (for the shared
+``helpers`` package), paths to the bundled real data, GRAPH_MODE on request."""
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("GLOG_v", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(ROOT, "examples", "data")
+from helpers import DATA, REPO, TOKENIZER  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def repo_root() -> str:
-    return ROOT
+    return REPO
 
 
 @pytest.fixture(scope="session")
 def tokenizer_path() -> str:
-    return os.path.join(EXAMPLES, "tokenizer.model")
+    return TOKENIZER
 
 
 @pytest.fixture(scope="session")
 def alpaca_path() -> str:
-    return os.path.join(EXAMPLES, "alpaca_en_demo.json")
+    return os.path.join(DATA, "alpaca_en_demo.json")
+
+
+@pytest.fixture(scope="module")
+def graph_mode():
+    """MindSpore on CPU in GRAPH_MODE (the mode training and generation compile in) for the
+    requesting module; the previous mode is restored after it."""
+    import mindspore as ms
+
+    previous = ms.get_context("mode")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=previous)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +48,7 @@ def alpaca_mindrecord(tmp_path_factory) -> str:
 
     d = tmp_path_factory.mktemp("alpaca64")
     conv = str(d / "conv.json")
-    convert_alpaca_file(os.path.join(EXAMPLES, "alpaca_en_demo.json"), conv)
+    convert_alpaca_file(os.path.join(DATA, "alpaca_en_demo.json"), conv)
     out = str(d / "alpaca_64.mindrecord")
-    preprocess_to_mindrecord(conv, "qa", os.path.join(EXAMPLES, "tokenizer.model"), 64, out, progress=False)
+    preprocess_to_mindrecord(conv, "qa", TOKENIZER, 64, out, progress=False)
     return out

@@ -1,4 +1,5 @@
-"""Alpaca records -> conversation JSON, and loading/validation of conversation JSON files.
+"""Alpaca records -> conversation JSON, loading/validation of conversation JSON files, and the
+JSON / JSON-lines readers the other input files share (:func:`load_json_file`, :func:`json_lines`).
 
 Formats
 -------
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from msllm.errors import MsllmError
 
@@ -80,6 +81,25 @@ def load_json_file(path: str) -> Any:
         raise MsllmError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{hint}"
         ) from None
+
+
+def json_lines(lines: Iterable[str], path: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, decoded value)`` of every non-blank line of a JSON-lines file.
+
+    ``lines``: the file's lines (an open text file or ``text.splitlines()``), numbered from 1;
+    blank lines are skipped. The values may be any JSON type: callers check them.
+
+    Raises:
+        MsllmError: a line is not valid JSON (the message gives the file, line and column).
+    """
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise MsllmError(f"{path}: invalid JSON at line {n} column {exc.colno}: {exc.msg}") from None
+        yield n, value
 
 
 def _record_label(index: int, record: Any) -> str:

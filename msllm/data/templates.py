@@ -54,6 +54,7 @@ import os
 from typing import Callable, Sequence
 
 from msllm.data.conversation import GPT, HUMAN
+from msllm.data.tokenizer import common_prefix_len
 from msllm.errors import MsllmError
 
 IGNORE_INDEX = -100
@@ -188,14 +189,6 @@ def get_template(name: str) -> Template:
 
 # ---- tokenisation -------------------------------------------------------------------------------
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_INDEX) -> tuple[list[int], list[int]]:
     """Token ids and labels of a sample given as ``(text, is_target)`` segments.
 
@@ -234,7 +227,7 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
         cuts = [(0, flag_at(start))]
         for b_end, _ in bounds:
             if start < b_end < end and flag_at(b_end) != cuts[-1][1]:
-                k = _common_prefix(tokenizer.encode(text[start:b_end]), chunk_ids)
+                k = common_prefix_len(tokenizer.encode(text[start:b_end]), chunk_ids)
                 cuts.append((max(k, cuts[-1][0]), flag_at(b_end)))
         cuts.append((len(chunk_ids), False))
         for (k0, target), (k1, _) in zip(cuts, cuts[1:]):

@@ -24,6 +24,15 @@ def file_md5(path: str) -> str:
     return file_digest(path, "md5")
 
 
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class LlamaTokenizer:
     """A SentencePiece LLaMA tokenizer.
 

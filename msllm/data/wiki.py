@@ -13,11 +13,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from msllm.data.conversation import load_json_file
+from msllm.data.conversation import json_lines, load_json_file
 from msllm.errors import MsllmError
 
 # clean_wikitext, as a table (MindFormers llama_preprocess.py r1.0, in this order): undoes
@@ -111,18 +110,8 @@ def read_wiki_file(path: str) -> tuple[list[str], bool]:
         if is_wikitext(path, text):
             return wikitext_paragraphs(text), True
         return [line for line in text.splitlines() if line.strip()], False
-    docs = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise MsllmError(f"{path}: invalid JSON at line {lineno} column {exc.colno}: {exc.msg}") from None
-        doc = _text_of(rec, f"{path}: line {lineno}")
-        if doc.strip():
-            docs.append(doc)
-    return docs, False
+    docs = [_text_of(rec, f"{path}: line {lineno}") for lineno, rec in json_lines(text.splitlines(), path)]
+    return [d for d in docs if d.strip()], False
 
 
 def read_wiki_documents(path: str) -> list[str]:

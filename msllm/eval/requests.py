@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from msllm.data.tokenizer import common_prefix_len
 from msllm.errors import MsllmError
 
 
@@ -105,15 +106,6 @@ def build_rows(encoded: Sequence[tuple[list[int], list[int]]], max_length: int) 
         key = model_input(ctx, cont, max_length)
         rows.setdefault(key, Row(key)).queries.append(continuation_query(len(key), i, cont))
     return list(rows.values())
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def plan_units(rows: Sequence[Row], min_prefix: int, max_group: int) -> list[tuple[int, list[int]]]:

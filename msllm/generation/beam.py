@@ -57,7 +57,7 @@ def beam_search(gen, prompts: Sequence[Sequence[int]], s: DecodeSettings, pad_to
     (module doc). Returns a :class:`~msllm.generation.decode.GenerationResult` whose ``tokens``
     are each prompt's best hypothesis (new tokens, ending with its EOS if it stopped there) and
     ``scores`` HF's ``sequences_scores`` (float)."""
-    from msllm.generation.decode import GenerationResult, round_up
+    from msllm.generation.decode import GenerationResult, Passes
 
     prompts = [list(map(int, p)) for p in prompts]
     length, max_new, buffer = gen.layout(prompts, s, pad_to, buffer)
@@ -79,11 +79,8 @@ def beam_search(gen, prompts: Sequence[Sequence[int]], s: DecodeSettings, pad_to
     kept = [] if keep_logits else None
 
     t0 = time.perf_counter()
-    if s.use_past:
-        logits, caches, pads = gen.prefill(rows, length, buffer, s.pad_token_id)
-    else:
-        width = round_up(length + max_new)
-        logits = gen.full_forward(rows, width, s.pad_token_id)
+    passes = Passes(gen, rows, s, length, max_new, buffer)
+    logits = passes.logits
     t_first = None
     steps = 0
     for k in range(max_new):
@@ -137,11 +134,8 @@ def beam_search(gen, prompts: Sequence[Sequence[int]], s: DecodeSettings, pad_to
         steps += 1
         beam_idx = (np.arange(b)[:, None] * nb + running_src).reshape(-1)
         tokens = running[:, :, k].reshape(-1)
-        if s.use_past:
-            logits, caches = gen.decode_step(tokens, length + k, pads, buffer, caches, beam_idx)
-        else:
-            seqs = [rows[r] + running[r // nb, r % nb, :k + 1].tolist() for r in range(b * nb)]
-            logits = gen.full_forward(seqs, width, s.pad_token_id)
+        logits = passes.next(k, tokens, lambda: [rows[r] + running[r // nb, r % nb, :k + 1].tolist()
+                                                 for r in range(b * nb)], beam_idx)
     t_end = time.perf_counter()
     tokens, reasons = [], []
     for i in range(b):

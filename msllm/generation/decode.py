@@ -142,6 +142,39 @@ def write_for(slots: np.ndarray, buffer: int) -> np.ndarray:
     return w
 
 
+class Passes:
+    """The forward passes of one generation call (:meth:`Generator.generate`,
+    :func:`msllm.generation.beam.beam_search`): the first, made on construction, over the B
+    ``prompts`` (lists of int) laid out by :meth:`Generator.layout` (P = ``length``), then one per
+    new token (:meth:`next`). With the cache (``use_past``): a prefill of the prompts
+    (left-padded to P slots) into a cache of S = ``buffer`` slots, then one decode step per token;
+    without it: each time the whole sequences, right-aligned in W = P + max_new slots (rounded up
+    to :data:`SLOT_MULTIPLE`). ``logits`` (B, V) float32: the latest pass's last-token logits.
+    """
+
+    def __init__(self, gen: "Generator", prompts: Sequence[Sequence[int]], s: DecodeSettings, length: int,
+                 max_new: int, buffer: int):
+        self.gen, self.use_past, self.pad_id = gen, s.use_past, s.pad_token_id
+        self.length, self.buffer = length, buffer
+        if self.use_past:
+            self.logits, self.caches, self.pads = gen.prefill(prompts, length, buffer, self.pad_id)
+        else:
+            self.width = round_up(length + max_new)
+            self.logits = gen.full_forward(prompts, self.width, self.pad_id)
+
+    def next(self, k: int, tokens: np.ndarray, sequences: Callable[[], list], beam_idx=None) -> np.ndarray:
+        """Logits (B, V) after new token ``k`` (0-based): ``tokens`` (B,) int64, the tokens chosen
+        at step k (the cache path feeds them at slot P + k, after taking the cache rows
+        ``beam_idx`` (B,) when given); ``sequences()`` the whole sequences (prompt + new tokens,
+        lists of int), called only without the cache."""
+        if self.use_past:
+            self.logits, self.caches = self.gen.decode_step(tokens, self.length + k, self.pads, self.buffer,
+                                                            self.caches, beam_idx)
+        else:
+            self.logits = self.gen.full_forward(sequences(), self.width, self.pad_id)
+        return self.logits
+
+
 class Generator:
     """Generation for one network: keeps the compiled step cells, so each shape compiles once
     over any number of :meth:`generate` calls (GRAPH_MODE; in PYNATIVE_MODE nothing compiles).
@@ -253,11 +286,8 @@ class Generator:
         finished = np.zeros(b, bool)
         reasons = ["length"] * b
         t0 = time.perf_counter()
-        if s.use_past:
-            logits, caches, pads = self.prefill(prompts, length, buffer, s.pad_token_id)
-        else:
-            width = round_up(length + max_new)
-            logits = self.full_forward(prompts, width, s.pad_token_id)
+        passes = Passes(self, prompts, s, length, max_new, buffer)
+        logits = passes.logits
         t_first = None
         steps = 0
         kept = [] if keep_logits else None
@@ -284,10 +314,7 @@ class Generator:
             if finished.all() or k == max_new - 1:
                 break
             steps += 1
-            if s.use_past:
-                logits, caches = self.decode_step(tokens, length + k, pads, buffer, caches)
-            else:
-                logits = self.full_forward([p + o for p, o in zip(prompts, out)], width, s.pad_token_id)
+            logits = passes.next(k, tokens, lambda: [p + o for p, o in zip(prompts, out)])
         t_end = time.perf_counter()
         return GenerationResult(out, reasons, None, t_first - t0, t_end - t_first, steps,
                                 compiled=list(self.shapes), logits=kept)

@@ -27,12 +27,11 @@ expected): a missing, empty or malformed file, a record of an unknown shape, an 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Optional
 
-from msllm.data.conversation import GPT, HUMAN, alpaca_prompt, load_json_file
+from msllm.data.conversation import GPT, HUMAN, alpaca_prompt, json_lines, load_json_file
 from msllm.errors import MsllmError
 
 FILE_SUFFIXES = (".txt", ".json", ".jsonl")
@@ -122,18 +121,10 @@ def read_prompt_file(path: str) -> list[PromptRecord]:
                 lines = fh.read().splitlines()
         except UnicodeDecodeError as exc:
             raise MsllmError(f"{path}: not UTF-8 text at byte {exc.start}") from None
-        records = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            if suffix == ".txt":
-                records.append(PromptRecord(len(records), [(HUMAN, line)]))
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MsllmError(f"{path}: line {n} is not valid JSON ({exc.msg} at column {exc.colno})") from None
-            records.append(_record(value, len(records), f"{path} line {n}"))
+        if suffix == ".txt":
+            records = [PromptRecord(i, [(HUMAN, line)]) for i, line in enumerate(x for x in lines if x.strip())]
+        else:
+            records = [_record(value, i, f"{path} line {n}") for i, (n, value) in enumerate(json_lines(lines, path))]
     if not records:
         raise MsllmError(f"{path}: no prompts in the file (it is empty)")
     return records

@@ -50,6 +50,15 @@ def assert_user_error(r, *needles):
         assert needle in r.stderr, (needle, r.stderr)
 
 
+def assert_refused(out_dir, args, needles, left=()):
+    """The tool run with ``args`` (``out_dir`` made first if missing) fails with one user error
+    naming every needle, and ``out_dir`` holds only ``left`` after it: no output, not even a
+    temporary file."""
+    out_dir.mkdir(exist_ok=True)
+    assert_user_error(run(*args), *needles)
+    assert sorted(os.listdir(out_dir)) == sorted(left)
+
+
 def hf_case(tmp_path, name):
     """Build the broken HF directory for case ``name``; returns (dir, expected message parts)."""
     d = str(tmp_path / "hf")
@@ -123,10 +132,7 @@ HF_CASES = ["missing_config", "malformed_config", "unsupported_architecture", "m
 def test_bad_hf_input_is_one_error_and_no_output(tmp_path, case):
     d, needles = hf_case(tmp_path, case)
     out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    r = run("--torch_ckpt_dir", d, "--mindspore_ckpt_path", str(out_dir / "m.ckpt"))
-    assert_user_error(r, *needles)
-    assert os.listdir(out_dir) == []
+    assert_refused(out_dir, ["--torch_ckpt_dir", d, "--mindspore_ckpt_path", str(out_dir / "m.ckpt")], needles)
 
 
 def test_the_valid_base_case_converts(tmp_path):
@@ -200,11 +206,9 @@ REVERSE_CASES = ["no_manifest_no_config", "unknown_entry", "missing_weight", "sh
 @pytest.mark.parametrize("case", REVERSE_CASES)
 def test_bad_msllm_input_is_one_error_and_no_output(tmp_path, case):
     args, needles = reverse_case(tmp_path, case)
-    parent = tmp_path / "exports"
-    parent.mkdir()
-    r = run("--reversed", "--mindspore_ckpt_path", *args[:1], "--torch_ckpt_dir", str(parent / "hf"), *args[1:])
-    assert_user_error(r, *needles)
-    assert os.listdir(parent) == []  # neither the directory nor a temporary one
+    parent = tmp_path / "exports"  # gets neither the output directory nor a temporary one
+    assert_refused(parent, ["--reversed", "--mindspore_ckpt_path", *args[:1], "--torch_ckpt_dir", str(parent / "hf"),
+                            *args[1:]], needles)
 
 
 def test_reverse_refuses_a_non_empty_output_dir_and_accepts_config_yaml(tmp_path):
@@ -213,9 +217,8 @@ def test_reverse_refuses_a_non_empty_output_dir_and_accepts_config_yaml(tmp_path
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
-    r = run("--reversed", "--mindspore_ckpt_path", p, "--torch_ckpt_dir", str(busy))
-    assert_user_error(r, "busy", "not an empty directory")
-    assert os.listdir(busy) == ["keep.txt"]
+    assert_refused(busy, ["--reversed", "--mindspore_ckpt_path", p, "--torch_ckpt_dir", str(busy)],
+                   ["busy", "not an empty directory"], left=["keep.txt"])
     yml = tmp_path / "run.yaml"
     yml.write_text("model:\n  model_config:\n    vocab_size: 16\n    hidden_size: 8\n    num_layers: 1\n"
                    "    num_heads: 2\n    n_kv_heads: 1\n    intermediate_size: 12\n    seq_length: 32\n"

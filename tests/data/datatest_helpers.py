@@ -10,15 +10,11 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from helpers import DATA, REPO, TOKENIZER  # noqa: F401  (re-exported to the data tests)
 
-DATA = os.path.join(REPO, "examples", "data")
 ALPACA = os.path.join(DATA, "alpaca_en_demo.json")
 WIKI = os.path.join(DATA, "wiki_demo.txt")
-TOKENIZER = os.path.join(DATA, "tokenizer.model")
-BAD_INPUTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs")
+BAD_INPUTS = os.path.join(REPO, "tests", "bad_inputs")
 
 
 def run_cli(script: str, *args: str, cwd: str | None = None) -> subprocess.CompletedProcess:

@@ -8,15 +8,10 @@ folder's conftest.)
 from __future__ import annotations
 
 import os
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from helpers import DATA, REPO, TOKENIZER  # noqa: F401  (re-exported to the evaluation tests)
 
-DATA = os.path.join(REPO, "examples", "data")
 EVAL_DATA = os.path.join(DATA, "eval")
-TOKENIZER = os.path.join(DATA, "tokenizer.model")
 
 # the random LLaMA the parity tests use: real 32000 vocabulary (the real tokenizer's ids), GQA,
 # odd MLP width; small enough that lm-eval's full-logits forward stays cheap

@@ -7,22 +7,16 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from evaltest_helpers import EVAL_DATA, HF_CONFIG, REPO
+from helpers import TINY_YAML as TINY
+from helpers.distributed import run_two_ranks, two_rank_table
 
 pytestmark = pytest.mark.slow
-TINY = os.path.join(REPO, "configs", "llama", "run_llama_tiny.yaml")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def results(out):
@@ -33,8 +27,6 @@ def results(out):
 
 
 def test_two_rank_mmlu_equals_one_rank(models, tmp_path):
-    from msllm.cluster.rank_table import make_rank_table, save_rank_table
-
     hf_dir = models[3]
     task = ["--task", "mmlu", "--data_dir", os.path.join(EVAL_DATA, "mmlu"), "--num_fewshot", "5",
             "--limit", "3", "--batch_size", "2", "--load_checkpoint", hf_dir]
@@ -43,17 +35,12 @@ def test_two_rank_mmlu_equals_one_rank(models, tmp_path):
                            "--output_dir", str(one), *task], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, GLOG_v="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = str(tmp_path / "hccl_2p.json")
-    save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
     two = tmp_path / "two"
-    env = dict(os.environ, MSLLM_OUTPUT_DIR=str(two), MS_SCHED_PORT=str(free_port()), MSLLM_KILL_TIMEOUT="10",
-               GLOG_v="3", MSLLM_ENTRY=os.path.join(REPO, "tools", "evaluate.py"))
-    proc2 = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_distribute.sh"), table, TINY, "[0,2]",
-                            "eval", "2", *task], capture_output=True, text=True, timeout=900, env=env,
-                           cwd=str(tmp_path))
+    rc, text = run_two_ranks(two_rank_table(tmp_path), TINY, "eval", two, task, timeout=900,
+                             MSLLM_ENTRY=os.path.join(REPO, "tools", "evaluate.py"))
     logs = "".join(open(p, encoding="utf-8", errors="replace").read()[-2000:]
                    for p in glob.glob(str(two / "log" / "rank_*" / "msllm.log")))
-    assert proc2.returncode == 0, proc2.stdout[-2000:] + logs
+    assert rc == 0, text[-2000:] + logs
     a, b = results(str(one)), results(str(two))
     assert (a["world_size"], b["world_size"]) == (1, 2)
     assert [d["loglikelihoods"] for d in a["docs"]] == [d["loglikelihoods"] for d in b["docs"]]  # bit-exact

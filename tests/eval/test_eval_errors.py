@@ -63,15 +63,15 @@ def test_empty_task(tmp_path, mmlu_copy):
 
 
 @pytest.mark.parametrize("line,message", [
-    ('{"question": "q", "passage": "p"', "not valid JSON"),
-    ('{"question": "q", "passage": "p"}', "missing key 'answer'"),
-    ('{"question": "q", "passage": "p", "answer": "yes"}', "'answer' is str, expected bool"),
-    ('["q"]', "expected a JSON object"),
+    ('{"question": "q", "passage": "p"', r"dev\.jsonl: invalid JSON at line 3 column"),
+    ('{"question": "q", "passage": "p"}', r"dev\.jsonl:3: missing key 'answer'"),
+    ('{"question": "q", "passage": "p", "answer": "yes"}', r"dev\.jsonl:3: 'answer' is str, expected bool"),
+    ('["q"]', r"dev\.jsonl:3: expected a JSON object"),
 ])
 def test_boolq_bad_records(tmp_path, line, message):
     good = open(os.path.join(EVAL_DATA, "boolq", "dev.jsonl"), encoding="utf-8").readline()
     (tmp_path / "dev.jsonl").write_text(good + good + line + "\n", encoding="utf-8")
-    with pytest.raises(MsllmError, match=rf"dev\.jsonl:3: {message}"):
+    with pytest.raises(MsllmError, match=message):
         boolq.load(str(tmp_path))
 
 

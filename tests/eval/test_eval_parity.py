@@ -19,7 +19,7 @@ import yaml
 from evaltest_helpers import EVAL_DATA, instances
 from msllm.eval.requests import encode_pair
 from msllm.eval.runner import evaluate
-from msllm.eval.tasks import boolq, ceval, mmlu
+from msllm.eval.tasks import boolq, ceval, common, mmlu
 
 LM_EVAL_TASKS = os.path.join(os.path.dirname(__import__("lm_eval").__file__), "tasks")
 TOL = 1e-4
@@ -80,7 +80,7 @@ def test_mmlu_5shot_matches_lm_eval(lm, models, tokenizer, tmp_path, capsys):
     assert tpl["fewshot_split"] == "dev" and tpl["fewshot_config"]["sampler"] == "first_n"
     from lm_eval.utils import apply_template
 
-    for subject in mmlu.subjects(data):
+    for subject in common.subjects(data, "test", "MMLU"):
         desc = harness_yaml("mmlu", "default", f"mmlu_{subject}.yaml")["description"]
         dev = mmlu.read_split(os.path.join(data, "dev", f"{subject}_dev.csv"))
         test = mmlu.read_split(os.path.join(data, "test", f"{subject}_test.csv"))[:3]

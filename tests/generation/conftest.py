@@ -12,14 +12,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    import mindspore as ms
-
-    previous = ms.get_context("mode")
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
+def generation_graph_mode(graph_mode):
+    """Every generation test runs in GRAPH_MODE (``graph_mode``: tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY_YAML = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
+from helpers import REPO as ROOT, TINY_YAML  # noqa: F401  (re-exported to the generation tests)
 
 # Three real sentences of different lengths (8, 26 and 2 tokens with BOS).
 SENTENCES = ["I love Beijing, because",
@@ -62,6 +59,39 @@ def same_tokens(ours: list[int], ref: list[int], fill: int) -> bool:
     the stop is filled with ``fill``."""
     n = len(ours)
     return ref[:n] == ours and all(t == fill for t in ref[n:])
+
+
+def converted_model(d, seed: int, hf_kw: dict, generation_config: dict, template: str = "vicuna_v1.1") -> dict:
+    """A seeded random HF LLaMA saved in ``d/hf`` (``hf_kw``: transformers config fields) and
+    converted to ``d/llama.ckpt``, whose manifest records ``template`` (key ``"template"``, as the
+    trainer records the dataset's template), plus ``d/run.yaml``: the tiny run YAML with the
+    converted model config, ``seq_length`` 128 and ``generation_config``.
+
+    Returns dict(hf=transformers model, hf_dir, ckpt, yaml=run YAML path)."""
+    import json
+
+    import yaml
+
+    from msllm.convert import hf as hfconv
+    from msllm.convert.configs import model_config_yaml
+    from msllm.convert.verify import make_random_hf_model
+
+    print("seed", seed)
+    hf_model = make_random_hf_model(str(d / "hf"), seed=seed, **hf_kw)
+    ckpt = str(d / "llama.ckpt")
+    res = hfconv.convert_hf_to_msllm(str(d / "hf"), ckpt, progress=False)
+    with open(ckpt + ".json") as fh:
+        manifest = json.load(fh)
+    manifest["template"] = template
+    with open(ckpt + ".json", "w") as fh:
+        json.dump(manifest, fh)
+    run = yaml.safe_load(open(TINY_YAML))
+    run["model"]["model_config"] = {**yaml.safe_load(model_config_yaml(res.config))["model"]["model_config"],
+                                    "seq_length": 128}
+    run["generation_config"] = generation_config
+    with open(d / "run.yaml", "w") as fh:
+        yaml.safe_dump(run, fh)
+    return dict(hf=hf_model, hf_dir=str(d / "hf"), ckpt=ckpt, yaml=str(d / "run.yaml"))
 
 
 def net_from_hf_dir(path: str):

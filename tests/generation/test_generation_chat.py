@@ -3,18 +3,13 @@ continuation of the checkpoint's template prompt; the interactive loop streams a
 history (the second answer continues the conversation), drops the oldest turns with a notice when
 the context window is full, and ``/reset`` / ``/exit`` work."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-import yaml
 
-from gentest_helpers import ROOT, TINY_YAML, hf_generate, hf_new_tokens
-from msllm.convert import hf as hfconv
-from msllm.convert.configs import model_config_yaml
-from msllm.convert.verify import make_random_hf_model
+from gentest_helpers import ROOT, converted_model, hf_generate, hf_new_tokens
 from msllm.data.templates import encode_prompt, get_template
 
 SEED = 61
@@ -26,21 +21,7 @@ CHAT = os.path.join(ROOT, "tools", "chat.py")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("chat_model")
-    print("seed", SEED)
-    hf_model = make_random_hf_model(str(d / "hf"), seed=SEED, **HF_KW)
-    ckpt = str(d / "llama.ckpt")
-    res = hfconv.convert_hf_to_msllm(str(d / "hf"), ckpt, progress=False)
-    manifest = json.load(open(ckpt + ".json"))
-    manifest["template"] = "vicuna_v1.1"                      # as the trainer records it
-    json.dump(manifest, open(ckpt + ".json", "w"))
-    run = yaml.safe_load(open(TINY_YAML))
-    run["model"]["model_config"] = {**yaml.safe_load(model_config_yaml(res.config))["model"]["model_config"],
-                                    "seq_length": 128}
-    run["generation_config"] = {"max_new_tokens": NEW}
-    cfg = str(d / "run.yaml")
-    yaml.safe_dump(run, open(cfg, "w"))
-    return dict(hf=hf_model, ckpt=ckpt, yaml=cfg)
+    return converted_model(tmp_path_factory.mktemp("chat_model"), SEED, HF_KW, {"max_new_tokens": NEW})
 
 
 def answer(hf_model, tokenizer, turns):

@@ -3,14 +3,13 @@ split across the ranks and the merged JSONL (rank 0, input order) equals a one-r
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from gentest_helpers import ROOT, TINY_YAML
-from msllm.cluster.rank_table import make_rank_table, save_rank_table
+from helpers.distributed import rank_log, run_two_ranks, two_rank_table
 from msllm.convert.verify import make_random_hf_model
 
 pytestmark = pytest.mark.slow
@@ -19,12 +18,6 @@ HF_KW = dict(vocab_size=32000, hidden_size=32, intermediate_size=37, num_hidden_
              num_key_value_heads=4, max_position_embeddings=128)
 PROMPTS = ["I love Beijing, because", "Hello", "The capital of France is Paris, and the capital of Germany is",
            "Give three tips for staying healthy.", "Once upon a time", "What is 2 + 2?", "Translate: good morning"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SEED = 51
@@ -37,16 +30,9 @@ def test_two_ranks_equal_one_rank(tmp_path):
     data.write_text("\n".join(PROMPTS) + "\n")
     common = ["--load_checkpoint", str(tmp_path / "hf"), "--predict_data", str(data),
               "--generation_config.max_new_tokens=12", "--generation_config.batch_size=2"]
-    table = str(tmp_path / "hccl_2p.json")
-    save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
-    env = dict(os.environ, MSLLM_OUTPUT_DIR=str(tmp_path / "dp"), MS_SCHED_PORT=str(free_port()),
-               MSLLM_KILL_TIMEOUT="10", GLOG_v="3")
-    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "run_distribute.sh"), table, TINY_YAML, "[0,2]",
-                        "predict", "2", *common], cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                       timeout=600)
-    logs = "".join((tmp_path / "dp" / "log" / f"rank_{i}" / "msllm.log").read_text()
-                   for i in (0, 1) if (tmp_path / "dp" / "log" / f"rank_{i}" / "msllm.log").exists())
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:] + logs[-4000:]
+    rc, text = run_two_ranks(two_rank_table(tmp_path), TINY_YAML, "predict", tmp_path / "dp", common, timeout=600)
+    logs = rank_log(tmp_path / "dp", 0) + rank_log(tmp_path / "dp", 1)
+    assert rc == 0, text[-4000:] + logs[-4000:]
     # record i went to rank i % 2: rank 0 decoded 4 of the 7 prompts, rank 1 the other 3
     assert "[rank 0] predict: this rank decodes 4 of the 7 prompt(s)" in logs
     assert "[rank 1] predict: this rank decodes 3 of the 7 prompt(s)" in logs

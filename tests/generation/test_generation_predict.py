@@ -11,12 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-import yaml
 
-from gentest_helpers import ROOT, TINY_YAML, hf_generate, hf_new_tokens
+from gentest_helpers import ROOT, converted_model, hf_generate, hf_new_tokens
 from msllm.convert import hf as hfconv
-from msllm.convert.configs import model_config_yaml
-from msllm.convert.verify import make_random_hf_model
 from msllm.data.templates import encode_prompt, get_template
 
 SEED = 41
@@ -28,29 +25,15 @@ NEW = 10
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     d = tmp_path_factory.mktemp("predict_model")
-    print("seed", SEED)
-    hf_model = make_random_hf_model(str(d / "hf"), seed=SEED, **HF_KW)
-    ckpt = str(d / "llama.ckpt")
-    res = hfconv.convert_hf_to_msllm(str(d / "hf"), ckpt, progress=False)
-    # the trainer records the dataset's template in the manifest (key "template")
-    manifest_path = ckpt + ".json"
-    manifest = json.load(open(manifest_path))
-    manifest["template"] = "vicuna_v1.1"
-    json.dump(manifest, open(manifest_path, "w"))
+    m = converted_model(d, SEED, HF_KW, {"max_new_tokens": NEW, "batch_size": 2})
     # the same weights under MindFormers' names, without a manifest (as MindFormers writes them)
     from msllm.models.llama.names import msllm_to_mindformers_name
 
-    mf = str(d / "mindformers.ckpt")
-    with hfconv.CkptWriter(mf) as w:
-        for name, (data, dtype) in hfconv.read_msllm_tensors(ckpt).items():
+    m["mf"] = str(d / "mindformers.ckpt")
+    with hfconv.CkptWriter(m["mf"]) as w:
+        for name, (data, dtype) in hfconv.read_msllm_tensors(m["ckpt"]).items():
             w.write(msllm_to_mindformers_name(name) or name, data, dtype)
-    run = yaml.safe_load(open(TINY_YAML))
-    run["model"]["model_config"] = {**yaml.safe_load(model_config_yaml(res.config))["model"]["model_config"],
-                                    "seq_length": 128}
-    run["generation_config"] = {"max_new_tokens": NEW, "batch_size": 2}
-    cfg_path = str(d / "run.yaml")
-    yaml.safe_dump(run, open(cfg_path, "w"))
-    return dict(hf=hf_model, hf_dir=str(d / "hf"), ckpt=ckpt, mf=mf, yaml=cfg_path)
+    return m
 
 
 def reference(hf_model, ids):
@@ -133,7 +116,7 @@ def test_mindformers_named_checkpoint_loads_the_same_weights(model):
 
 BAD = {
     "empty_txt": ("prompts.txt", "\n \n", [], "no prompts in the file"),
-    "malformed_jsonl": ("prompts.jsonl", '{"prompt": "a"}\n{"prompt": \n', [], "line 2 is not valid JSON"),
+    "malformed_jsonl": ("prompts.jsonl", '{"prompt": "a"}\n{"prompt": \n', [], "prompts.jsonl: invalid JSON at line 2"),
     "json_not_a_list": ("prompts.json", '{"prompt": "a"}', [], "expected a JSON list of records"),
     "unknown_record": ("prompts.json", '[{"prompt": "a"}, {"question": "b"}]', [], "record 1: unknown record"),
     "missing_file": (None, None, ["--predict_data", "nope.jsonl"], "nope.jsonl: file not found"),

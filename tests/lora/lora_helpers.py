@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import REPO as ROOT  # noqa: F401  (re-exported to the LoRA tests)
+
 SEED = 1234
 
 # tiny LLaMA (GQA, untied head, real 32000 vocabulary so the real tokenizer's ids fit)

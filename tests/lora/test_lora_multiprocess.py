@@ -10,19 +10,18 @@ checkpoints with the base identity, adapter resume); see docs/lora.md."""
 import os
 import random
 import signal
-import socket
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
-from lora_helpers import ROOT, SEED, build, save_base
-from msllm.cluster.rank_table import make_rank_table, save_rank_table
+from helpers import TINY_YAML
+from helpers.distributed import (kill_rank, rank_log, run_two_ranks, start_two_ranks, successful_run, two_rank_table,
+                                 wait_for)
+from helpers.distributed import train_summary as summary
+from lora_helpers import SEED, build, save_base
 
 pytestmark = pytest.mark.slow
 
-TINY = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
 STEPS = 12
 SHAPE = ["--model.model_config.seq_length=64", "--model.model_config.hidden_size=64",
          "--model.model_config.num_layers=2", "--model.model_config.num_heads=2",
@@ -37,21 +36,14 @@ LORA = ["--run_mode=finetune", "--model.model_config.pet_config.pet_type=lora",
         "--lr_schedule.learning_rate=5e-3"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, alpaca_mindrecord):
     from msllm.config import load_config
     from msllm.lora.base import base_identity
 
     d = tmp_path_factory.mktemp("lora_dp")
-    table = str(d / "hccl_2p.json")
-    save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
-    mc = load_config(TINY, SHAPE).model_config
+    table = two_rank_table(d)
+    mc = load_config(TINY_YAML, SHAPE).model_config
     base = save_base(build(mc, seed=SEED), str(d / "base.ckpt"))
     other = save_base(build(mc, seed=SEED + 1), str(d / "other_base.ckpt"))
     return {"data": alpaca_mindrecord, "table": table, "base": base, "other": other,
@@ -59,17 +51,11 @@ def setup(tmp_path_factory, alpaca_mindrecord):
 
 
 def launch(setup, out, extra=(), wait=True, base=None):
-    env = dict(os.environ, MSLLM_OUTPUT_DIR=str(out), MS_SCHED_PORT=str(free_port()),
-               MSLLM_KILL_TIMEOUT="10", GLOG_v="3")
-    cmd = ["bash", os.path.join(ROOT, "scripts", "run_distribute.sh"), setup["table"], TINY, "[0,2]",
-           "finetune", "2", f"--train_dataset_dir={setup['data']}", f"--load_checkpoint={base or setup['base']}",
-           *SHAPE, *LORA, *extra]
-    p = subprocess.Popen(cmd, cwd=str(out.parent), env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    args = [f"--train_dataset_dir={setup['data']}", f"--load_checkpoint={base or setup['base']}", *SHAPE, *LORA,
+            *extra]
     if wait:
-        text, _ = p.communicate(timeout=900)
-        return p.returncode, text
-    return p
+        return run_two_ranks(setup["table"], TINY_YAML, "finetune", out, args, timeout=900)
+    return start_two_ranks(setup["table"], TINY_YAML, "finetune", out, args)
 
 
 def checkpoints(out, rank):
@@ -84,24 +70,9 @@ def entries(path):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(path).items()}
 
 
-def summary(out, rank):
-    import json
-
-    return json.loads((out / f"train_summary_rank_{rank}.json").read_text())
-
-
-def rank_log(out, rank):
-    p = out / "log" / f"rank_{rank}" / "msllm.log"
-    return p.read_text() if p.exists() else ""
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("lora_a") / "out"
-    out.mkdir()
-    rc, text = launch(setup, out)
-    assert rc == 0, text[-3000:]
-    return out
+    return successful_run(tmp_path_factory.mktemp("lora_a") / "out", lambda out: launch(setup, out))
 
 
 def test_lora_data_parallel_ranks_hold_identical_adapters_only(setup, uninterrupted):
@@ -136,13 +107,8 @@ def test_lora_sigkill_then_resume_matches_uninterrupted(setup, uninterrupted, tm
     print(f"seed {seed}: SIGKILL at step {kill_at}")
     print("kill at step", kill_at)
     p = launch(setup, out, wait=False)
-    t = time.time()
-    while f"step:[{kill_at:5d}/" not in rank_log(out, 1):
-        assert time.time() - t < 600 and p.poll() is None, rank_log(out, 1)[-2000:]
-        time.sleep(0.2)
-    pid_line = [ln for ln in (out / "log" / "pids_0_2.txt").read_text().splitlines()
-                if ln.split()[:2] == ["worker", "1"]][0]
-    os.kill(int(pid_line.split()[2]), signal.SIGKILL)
+    assert wait_for(lambda: f"step:[{kill_at:5d}/" in rank_log(out, 1), 600, p), rank_log(out, 1)[-2000:]
+    kill_rank(out, 1, signal.SIGKILL)
     p.communicate(timeout=300)
     assert p.returncode != 0  # killed before the end
     rc, text = launch(setup, out, ["--resume_training=True"])

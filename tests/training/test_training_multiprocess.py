@@ -2,24 +2,22 @@
 ranks end with identical parameters; a SIGKILLed or SIGTERMed run resumes and ends exactly where
 the uninterrupted run ends (deterministic mode, bit-exact)."""
 
-import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from msllm.cluster.rank_table import make_rank_table, save_rank_table
+from helpers import TINY_YAML
+from helpers.distributed import (kill_rank, rank_log, run_two_ranks, start_two_ranks, successful_run, two_rank_table,
+                                 wait_for)
+from helpers.distributed import train_summary as summary
 from msllm.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml")
 STEPS = 10
 SMALL = ["--model.model_config.seq_length=64", "--model.model_config.hidden_size=64",
          "--model.model_config.num_layers=2", "--model.model_config.num_heads=2",
@@ -29,30 +27,16 @@ SMALL = ["--model.model_config.seq_length=64", "--model.model_config.hidden_size
          "--deterministic=True", "--lr_schedule.warmup_ratio=0.2"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, alpaca_mindrecord):
-    table = str(tmp_path_factory.mktemp("dp") / "hccl_2p.json")
-    save_rank_table(make_rank_table("127.0.0.1", [0, 1], ["10.0.0.1", "10.0.0.2"]), table)
-    return {"data": alpaca_mindrecord, "table": table}
+    return {"data": alpaca_mindrecord, "table": two_rank_table(tmp_path_factory.mktemp("dp"))}
 
 
 def launch(setup, out, extra=(), wait=True):
-    env = dict(os.environ, MSLLM_OUTPUT_DIR=str(out), MS_SCHED_PORT=str(free_port()),
-               MSLLM_KILL_TIMEOUT="10", GLOG_v="3")
-    cmd = ["bash", os.path.join(ROOT, "scripts", "run_distribute.sh"), setup["table"], TINY, "[0,2]",
-           "train", "2", f"--train_dataset_dir={setup['data']}", *SMALL, *extra]
-    p = subprocess.Popen(cmd, cwd=str(out.parent), env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    args = [f"--train_dataset_dir={setup['data']}", *SMALL, *extra]
     if wait:
-        text, _ = p.communicate(timeout=600)
-        return p.returncode, text
-    return p
+        return run_two_ranks(setup["table"], TINY_YAML, "train", out, args, timeout=600)
+    return start_two_ranks(setup["table"], TINY_YAML, "train", out, args)
 
 
 def params_of(path):
@@ -60,31 +44,9 @@ def params_of(path):
             if not k.startswith(("epoch_num", "step_num"))}
 
 
-def summary(out, rank):
-    return json.loads((out / f"train_summary_rank_{rank}.json").read_text())
-
-
-def rank_log(out, rank):
-    p = out / "log" / f"rank_{rank}" / "msllm.log"
-    return p.read_text() if p.exists() else ""
-
-
-def wait_for(pred, timeout=300):
-    t = time.time()
-    while time.time() - t < timeout:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("a") / "out"
-    out.mkdir()
-    rc, text = launch(setup, out)
-    assert rc == 0, text[-3000:]
-    return out
+    return successful_run(tmp_path_factory.mktemp("a") / "out", lambda out: launch(setup, out))
 
 
 def test_data_parallel_ranks_end_with_identical_parameters(uninterrupted):
@@ -102,10 +64,7 @@ def test_data_parallel_ranks_end_with_identical_parameters(uninterrupted):
 
 
 def test_deterministic_runs_are_bit_identical(setup, uninterrupted, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    rc, text = launch(setup, out)
-    assert rc == 0, text[-3000:]
+    out = successful_run(tmp_path / "out", lambda out: launch(setup, out))
     for rank in (0, 1):
         assert summary(out, rank)["losses"] == summary(uninterrupted, rank)["losses"]
 
@@ -131,9 +90,7 @@ def test_sigkill_of_one_rank_then_resume_matches_uninterrupted(setup, uninterrup
     print(f"seed {seed}: SIGKILL at step {kill_at}")
     p = launch(setup, out, wait=False)
     assert wait_for(lambda: f"step:[{kill_at:5d}/" in rank_log(out, 1)), rank_log(out, 1)[-2000:]
-    pid_line = [ln for ln in (out / "log" / "pids_0_2.txt").read_text().splitlines()
-                if ln.split()[:2] == ["worker", "1"]][0]
-    os.kill(int(pid_line.split()[2]), signal.SIGKILL)
+    kill_rank(out, 1, signal.SIGKILL)
     t = time.time()
     text, _ = p.communicate(timeout=300)
     stopped_in = time.time() - t

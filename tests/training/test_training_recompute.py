@@ -11,20 +11,13 @@ from mindspore import Tensor
 
 from msllm.config import RecomputeConfig, load_config
 from msllm.models.llama.model import LlamaForCausalLM
-from msllm.parallel.layout import apply_recompute
+from msllm.parallel.apply import apply_recompute
 from msllm.training.step import TrainStep
 from msllm.training.trainer import build_optimizer
 
 SEED = 11
 TINY = "configs/llama/run_llama_tiny.yaml"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/conftest.py
 
 
 def run_steps(recompute: RecomputeConfig, weights, batches):

@@ -22,14 +22,7 @@ from msllm.training.trainer import build_optimizer
 SEED = 20240613
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=48,
                   seq_length=8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,10 @@ Files: C-Eval's released layout ``DATA_DIR/{dev,val}/{subject}_{split}.csv`` wit
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from msllm.errors import MsllmError
-from msllm.eval.tasks.common import (MCDoc, TaskData, check_not_empty, fewshot_prefix, first_n,
-                                     letter_index, limit_docs, need_file, read_csv)
-from msllm.eval.tasks.mmlu import subjects
+from msllm.eval.tasks.common import TaskData, letter_index, load_subject_csvs, read_csv
 
 CHOICES = ["A", "B", "C", "D"]
 HEADER = ("id", "question", "A", "B", "C", "D", "answer")
@@ -104,21 +101,8 @@ def read_split(path: str) -> list[tuple[str, list, int, str]]:
 
 def load(data_dir: str, num_fewshot: Optional[int] = None, limit: Optional[int] = None) -> TaskData:
     """All subjects' ``val`` questions with prompts; ``limit``: first N per subject.
-    Errors as :func:`msllm.eval.tasks.mmlu.load`."""
+    Errors as :func:`msllm.eval.tasks.mmlu.load`, and an unknown subject name."""
     k = 0 if num_fewshot is None else num_fewshot
-    docs, files = [], []
-    for subject in subjects(data_dir, "val", "C-Eval"):
-        val = need_file(os.path.join(data_dir, "val", f"{subject}_val.csv"), "C-Eval val questions")
-        prefix = description(subject, val)
-        if k > 0:
-            dev = need_file(os.path.join(data_dir, "dev", f"{subject}_dev.csv"),
-                            f"C-Eval dev questions: {k}-shot takes its examples from the dev split")
-            shots = first_n(read_split(dev), k, dev)
-            prefix = fewshot_prefix(prefix, [(doc_to_text(q, o), CHOICES[g]) for q, o, g, _ in shots])
-            files.append(dev)
-        rows = limit_docs(read_split(val), limit)
-        check_not_empty(rows, val)
-        files.append(val)
-        docs += [MCDoc(prefix + doc_to_text(q, o), list(CHOICES), g, w, subject) for q, o, g, w in rows]
-    check_not_empty(docs, data_dir)
+    docs, files = load_subject_csvs(data_dir, "C-Eval", "val", k, limit, read_split=read_split,
+                                    description=description, doc_to_text=doc_to_text, choices=CHOICES)
     return TaskData("ceval", "mc", docs, ("acc", "acc_norm"), k, per_subject=True, files=files)

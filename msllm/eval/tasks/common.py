@@ -1,4 +1,5 @@
-"""What every task module shares: document types, line-numbered file readers, few-shot prompts.
+"""What every task module shares: document types, line-numbered file readers, few-shot prompts,
+the per-subject CSV layout of MMLU and C-Eval.
 
 Prompt assembly follows lm-evaluation-harness v0.4.13 ``ConfigurableTask.fewshot_context`` /
 ``build_qa_turn`` (``lm_eval/api/task.py``) for plain-text (no chat template) prompts:
@@ -17,12 +18,13 @@ drawn once per evaluated document in document order; ``lm_eval/api/samplers.py``
 from __future__ import annotations
 
 import csv
-import json
+import glob
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
+from msllm.data.conversation import json_lines
 from msllm.errors import MsllmError
 
 TARGET_DELIMITER = " "
@@ -121,20 +123,15 @@ def read_csv(path: str, columns: int, header: Optional[Sequence[str]] = None) ->
 
 
 def read_jsonl(path: str, required: dict) -> Iterator[tuple[int, dict]]:
-    """Records of a JSON-lines file as ``(line number, record)``; blank lines are skipped.
+    """Records of a JSON-lines file as ``(line number, record)``; blank lines are skipped
+    (:func:`msllm.data.conversation.json_lines`).
 
     ``required``: key -> type (or tuple of types) every record must have. Raises MsllmError naming
     the file and line for invalid JSON, a non-object, a missing key or a wrong type.
     """
     try:
         with open(path, encoding="utf-8") as fh:
-            for n, text in enumerate(fh, 1):
-                if not text.strip():
-                    continue
-                try:
-                    rec = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise MsllmError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+            for n, rec in json_lines(fh, path):
                 if not isinstance(rec, dict):
                     raise MsllmError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
                 for key, typ in required.items():
@@ -192,6 +189,47 @@ class RandomSampler:
         if len(res) < n:
             res = self.rnd.sample([x for x in self.pool if x != doc], n)
         return res
+
+
+def subjects(data_dir: str, split: str, benchmark: str) -> list[str]:
+    """Subjects with a ``{split}/{subject}_{split}.csv`` file, sorted (MMLU's and C-Eval's
+    released layout). Raises MsllmError if there is none."""
+    files = sorted(glob.glob(os.path.join(data_dir, split, f"*_{split}.csv")))
+    if not files:
+        raise MsllmError(f"{os.path.join(data_dir, split)}: no {benchmark} {split} files (expected "
+                         f"{split}/<subject>_{split}.csv, e.g. {split}/abstract_algebra_{split}.csv)")
+    return [os.path.basename(f)[: -len(f"_{split}.csv")] for f in files]
+
+
+def load_subject_csvs(data_dir: str, benchmark: str, split: str, k: int, limit: Optional[int],
+                      read_split: Callable[[str], list], description: Callable[[str, str], str],
+                      doc_to_text: Callable[[str, list], str], choices: Sequence[str]) -> tuple[list, list]:
+    """The per-subject multiple-choice documents of a ``DATA_DIR/{dev,<split>}/{subject}_{split}.csv``
+    benchmark (MMLU, C-Eval), as the harness builds them: per subject, ``description(subject, path
+    of its split file)`` followed by the first ``k`` dev questions answered (``first_n``), then each
+    of the first ``limit`` questions of ``split``.
+
+    ``read_split(path)`` gives ``(question, options, gold index, file:line)`` rows; ``doc_to_text``
+    the question's prompt. Returns ``(docs, files read)``: a list of :class:`MCDoc` and the paths in
+    reading order. Raises MsllmError for no subject, a missing split file, too few dev questions for
+    ``k``, an empty subject or no question at all (and whatever ``read_split`` raises).
+    """
+    docs, files = [], []
+    for subject in subjects(data_dir, split, benchmark):
+        path = need_file(os.path.join(data_dir, split, f"{subject}_{split}.csv"), f"{benchmark} {split} questions")
+        prefix = description(subject, path)
+        if k > 0:
+            dev = need_file(os.path.join(data_dir, "dev", f"{subject}_dev.csv"),
+                            f"{benchmark} dev questions: {k}-shot takes its examples from the dev split")
+            shots = first_n(read_split(dev), k, dev)
+            prefix = fewshot_prefix(prefix, [(doc_to_text(q, o), choices[g]) for q, o, g, _ in shots])
+            files.append(dev)
+        rows = limit_docs(read_split(path), limit)
+        check_not_empty(rows, path)
+        files.append(path)
+        docs += [MCDoc(prefix + doc_to_text(q, o), list(choices), g, w, subject) for q, o, g, w in rows]
+    check_not_empty(docs, data_dir)
+    return docs, files
 
 
 def limit_docs(docs: list, limit: Optional[int]) -> list:

@@ -15,13 +15,9 @@ question, A, B, C, D, answer letter. Every ``test/*_test.csv`` is a subject.
 
 from __future__ import annotations
 
-import glob
-import os
 from typing import Optional
 
-from msllm.errors import MsllmError
-from msllm.eval.tasks.common import (MCDoc, TaskData, check_not_empty, fewshot_prefix, first_n,
-                                     letter_index, limit_docs, need_file, read_csv)
+from msllm.eval.tasks.common import TaskData, letter_index, load_subject_csvs, read_csv
 
 CHOICES = ["A", "B", "C", "D"]
 
@@ -44,34 +40,13 @@ def read_split(path: str) -> list[tuple[str, list, int, str]]:
     return out
 
 
-def subjects(data_dir: str, split: str = "test", benchmark: str = "MMLU") -> list[str]:
-    """Subjects with a ``{split}/{subject}_{split}.csv`` file, sorted."""
-    files = sorted(glob.glob(os.path.join(data_dir, split, f"*_{split}.csv")))
-    if not files:
-        raise MsllmError(f"{os.path.join(data_dir, split)}: no {benchmark} {split} files (expected "
-                         f"{split}/<subject>_{split}.csv, e.g. {split}/abstract_algebra_{split}.csv)")
-    return [os.path.basename(f)[: -len(f"_{split}.csv")] for f in files]
-
-
 def load(data_dir: str, num_fewshot: Optional[int] = None, limit: Optional[int] = None) -> TaskData:
     """All subjects' questions with their prompts; ``limit``: first N questions per subject.
 
     Raises MsllmError for a missing split file, a malformed row (file:line), an answer outside
     A-D, too few dev questions for ``num_fewshot``, or no questions at all."""
     k = 0 if num_fewshot is None else num_fewshot
-    docs, files = [], []
-    for subject in subjects(data_dir):
-        test = need_file(os.path.join(data_dir, "test", f"{subject}_test.csv"), "MMLU test questions")
-        prefix = description(subject)
-        if k > 0:
-            dev = need_file(os.path.join(data_dir, "dev", f"{subject}_dev.csv"),
-                            f"MMLU dev questions: {k}-shot takes its examples from the dev split")
-            shots = first_n(read_split(dev), k, dev)
-            prefix = fewshot_prefix(prefix, [(doc_to_text(q, o), CHOICES[g]) for q, o, g, _ in shots])
-            files.append(dev)
-        rows = limit_docs(read_split(test), limit)
-        check_not_empty(rows, test)
-        files.append(test)
-        docs += [MCDoc(prefix + doc_to_text(q, o), list(CHOICES), g, w, subject) for q, o, g, w in rows]
-    check_not_empty(docs, data_dir)
+    docs, files = load_subject_csvs(data_dir, "MMLU", "test", k, limit, read_split=read_split,
+                                    description=lambda subject, _path: description(subject),
+                                    doc_to_text=doc_to_text, choices=CHOICES)
     return TaskData("mmlu", "mc", docs, ("acc",), k, per_subject=True, files=files)

@@ -1,0 +1,19 @@
+"""Test helpers shared by several test folders: paths of the repository and its bundled real data.
+
+Importable as ``helpers`` (``tests/conftest.py`` puts ``tests/`` on ``sys.path``); a folder's own
+helpers stay in its uniquely named module (``datatest_helpers``, ``evaltest_helpers``, ...).
+:mod:`helpers.distributed` runs ``scripts/run_distribute.sh`` on 2 local ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+DATA = os.path.join(REPO, "examples", "data")          # the bundled real samples
+TOKENIZER = os.path.join(DATA, "tokenizer.model")      # the real LLaMA SentencePiece model
+TINY_YAML = os.path.join(REPO, "configs", "llama", "run_llama_tiny.yaml")
