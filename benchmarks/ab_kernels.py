@@ -15,22 +15,18 @@ and CPU seconds per step, the paired ratios and the max |loss A - loss B|.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # benchmarks/common.py: this script's directory is on sys.path
+import harness
 
-sys.path.insert(0, common.ROOT)
+common.use_repo()
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "tiny")
     p.add_argument("--a", default='{"cpu_kernels": false}')
     p.add_argument("--b", default="{}")
     p.add_argument("--steps", type=int, default=8)
@@ -44,9 +40,8 @@ def main(argv=None):
     import numpy as np
 
     import mindspore as ms
-    from mindspore import Tensor, nn
+    from mindspore import Tensor
 
-    from msllm.models.llama.config import LlamaConfig
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.step import TrainStep
 
@@ -56,24 +51,15 @@ def main(argv=None):
     common.prepare_data(s["seq_length"])
     init = np.load(common.prepare_weights(a.shape))
     data = common.batches(common.data_file(s["seq_length"]), s["batch_size"], a.warmup + a.steps)
-    o = common.OPTIM
     steps, described = {}, {}
     for label, spec in (("A", json.loads(a.a)), ("B", json.loads(a.b))):
-        cfg = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], num_layers=s["num_layers"],
-                          num_heads=s["num_heads"], intermediate_size=s["intermediate_size"],
-                          seq_length=s["seq_length"])
+        cfg = common.msllm_model_config(s)
         compact = spec.pop("compact_loss", None)
         for key, value in spec.items():
             setattr(cfg, key, value)
         net = LlamaForCausalLM(cfg, compact_loss=compact, fast_paths=True)
-        for q in net.trainable_params():
-            q.set_data(Tensor(init[q.name]))
-        params = net.trainable_params()
-        opt = nn.AdamWeightDecay(
-            [{"params": [q for q in params if q.ndim >= 2], "weight_decay": o["weight_decay"]},
-             {"params": [q for q in params if q.ndim < 2], "weight_decay": 0.0}],
-            learning_rate=Tensor(np.full(a.warmup + a.steps + 1, o["lr"], np.float32)), beta1=o["beta1"],
-            beta2=o["beta2"], eps=o["eps"])
+        common.set_ms_weights(net.trainable_params(), init)
+        opt = common.ms_adamw(net.trainable_params(), a.warmup + a.steps + 1)
         st = TrainStep(net, opt, loss_scale="none", max_grad_norm=None)
         st.set_train()
         steps[label] = st
@@ -105,8 +91,7 @@ def main(argv=None):
     print(f"B over A: wall x{ratio:.3f} (paired median), cpu x{cratio:.3f}; max |loss A - loss B| {diff:.2e}")
     out.update(wall_ratio=ratio, cpu_ratio=cratio, max_loss_diff=diff)
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        harness.write_json(a.json, out)
 
 
 if __name__ == "__main__":

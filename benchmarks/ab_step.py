@@ -14,7 +14,6 @@ CPU seconds per step, tokens/s, the paired ratio, and the max |loss difference| 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -24,11 +23,10 @@ import tempfile
 import time
 import types
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # benchmarks/common.py: this script's directory is on sys.path
+import harness
 
-sys.path.insert(0, common.ROOT)
+common.use_repo()
 
 
 def version_dir(spec: str | None, tmp: str, label: str) -> str:
@@ -63,8 +61,7 @@ def files_of(d: str) -> tuple[str, str]:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "tiny")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--a", default="HEAD")
@@ -80,20 +77,15 @@ def main(argv=None):
     import numpy as np
 
     import mindspore as ms
-    from mindspore import Tensor, nn
-
-    from msllm.models.llama.config import LlamaConfig
+    from mindspore import Tensor
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE, jit_config={"jit_level": a.jit_level}, **json.loads(a.context))
     s = common.shape(a.shape)
-    cfg = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], num_layers=s["num_layers"],
-                      num_heads=s["num_heads"], intermediate_size=s["intermediate_size"],
-                      seq_length=s["seq_length"])
+    cfg = common.msllm_model_config(s)
     common.prepare_data(s["seq_length"])
     init = np.load(common.prepare_weights(a.shape))
     data = common.batches(common.data_file(s["seq_length"]), s["batch_size"], a.warmup + a.steps)
-    o = common.OPTIM
     kw = {} if a.variant == "default" else {"loss_scale": "none", "max_grad_norm": None}
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,14 +98,8 @@ def main(argv=None):
             model = load_module(mfile, f"model_{label}")
             stepmod = load_module(sfile, f"step_{label}")
             net = model.LlamaForCausalLM(cfg, **json.loads(a.a_kwargs if label == "A" else a.b_kwargs))
-            for q in net.trainable_params():
-                q.set_data(Tensor(init[q.name]))
-            params = net.trainable_params()
-            opt = nn.AdamWeightDecay(
-                [{"params": [q for q in params if q.ndim >= 2], "weight_decay": o["weight_decay"]},
-                 {"params": [q for q in params if q.ndim < 2], "weight_decay": 0.0}],
-                learning_rate=Tensor(np.full(a.warmup + a.steps + 1, o["lr"], np.float32)), beta1=o["beta1"],
-                beta2=o["beta2"], eps=o["eps"])
+            common.set_ms_weights(net.trainable_params(), init)
+            opt = common.ms_adamw(net.trainable_params(), a.warmup + a.steps + 1)
             st = stepmod.TrainStep(net, opt, **kw)
             st.set_train()
             steps[label] = st

@@ -1,7 +1,9 @@
-"""Shared pieces of the msllm benchmarks: shapes, the real data, common initial weights, RSS.
+"""Shared pieces of the msllm benchmarks: shapes, the real data, common initial weights, the
+optimiser, RSS and result lines, the machine. (Running workers and writing results: harness.py.)
 
-Imports only numpy and the standard library so that every framework's worker (each in its own
-interpreter / venv) can use it. The data and the initial weights are written once into
+Imports only numpy and the standard library at top level (MindSpore and msllm inside the
+functions that need them) so that every framework's worker (each in its own interpreter / venv)
+can use it. The data and the initial weights are written once into
 ``benchmarks/.cache`` (git-ignored) by the parent process and read by the workers, so msllm,
 MindFormers and PyTorch train from the same weights on the same batches.
 """
@@ -49,6 +51,25 @@ def shape(name: str) -> dict:
     return dict(SHAPES[name])
 
 
+def use_repo() -> None:
+    """Make the repository importable (``import msllm``); called by the scripts that use it, so
+    that the modules which do not (the PyTorch workers) see no repository directories."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+
+
+def model_overrides(s: dict) -> list[str]:
+    """``run_msllm.py`` / ``load_config`` overrides giving configs/llama/run_llama_tiny.yaml the
+    model of benchmark shape ``s`` (multi-head attention: ``n_kv_heads`` unset)."""
+    return [f"--model.model_config.hidden_size={s['hidden_size']}",
+            f"--model.model_config.num_layers={s['num_layers']}",
+            f"--model.model_config.num_heads={s['num_heads']}",
+            "--model.model_config.n_kv_heads=null",
+            f"--model.model_config.intermediate_size={s['intermediate_size']}",
+            f"--model.model_config.vocab_size={s['vocab_size']}",
+            f"--model.model_config.seq_length={s['seq_length']}"]
+
+
 def matmul_params(s: dict) -> int:
     """N of 6N: every weight that takes part in a matmul (not the embedding lookup, not norms)."""
     c, f, l_ = s["hidden_size"], s["intermediate_size"], s["num_layers"]
@@ -67,6 +88,19 @@ def flops_per_token(s: dict) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # Data: examples/data/alpaca_en_demo.json -> conversation -> msllm preprocess (real tokenizer)
+
+
+def alpaca_conversation() -> str:
+    """The bundled Alpaca records (examples/data/alpaca_en_demo.json, 999) converted by
+    ``data_preprocess/alpaca_converter.py`` into ``benchmarks/.cache/alpaca-conversation.json``
+    (once); returns its path."""
+    out = os.path.join(CACHE, "alpaca-conversation.json")
+    if not os.path.exists(out):
+        os.makedirs(CACHE, exist_ok=True)
+        subprocess.run([MAIN_PY, os.path.join(ROOT, "data_preprocess", "alpaca_converter.py"),
+                        "--data_path", os.path.join(EXAMPLES, "alpaca_en_demo.json"), "--output_path", out],
+                       check=True, capture_output=True)
+    return out
 
 
 def data_file(seq_length: int) -> str:
@@ -255,3 +289,44 @@ def cpu_fp32_peak() -> dict:
 
 def median(xs):
     return float(np.median(np.asarray(xs, np.float64))) if len(xs) else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and optimiser shared by the MindSpore benchmarks (imported lazily: the MindFormers
+# worker runs them under MindSpore 2.9 without msllm's dependencies)
+
+
+def msllm_model_config(s: dict):
+    """msllm ``LlamaConfig`` of benchmark shape ``s`` (every other field its default)."""
+    use_repo()
+    from msllm.models.llama.config import LlamaConfig
+
+    return LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], num_layers=s["num_layers"],
+                       num_heads=s["num_heads"], intermediate_size=s["intermediate_size"],
+                       seq_length=s["seq_length"])
+
+
+def set_ms_weights(params, init, key_of=lambda name: name) -> None:
+    """Copy the common initial weights ``init`` (an ``np.load`` of :func:`prepare_weights`) into
+    MindSpore Parameters; ``key_of(param.name)`` is the parameter's name in ``init``. Every
+    parameter must have a key and every key a parameter (else AssertionError naming a few)."""
+    from mindspore import Tensor
+
+    by_key = {key_of(p.name): p for p in params}
+    assert set(by_key) == set(init.files), sorted(set(by_key) ^ set(init.files))[:6]
+    for key, p in by_key.items():
+        p.set_data(Tensor(init[key]))
+
+
+def ms_adamw(params, lr_steps: int):
+    """``nn.AdamWeightDecay`` with :data:`OPTIM`, weight decay on matrices only (two parameter
+    groups, the empty one dropped: MindSpore refuses it) and a constant learning rate given as a
+    ``lr_steps``-long tensor."""
+    from mindspore import Tensor, nn
+
+    o = OPTIM
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o["weight_decay"]},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return nn.AdamWeightDecay([g for g in groups if g["params"]],
+                              learning_rate=Tensor(np.full(lr_steps, o["lr"], np.float32)),
+                              beta1=o["beta1"], beta2=o["beta2"], eps=o["eps"])

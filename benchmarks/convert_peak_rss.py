@@ -12,6 +12,10 @@ conversion itself needed, to compare with the model size and its largest tensor 
 
 Also measured for contrast: the non-streaming way (``mindspore.load_checkpoint`` of the msllm
 checkpoint, which holds every tensor at once).
+
+Writes ``benchmarks/results/convert_peak_rss.json`` (``--out``): the model, each run's baseline,
+peak and delta (MiB), the machine and the load average. The model files go to a temporary
+directory that is removed afterwards (``--workdir`` keeps them).
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ def child(mode: str, a: str = "", b: str = "") -> dict:
 
 
 def main(argv=None) -> int:
+    import common  # benchmarks/common.py, harness.py (imported here: tests import child() from this module)
+    import harness
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
@@ -74,13 +81,29 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--ffn", type=int, default=2816)
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--workdir", default=None, help="where to put the model files (default: a temp dir)")
+    p.add_argument("--workdir", default=None, help="where to put the model files (default: a temp dir, removed)")
+    p.add_argument("--out", default=os.path.join(common.HERE, "results", "convert_peak_rss.json"))
     args = p.parse_args(argv)
+
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="msllm_convert_bench_") as tmp:
+        result = measure(args, args.workdir or tmp)
+    result.update(machine=common.machine(), command=harness.command_line())
+    rows = result["runs"]
+    table = [f"{'run':38s} {'baseline MiB':>12s} {'peak MiB':>9s} {'delta MiB':>10s} {'delta/model':>12s} {'s':>6s}"]
+    table += [f"{r['mode']:38s} {r['baseline_mib']:12.0f} {r['peak_mib']:9.0f} {r['delta_mib']:10.0f} "
+              f"{r['delta_over_model']:12.2f} {r['seconds']:6.1f}" for r in rows]
+    harness.finish(args.out, result, "\n".join(table), t_start)
+    return 0
+
+
+def measure(args, work: str) -> dict:
+    """Write the random HF model into ``work`` and measure every conversion in a fresh process."""
+    import common
 
     from msllm.convert import hf
     from msllm.convert.verify import write_random_hf_dir
 
-    work = args.workdir or tempfile.mkdtemp(prefix="msllm_convert_bench_")
     hf_dir, ckpt, back = (os.path.join(work, x) for x in ("hf", "model.ckpt", "hf_back"))
     t0 = time.perf_counter()
     cfg = write_random_hf_dir(hf_dir, seed=0, dtype=args.dtype, vocab_size=args.vocab, hidden_size=args.hidden,
@@ -91,22 +114,27 @@ def main(argv=None) -> int:
     sizes = [hf.tensor_nbytes(s, args.dtype) for s in shapes.values()]
     model_mb, largest_mb = sum(sizes) / 2**20, max(sizes) / 2**20
     print(f"model: {mcfg.num_params() / 1e6:.1f}M parameters, {args.dtype}, {model_mb:.0f} MiB; "
-          f"largest tensor {largest_mb:.0f} MiB (written in {time.perf_counter() - t0:.1f}s to {work})")
+          f"largest tensor {largest_mb:.0f} MiB (written in {time.perf_counter() - t0:.1f}s to {work})", flush=True)
 
     rows = []
     for mode, a, b in (("hf2ms", hf_dir, ckpt), ("ms2hf", ckpt, back),
                        ("hf2ms_bf16", hf_dir, os.path.join(work, "model_bf16.ckpt")),
                        ("mindspore.load_checkpoint (contrast)", ckpt, "")):
+        load = common.loadavg()
         try:
             r = child("ms_load" if mode.startswith("mindspore") else mode, a, b)
         except RuntimeError as exc:
             print(f"{mode}: failed: {str(exc).strip().splitlines()[-1][:300]}")
+            rows.append({"mode": mode, "error": str(exc)[-2000:], "load": load})
             continue
-        rows.append((mode, r["baseline_kb"] / 1024, r["peak_kb"] / 1024, r["seconds"]))
-    print(f"{'run':38s} {'baseline MiB':>12s} {'peak MiB':>9s} {'delta MiB':>10s} {'delta/model':>12s} {'s':>6s}")
-    for mode, base, peak, sec in rows:
-        print(f"{mode:38s} {base:12.0f} {peak:9.0f} {peak - base:10.0f} {(peak - base) / model_mb:12.2f} {sec:6.1f}")
-    return 0
+        base, peak = r["baseline_kb"] / 1024, r["peak_kb"] / 1024
+        rows.append({"mode": mode, "baseline_mib": base, "peak_mib": peak, "delta_mib": peak - base,
+                     "delta_over_model": (peak - base) / model_mb, "delta_over_largest": (peak - base) / largest_mb,
+                     "seconds": r["seconds"], "load": load})
+    return {"model": {"params": mcfg.num_params(), "dtype": args.dtype, "hidden_size": args.hidden,
+                      "num_layers": args.layers, "num_heads": args.heads, "vocab_size": args.vocab,
+                      "intermediate_size": args.ffn, "model_mib": model_mb, "largest_tensor_mib": largest_mb},
+            "runs": [r for r in rows if "error" not in r], "errors": [r for r in rows if "error" in r]}
 
 
 if __name__ == "__main__":

@@ -12,16 +12,13 @@ of the cores and reports less.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # benchmarks/common.py: this script's directory is on sys.path
+import harness
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -79,15 +76,14 @@ def measure(seconds: float = 2.0) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.arg_parser(__doc__)
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     r = measure(a.seconds)
     print(json.dumps(r, indent=1))
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(r, fh, indent=1)
+        harness.write_json(a.json, r)
 
 
 if __name__ == "__main__":

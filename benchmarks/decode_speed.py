@@ -27,16 +27,15 @@ transformers' (row 0). Writes ``benchmarks/results/decode_speed.json`` and print
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 
 SHAPES = {
     "demo": dict(vocab_size=32000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -64,7 +63,7 @@ def model_dir(shape: str) -> str:
     """The HF directory of ``shape`` (random weights, seed 0), written once."""
     out = os.path.join(common.CACHE, f"decode_{shape}_hf")
     if not os.path.exists(os.path.join(out, "config.json")):
-        sys.path.insert(0, common.ROOT)
+        common.use_repo()
         from msllm.convert.verify import write_random_hf_dir
 
         write_random_hf_dir(out, seed=0, max_position_embeddings=512, **SHAPES[shape])
@@ -76,7 +75,7 @@ def prompts_file(length: int, rows: int = 8) -> str:
     out = os.path.join(common.CACHE, f"decode_prompts_{length}x{rows}.npz")
     if os.path.exists(out):
         return out
-    sys.path.insert(0, common.ROOT)
+    common.use_repo()
     import numpy as np
 
     from msllm.data.tokenizer import LlamaTokenizer
@@ -97,22 +96,9 @@ def prompts_file(length: int, rows: int = 8) -> str:
 def run_worker(name: str, shape: str, batch: int, a, timeout: float) -> dict:
     script, kw, env_extra = WORKERS[name]
     args = {"model_dir": model_dir(shape), "prompts": prompts_file(a.prompt), "batch": batch, "new": a.new,
-            "reps": a.reps, "threads": a.threads, **kw, "spawn_time": time.time()}
-    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(a.threads), **env_extra)
-    for k in ("MS_WORKER_NUM", "RANK_SIZE", "MS_ROLE", "RANK_TABLE_FILE"):
-        env.pop(k, None)
-    load = common.loadavg()
-    try:
-        p = subprocess.run([common.MAIN_PY, os.path.join(HERE, "workers", script), json.dumps(args)], env=env,
-                           capture_output=True, text=True, timeout=timeout, cwd=common.CACHE)
-    except subprocess.TimeoutExpired:
-        return {"framework": name, "error": f"timeout after {timeout:.0f} s", "load_before": load}
-    res = common.parse_result(p.stdout)
-    if res is None:
-        return {"framework": name, "error": f"rc={p.returncode}: {(p.stdout[-1000:] + p.stderr[-2500:]).strip()}",
-                "load_before": load}
-    res.update(framework=name, load_before=load, load_after=common.loadavg())
-    return res
+            "reps": a.reps, "threads": a.threads, **kw}
+    return harness.run_worker(name, script, args, timeout, env_extra={"OMP_NUM_THREADS": str(a.threads), **env_extra},
+                             cwd=common.CACHE)
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -122,11 +108,10 @@ def summarise(runs: list[dict]) -> dict:
         rows = [r for r in runs if (r["shape"], r["batch"]) == key]
         table = {}
         for n in WORKERS:
-            ok = [r for r in rows if r["framework"] == n and "error" not in r]
+            ok, error = harness.ok_runs(rows, n)
             if not ok:
-                bad = [r["error"] for r in rows if r["framework"] == n]
-                if bad:
-                    table[n] = {"error": bad[0]}
+                if error:
+                    table[n] = {"error": error}
                 continue
             table[n] = {k: common.median([r[k] for r in ok]) for k in
                         ("decode_tokens_per_s", "decode_step_ms", "ttft_s", "compile_s")}
@@ -159,28 +144,28 @@ def markdown(summary: dict) -> str:
              "| peak RSS MiB | x transformers decode | x transformers TTFT | x passive-torch decode / TTFT "
              "| same tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def row(n, r):
+        ratio = f"{r['decode_ratio']:.2f}" if "decode_ratio" in r else ""
+        if "decode_target" in r:
+            ratio += f" (target {r['decode_target']:.1f}: {'met' if r['decode_target_met'] else 'MISSED'})"
+        tt = f"{r['ttft_ratio']:.2f}" if "ttft_ratio" in r else ""
+        if "ttft_target_met" in r:
+            tt += f" ({'met' if r['ttft_target_met'] else 'MISSED'})"
+        same = "" if "tokens_equal_torch" not in r else ("yes" if r["tokens_equal_torch"] else "no")
+        passive = (f"{r['decode_ratio_passive']:.2f} / {r['ttft_ratio_passive']:.2f}"
+                   if "decode_ratio_passive" in r else "")
+        return (f"| {key} | {n} | {r['decode_tokens_per_s']:.1f} | {r['decode_step_ms']:.1f} "
+                f"| {1000 * r['ttft_s']:.1f} | {r['compile_s']:.1f} | {r['peak_rss_mib']:.0f} | {ratio} "
+                f"| {tt} | {passive} | {same} |")
+
     for key, table in summary.items():
-        for n, r in table.items():
-            if "error" in r:
-                lines.append(f"| {key} | {n} | error: {r['error'][:150]} |")
-                continue
-            ratio = f"{r['decode_ratio']:.2f}" if "decode_ratio" in r else ""
-            if "decode_target" in r:
-                ratio += f" (target {r['decode_target']:.1f}: {'met' if r['decode_target_met'] else 'MISSED'})"
-            tt = f"{r['ttft_ratio']:.2f}" if "ttft_ratio" in r else ""
-            if "ttft_target_met" in r:
-                tt += f" ({'met' if r['ttft_target_met'] else 'MISSED'})"
-            same = "" if "tokens_equal_torch" not in r else ("yes" if r["tokens_equal_torch"] else "no")
-            passive = (f"{r['decode_ratio_passive']:.2f} / {r['ttft_ratio_passive']:.2f}"
-                       if "decode_ratio_passive" in r else "")
-            lines.append(f"| {key} | {n} | {r['decode_tokens_per_s']:.1f} | {r['decode_step_ms']:.1f} "
-                         f"| {1000 * r['ttft_s']:.1f} | {r['compile_s']:.1f} | {r['peak_rss_mib']:.0f} | {ratio} "
-                         f"| {tt} | {passive} | {same} |")
+        lines += harness.md_rows(table, row, prefix=f"{key} | ")
     return "\n".join(lines)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.arg_parser(__doc__)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--frameworks", default=",".join(WORKERS))
@@ -212,24 +197,14 @@ def main(argv=None):
                         continue
                     r = run_worker(n, shape, batch, a, a.timeout)
                     r.update(round=rnd, shape=shape, batch=batch)
-                    runs.append(r)
-                    if "error" in r:
-                        print(f"round {rnd} {shape} b{batch} {n}: ERROR {r['error'][-600:]}", flush=True)
-                    else:
-                        print(f"round {rnd} {shape:6s} b{batch} {n:14s} decode {r['decode_tokens_per_s']:8.1f} tok/s "
-                              f"({r['decode_step_ms']:.1f} ms/step)  ttft {1000 * r['ttft_s']:.0f} ms  compile "
-                              f"{r['compile_s']:.1f} s  RSS {r['peak_rss_mib']:.0f} MiB  load {r['load_before']}",
-                              flush=True)
+                    harness.log_run(runs, r, f"round {rnd} {shape:6s} b{batch} {n:14s}", lambda r: (
+                        f"decode {r['decode_tokens_per_s']:8.1f} tok/s ({r['decode_step_ms']:.1f} ms/step)  "
+                        f"ttft {1000 * r['ttft_s']:.0f} ms  compile {r['compile_s']:.1f} s  "
+                        f"RSS {r['peak_rss_mib']:.0f} MiB  load {r['load_before']}"))
     summary = summarise(runs)
-    result = {"machine": info, "command": " ".join([os.path.relpath(sys.executable, common.ROOT)] + sys.argv),
-              "settings": vars(a), "total_seconds": time.time() - t0, "summary": summary, "runs": runs}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(result, fh, indent=1)
-    print()
-    print(markdown(summary))
-    print(f"\n{time.time() - t0:.0f} s in total; results in {a.out}")
-
+    result = {"machine": info, "command": harness.command_line(), "settings": vars(a),
+              "total_seconds": time.time() - t0, "summary": summary, "runs": runs}
+    harness.finish(a.out, result, markdown(summary), t0)
 
 if __name__ == "__main__":
     main()

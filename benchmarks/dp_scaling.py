@@ -21,7 +21,6 @@ Writes benchmarks/results/dp_scaling.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -33,6 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 
 TINY_YAML = os.path.join(common.ROOT, "configs", "llama", "run_llama_tiny.yaml")
 
@@ -47,13 +47,8 @@ def mindrecord(seq: int) -> str:
     out = os.path.join(common.CACHE, f"alpaca_{seq}.mindrecord")
     if os.path.exists(out):
         return out
-    os.makedirs(common.CACHE, exist_ok=True)
-    conv = os.path.join(common.CACHE, "alpaca-conversation.json")
-    subprocess.run([common.MAIN_PY, os.path.join(common.ROOT, "data_preprocess", "alpaca_converter.py"),
-                    "--data_path", os.path.join(common.EXAMPLES, "alpaca_en_demo.json"), "--output_path", conv],
-                   check=True, capture_output=True)
     subprocess.run([common.MAIN_PY, os.path.join(common.ROOT, "data_preprocess", "llama_preprocess.py"),
-                    "--input_glob", conv, "--dataset_type", "qa", "--model_file",
+                    "--input_glob", common.alpaca_conversation(), "--dataset_type", "qa", "--model_file",
                     os.path.join(common.EXAMPLES, "tokenizer.model"), "--seq_length", str(seq),
                     "--output_file", out, "--no_progress"], check=True, capture_output=True,
                    env=dict(os.environ, GLOG_v="3"))
@@ -61,14 +56,7 @@ def mindrecord(seq: int) -> str:
 
 
 def model_overrides(model: str) -> list[str]:
-    if model == "demo":
-        return []
-    s = common.shape("tiny")
-    return [f"--model.model_config.hidden_size={s['hidden_size']}",
-            f"--model.model_config.num_layers={s['num_layers']}",
-            f"--model.model_config.num_heads={s['num_heads']}", "--model.model_config.n_kv_heads=null",
-            f"--model.model_config.intermediate_size={s['intermediate_size']}",
-            f"--model.model_config.seq_length={s['seq_length']}"]
+    return [] if model == "demo" else common.model_overrides(common.shape("tiny"))
 
 
 def run(world: int, data: str, out: str, steps: int, global_batch: int, model: str, timeout: float) -> dict:
@@ -77,7 +65,7 @@ def run(world: int, data: str, out: str, steps: int, global_batch: int, model: s
                    "--callbacks.checkpoint.save_at_end=False", "--callbacks.loss_monitor.per_print_times=10",
                    *model_overrides(model)]
     env = dict(os.environ, GLOG_v="3")
-    for k in ("MS_WORKER_NUM", "RANK_SIZE", "MS_ROLE", "RANK_TABLE_FILE"):
+    for k in harness.LAUNCHER_ENV:
         env.pop(k, None)
     os.makedirs(out, exist_ok=True)
     load = common.loadavg()
@@ -104,7 +92,7 @@ def run(world: int, data: str, out: str, steps: int, global_batch: int, model: s
         raise RuntimeError(f"world {world} failed rc={p.returncode}: {p.stdout[-1500:]} {p.stderr[-2000:]} {logs}")
     ranks = [json.load(open(os.path.join(out, f"train_summary_rank_{r}.json"))) for r in range(world)]
     res = {"world_size": world, "batch_per_rank": global_batch // world, "wall_s": wall, "load": load,
-           "cmd": " ".join(os.path.relpath(c, common.ROOT) if c.startswith(common.ROOT) else c for c in cmd),
+           "cmd": harness.show_cmd(cmd),
            "per_rank": [{"rank": i, "tgs": s["tgs"], "mean_step_seconds": s["mean_step_seconds"],
                          "compile_first_step_seconds": s["compile_first_step_seconds"],
                          "data_wait_share": s["data_wait_share"], "mfu": s["mfu"], "peak_tflops": s["peak_tflops"],
@@ -115,7 +103,7 @@ def run(world: int, data: str, out: str, steps: int, global_batch: int, model: s
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.arg_parser(__doc__)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--global_batch", type=int, default=8)
@@ -154,12 +142,10 @@ def main(argv=None):
         }
     pairs = [(b["total_tgs"] / a_["total_tgs"]) for a_, b in zip([r for r in runs if r["world_size"] == 1],
                                                                   [r for r in runs if r["world_size"] == 2])]
-    summary = {"machine": info, "command": " ".join(["python"] + sys.argv), "model": a.model, "steps": a.steps,
+    summary = {"machine": info, "command": harness.command_line(), "model": a.model, "steps": a.steps,
                "global_batch": a.global_batch, "seq_length": seq, "runs": runs, "table": table,
                "speedup_2_vs_1": common.median(pairs), "speedups": pairs, "total_seconds": time.time() - t0}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(summary, fh, indent=1)
+    harness.write_json(a.out, summary)
     print("\n| processes | batch/rank | total tokens/s | per-rank tokens/s | step s | first step s | data wait |")
     print("|---|---|---|---|---|---|---|")
     for world, row in table.items():

@@ -27,6 +27,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+from msllm.fileio import write_json_atomic  # noqa: E402
+
 WORKER = os.path.join(HERE, "workers", "eval_worker.py")
 SHAPES = {"tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=688),
           "medium": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1376)}
@@ -93,9 +96,7 @@ def main():
                                os.path.join(ROOT, "examples", "data", "eval", "mmlu"), "--num_fewshot", "5",
                                "--output_dir", out_dir], capture_output=True, text=True, timeout=7200)
         report["demo_model_mmlu"] = [ln for ln in proc.stdout.splitlines() if ln.startswith("mmlu:")]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=2)
+    write_json_atomic(args.out, report)
     print("wrote", args.out)
 
 

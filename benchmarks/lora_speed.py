@@ -22,17 +22,14 @@ LoRA config), and the RSS saved against the optimizer states of the frozen weigh
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 
 ATTN_RE, ATTN = ".*wq|.*wk|.*wv|.*wo", ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL = ATTN + ["gate_proj", "up_proj", "down_proj"]
@@ -65,32 +62,16 @@ DEFAULT_STEPS = {"tiny": (6, 2), "medium": (4, 2)}  # measured steps, warm-up st
 
 def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float) -> dict:
     script, pet = VARIANTS[name]
-    args = {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet, "name": name, "spawn_time": time.time()}
-    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
-    for k in ("MS_WORKER_NUM", "RANK_SIZE", "MS_ROLE", "RANK_TABLE_FILE"):
-        env.pop(k, None)
-    load_before = common.loadavg()
-    t = time.time()
-    try:
-        with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as cwd:  # MindSpore writes ./rank_0 on failures
-            p = subprocess.run([common.MAIN_PY, os.path.join(HERE, "workers", script), json.dumps(args)],
-                               cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"framework": name, "error": f"timeout after {timeout:.0f} s", "load_before": load_before}
-    res = common.parse_result(p.stdout)
-    if res is None:
-        return {"framework": name, "error": f"rc={p.returncode}: {(p.stdout[-1000:] + p.stderr[-2000:]).strip()}",
-                "load_before": load_before}
-    res.update(framework=name, wall_s=time.time() - t, load_before=load_before, load_after=common.loadavg())
-    return res
+    return harness.run_worker(name, script, {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet,
+                                            "name": name}, timeout)
 
 
 def summarise(shape: str, runs: list[dict]) -> dict:
     table = {}
     for name in dict.fromkeys(r["framework"] for r in runs):
-        ok = [r for r in runs if r["framework"] == name and "error" not in r]
+        ok, error = harness.ok_runs(runs, name)
         if not ok:
-            table[name] = {"error": [r["error"] for r in runs if r["framework"] == name][0]}
+            table[name] = {"error": error}
             continue
         r0 = ok[0]
         row = {"runs": len(ok), "tokens_per_s": common.median([r["tokens_per_s"] for r in ok]),
@@ -124,15 +105,15 @@ def markdown(summary: dict) -> str:
     lines = ["| variant | tokens/s | x full | x PEFT | step s | first step s | peak RSS MiB | RSS saved vs full MiB "
              "(frozen AdamW states MiB) | trainable params | checkpoint MB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, r in summary["frameworks"].items():
-        if "error" in r:
-            lines.append(f"| {name} | error: {r['error'][:200]} |")
-            continue
+
+    def row(name, r):
         saved = (f"{r['rss_saved_mib']:.0f} ({r['frozen_optimizer_state_mib']:.0f})" if "rss_saved_mib" in r else "")
-        lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r.get('speed_vs_full', float('nan')):.2f} "
-                     f"| {r.get('speed_vs_peft', float('nan')):.2f} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
-                     f"| {r['peak_rss_mib']:.0f} | {saved} | {r['trainable_params'] / 1e6:.3f}M "
-                     f"| {r['checkpoint_bytes'] / 1e6:.1f} |")
+        return (f"| {name} | {r['tokens_per_s']:.0f} | {r.get('speed_vs_full', float('nan')):.2f} "
+                f"| {r.get('speed_vs_peft', float('nan')):.2f} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
+                f"| {r['peak_rss_mib']:.0f} | {saved} | {r['trainable_params'] / 1e6:.3f}M "
+                f"| {r['checkpoint_bytes'] / 1e6:.1f} |")
+
+    lines += harness.md_rows(summary["frameworks"], row)
     lines += ["", "| variant | RSS after import | after build | after first step | peak (MiB) |", "|---|---|---|---|---|"]
     for name, r in summary["frameworks"].items():
         if "error" not in r:
@@ -143,8 +124,7 @@ def markdown(summary: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="medium", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "medium")
     p.add_argument("--variants", default=",".join(DEFAULT_ORDER))
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--steps", type=int, default=None)
@@ -169,24 +149,15 @@ def main(argv=None):
         for n in names:
             r = run_worker(n, a.shape, steps, warmup, a.timeout)
             r["round"] = rnd
-            runs.append(r)
-            if "error" in r:
-                print(f"round {rnd} {n}: ERROR {r['error'][-600:]}", flush=True)
-            else:
-                print(f"round {rnd} {n:20s} {r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s  first "
-                      f"{r['first_step_s']:.1f} s  peak RSS {r['peak_rss_mib']:.0f} MiB  ckpt "
-                      f"{r['checkpoint_bytes'] / 1e6:.1f} MB  load {r['load_before']} -> {r['load_after']}", flush=True)
+            harness.log_run(runs, r, f"round {rnd} {n:20s}", lambda r: (
+                f"{r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s  first "
+                f"{r['first_step_s']:.1f} s  peak RSS {r['peak_rss_mib']:.0f} MiB  ckpt "
+                f"{r['checkpoint_bytes'] / 1e6:.1f} MB  load {r['load_before']} -> {r['load_after']}"))
     summary = summarise(a.shape, runs)
-    summary.update(machine=info, command=" ".join([os.path.relpath(sys.executable, common.ROOT)] + sys.argv),
-                   steps=steps, warmup=warmup, rounds=a.rounds, total_seconds=time.time() - t0, runs=runs)
-    out = a.out or os.path.join(HERE, "results", f"lora_speed_{a.shape}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(summary, fh, indent=1)
-    print()
-    print(markdown(summary))
-    print(f"\n{time.time() - t0:.0f} s in total; results in {out}")
-
+    summary.update(machine=info, command=harness.command_line(), steps=steps, warmup=warmup, rounds=a.rounds,
+                   total_seconds=time.time() - t0, runs=runs)
+    harness.finish(a.out or os.path.join(HERE, "results", f"lora_speed_{a.shape}.json"), summary, markdown(summary),
+                  t0)
 
 if __name__ == "__main__":
     main()

@@ -37,6 +37,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from msllm.fileio import write_json_atomic  # noqa: E402
+
 SHAPES = {
     "gqa_6q_2kv": dict(vocab_size=256, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128),
@@ -132,9 +134,7 @@ def main() -> int:
         subprocess.run([args.mf_python, "-m", "pip", "install", "-q", f"torch=={version}"], check=True)
     with tempfile.TemporaryDirectory(prefix="mf_qkv_") as work:
         results = {name: check(name, cfg, args.mf_python, work) for name, cfg in SHAPES.items()}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(results, fh, indent=2)
+    write_json_atomic(args.out, results)
     print(json.dumps(results, indent=2))
     ok = all(r[k]["bit_exact"] for r in results.values() for k in ("plain", "qkv_concat"))
     print("PASSED: msllm reads MindFormers' output bit-exactly" if ok else "FAILED", flush=True)

@@ -20,22 +20,17 @@ MindSpore MatMul and torch on the same shapes (no graph, no gradients).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # benchmarks/common.py: this script's directory is on sys.path
+import harness
 
-sys.path.insert(0, common.ROOT)
+common.use_repo()
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="medium", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "medium")
     p.add_argument("--which", default="linear,attention,norm,swiglu,rope")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default="", help="also write the results here")
@@ -183,8 +178,7 @@ def main(argv=None):
 
     results["load_end"] = common.loadavg()
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+        harness.write_json(a.json, results)
 
 
 if __name__ == "__main__":

@@ -18,19 +18,15 @@ in alternation, median of ``--repeats``):
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # benchmarks/common.py: this script's directory is on sys.path
+import harness
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "tiny")
     p.add_argument("--which", default="gradnorm,loss,matmul,head,norm,softmax,reduce")
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args(argv)
@@ -211,7 +207,7 @@ def main(argv=None):
 
     b, t, c, nh = s["batch_size"], s["seq_length"], s["hidden_size"], s["num_heads"]
     if "head" in a.which:
-        sys.path.insert(0, common.ROOT)
+        common.use_repo()
         from msllm.models.llama.config import LlamaConfig
         from msllm.models.llama.model import LlamaForCausalLM
 
@@ -255,7 +251,7 @@ def main(argv=None):
                "compact (positions with a target)": Grad(HeadLoss(net, True))}, (h, y))
 
     if "norm" in a.which:
-        sys.path.insert(0, common.ROOT)
+        common.use_repo()
         from msllm.models.llama.config import LlamaConfig
         from msllm.models.llama.model import RMSNorm
 

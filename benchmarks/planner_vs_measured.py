@@ -4,12 +4,14 @@ For each model below, a child process builds msllm's LLaMA, AdamW and the graph-
 (exactly what the trainer runs, fp32, data_parallel 1), trains a few steps on random tokens and
 reports its resident memory (``/proc/self/status``: VmRSS at each point, VmHWM = peak). The
 parent asks :func:`msllm.parallel.planner.plan` for the same config (CPU fp32, no sharding) and
-writes the comparison to ``benchmarks/planner_results.md``.
+writes the comparison to ``benchmarks/planner_results.md`` and the raw measurements with the
+predictions to ``benchmarks/results/planner_vs_measured.json``.
 
 Usage::
 
     python benchmarks/planner_vs_measured.py [--steps 3] [--models tiny,mid,mid_recompute]
-        [--output benchmarks/planner_results.md]
+        [--output benchmarks/planner_results.md] [--json benchmarks/results/planner_vs_measured.json]
+    python benchmarks/planner_vs_measured.py --rerender   # both files again from the raw data in --output
 
 "baseline" is the process after ``import mindspore`` and context set-up, before any weight:
 the framework's own footprint, which the planner does not model. The planner predicts the
@@ -23,12 +25,15 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from msllm.fileio import write_json_atomic  # noqa: E402
 
 MODELS = {
     # the repo's tiny demo model (configs/llama/run_llama_tiny.yaml shapes)
@@ -42,7 +47,7 @@ MODELS = {
                    batch_size=1, recompute=False),
     "mid_b2": dict(model=dict(hidden_size=512, num_layers=8, num_heads=8, multiple_of=256, seq_length=512),
                    batch_size=2, recompute=False),
-    # the same with full recomputation set by msllm.parallel.layout.apply_layout
+    # the same with full recomputation set by msllm.parallel.apply.apply_layout
     "mid_recompute": dict(model=dict(hidden_size=512, num_layers=8, num_heads=8, multiple_of=256,
                                      seq_length=512), batch_size=4, recompute=True),
 }
@@ -86,7 +91,7 @@ def child(name: str, steps: int) -> dict:
 
     from msllm.cluster.context import Runtime
     from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.parallel.layout import apply_layout
+    from msllm.parallel.apply import apply_layout
     from msllm.training.trainer import build_optimizer, build_train_step
 
     cfg = run_config(name)
@@ -134,9 +139,8 @@ def mib(x: float) -> str:
     return f"{x / (1 << 20):.0f}"
 
 
-def write_report(path: str, rows: list[tuple[str, dict, dict]], command: str) -> None:
-    from msllm.fileio import atomic_open
-
+def machine_line() -> str:
+    """This machine, for the report's ``- machine:`` line."""
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
@@ -145,13 +149,20 @@ def write_report(path: str, rows: list[tuple[str, dict, dict]], command: str) ->
         pass
     import mindspore as ms
 
+    return (f"{platform.node()}, {cpu}, {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / (1 << 30):.1f} GiB RAM; "
+            f"Python {platform.python_version()}, MindSpore {ms.__version__}")
+
+
+def write_report(path: str, rows: list[tuple[str, dict, dict]], command: str, date: str, machine: str) -> None:
+    """The Markdown report; ``date`` and ``machine`` are those of the measurements."""
+    from msllm.fileio import atomic_open
+
     lines = [
         "# Memory planner vs measured peak memory (CPU, one process, fp32)",
         "",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- machine: {platform.node()}, {cpu}, {os.cpu_count()} cores, "
-        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / (1 << 30):.1f} GiB RAM; "
-        f"Python {platform.python_version()}, MindSpore {ms.__version__}",
+        f"- date: {date}",
+        f"- machine: {machine}",
         f"- command: `{command}`",
         "- what runs: `LlamaForCausalLM` + `nn.AdamWeightDecay` + msllm's graph-mode `TrainStep` "
         "(dynamic loss scale, grad clipping), random tokens, GRAPH_MODE O0, data_parallel 1; "
@@ -193,14 +204,10 @@ def write_report(path: str, rows: list[tuple[str, dict, dict]], command: str) ->
                      f"added {mib(meas['after_compile'] - meas['after_build'])} MiB (peak during compile "
                      f"{mib(meas['peak_after_compile'])} MiB); RSS after each step (MiB): "
                      + ", ".join(mib(meas[k]) for k in sorted(meas) if k.startswith("after_step_")))
-    fam = sorted(((MODELS[n]["batch_size"], p, m) for n, p, m in rows
-                  if n.startswith("mid") and not MODELS[n]["recompute"]), key=lambda r: r[0])
-    if len(fam) >= 2:
-        (b0, p0, m0), (b1, p1, m1) = fam[0], fam[-1]
-        meas_slope = (m1["peak"] - m0["peak"]) / (b1 - b0)
-        pred_slope = (p1["total"] - p0["total"]) / (b1 - b0)
-        meas_icpt = m0["peak"] - m0["baseline"] - meas_slope * b0
-        pred_icpt = p0["total"] - pred_slope * b0
+    fit = batch_fit(rows)
+    if fit:
+        fam = mid_family(rows)
+        meas_slope, pred_slope, meas_icpt, pred_icpt = fit
         lines += ["", "## Scaling with batch (mid model, no recompute)", "",
                   "| batch | predicted total (MiB) | measured peak - baseline (MiB) |", "|---|---|---|"]
         lines += [f"| {b} | {mib(p['total'])} | {mib(m['peak'] - m['baseline'])} |" for b, p, m in fam]
@@ -214,6 +221,47 @@ def write_report(path: str, rows: list[tuple[str, dict, dict]], command: str) ->
     lines += [f"<!-- raw measurements (bytes), for --rerender: {json.dumps({'command': command, 'raw': raw})} -->", ""]
     with atomic_open(path) as fh:
         fh.write("\n".join(lines))
+
+
+def mid_family(rows) -> list:
+    """(batch, predicted, measured) of the mid model's runs without recompute, by batch."""
+    return sorted(((MODELS[n]["batch_size"], p, m) for n, p, m in rows
+                   if n.startswith("mid") and not MODELS[n]["recompute"]), key=lambda r: r[0])
+
+
+def batch_fit(rows):
+    """Straight line through the mid model's no-recompute runs (smallest and largest batch):
+    (measured bytes per sample, predicted per sample, measured at batch 0, predicted at batch 0),
+    or None without two such runs."""
+    fam = mid_family(rows)
+    if len(fam) < 2:
+        return None
+    (b0, p0, m0), (b1, p1, m1) = fam[0], fam[-1]
+    meas_slope = (m1["peak"] - m0["peak"]) / (b1 - b0)
+    pred_slope = (p1["total"] - p0["total"]) / (b1 - b0)
+    return meas_slope, pred_slope, m0["peak"] - m0["baseline"] - meas_slope * b0, p0["total"] - pred_slope * b0
+
+
+def result_json(rows, command: str, date: str, machine: str) -> dict:
+    """Every model's raw measurements (bytes, seconds) beside the planner's prediction for it, and
+    the batch fit: the machine-readable counterpart of the report."""
+    out = {"command": command, "date": date, "machine": machine, "models": {}}
+    for name, pred, meas in rows:
+        st = pred["stages"][pred["worst_stage"]]
+        out["models"][name] = {
+            "spec": MODELS[name], "measured": meas,
+            "predicted": {"total": pred["total"], **{k: st[k] for k in (
+                "weights", "gradients", "optimizer_states", "grad_accumulation", "activations", "head_and_loss",
+                "constants", "weight_copies")}},
+            "measured_peak_minus_baseline": meas["peak"] - meas["baseline"],
+            "measured_over_predicted": (meas["peak"] - meas["baseline"]) / pred["total"]}
+    fit = batch_fit(rows)
+    if fit:
+        out["batch_fit"] = dict(zip(("measured_bytes_per_sample", "predicted_bytes_per_sample",
+                                     "measured_bytes_at_batch_0", "predicted_bytes_at_batch_0"), fit))
+        out["batch_fit"]["per_sample_ratio"] = fit[0] / fit[1]
+        out["batch_fit"]["batch_0_ratio"] = fit[2] / fit[3]
+    return out
 
 
 def gap_text(rows) -> str:
@@ -233,11 +281,9 @@ def gap_text(rows) -> str:
             f"{mib(m['after_compile'] - m['after_build'] - (mat - (m['after_build'] - m['baseline'])))} MiB is "
             "the compiled graph (IR, kernel graph, kernels) - memory the planner does not model and that "
             "stays resident.")
-    fam = sorted(((MODELS[n]["batch_size"], p, m) for n, p, m in rows
-                  if n.startswith("mid") and not MODELS[n]["recompute"]), key=lambda r: r[0])
-    if len(fam) >= 2:
-        (b0, p0, m0), (b1, p1, m1) = fam[0], fam[-1]
-        ratio = ((m1["peak"] - m0["peak"]) / (b1 - b0)) / ((p1["total"] - p0["total"]) / (b1 - b0))
+    fit = batch_fit(rows)
+    if fit:
+        ratio = fit[0] / fit[1]
         out.append(
             f"* **Per-token memory on the CPU backend.** The measured peak grows {ratio:.1f}x faster with the "
             "batch than the planner's activation + loss terms, which count only what the backward pass must "
@@ -260,11 +306,8 @@ def gap_text(rows) -> str:
             "backend does not appear to do; the duplicated forward subgraphs add to the graph instead. The "
             "recompute term of the planner is therefore not validated here. (Step times are noisy: other jobs "
             "share these 2 cores.)")
-    if len(fam) >= 2 and "mid" in by:
-        (b0, p0, m0), (b1, p1, m1) = fam[0], fam[-1]
-        slope = (m1["peak"] - m0["peak"]) / (b1 - b0)
-        icpt = m0["peak"] - m0["baseline"] - slope * b0
-        pst = p0["total"] - (p1["total"] - p0["total"]) / (b1 - b0) * b0
+    if fit and "mid" in by:
+        icpt, pst = fit[2], fit[3]
         pn, mn = by["mid"]
         graph = (mn["after_compile"] - mn["after_build"]) - (pn["stages"][0]["weights"] + pn["stages"][0]
                                                             ["optimizer_states"] - (mn["after_build"] - mn["baseline"]))
@@ -288,6 +331,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--models", default="tiny,mid_b1,mid_b2,mid,mid_recompute")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "planner_results.md"))
+    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "planner_vs_measured.json"))
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rerender", action="store_true",
                         help="rewrite --output from the raw measurements stored in it (no new runs)")
@@ -298,8 +342,12 @@ def main(argv=None) -> int:
         marker = "<!-- raw measurements (bytes), for --rerender: "
         data = json.loads(text[text.index(marker) + len(marker):text.rindex(" -->")])
         rows = [(name, predicted(name), meas) for name, meas in data["raw"].items()]
-        write_report(args.output, rows, data["command"])
-        print(f"rewrote {args.output}")
+        # the date and machine of the measurements, not of this rendering
+        date = re.search(r"^- date: (.*)$", text, re.M).group(1)
+        machine = re.search(r"^- machine: (.*)$", text, re.M).group(1)
+        write_report(args.output, rows, data["command"], date, machine)
+        write_json_atomic(args.json, result_json(rows, data["command"], date, machine), indent=1)
+        print(f"rewrote {args.output} and {args.json}")
         return 0
     if args.one:
         print("RESULT " + json.dumps(child(args.one, args.steps)), flush=True)
@@ -321,8 +369,10 @@ def main(argv=None) -> int:
               f"{gib(meas['peak'] - meas['baseline'])} GiB (peak {gib(meas['peak'])}), "
               f"{time.perf_counter() - t0:.0f}s", flush=True)
     command = "python benchmarks/planner_vs_measured.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_report(args.output, rows, command.strip())
-    print(f"wrote {args.output}")
+    date, machine = datetime.datetime.now().isoformat(timespec="seconds"), machine_line()
+    write_report(args.output, rows, command.strip(), date, machine)
+    write_json_atomic(args.json, result_json(rows, command.strip(), date, machine), indent=1)
+    print(f"wrote {args.output} and {args.json}")
     return 0
 
 

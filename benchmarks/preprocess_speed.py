@@ -19,7 +19,6 @@ Writes benchmarks/results/preprocess_speed.json.
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 import json
 import os
@@ -32,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 
 TOKENIZER = os.path.join(common.EXAMPLES, "tokenizer.model")
 
@@ -74,8 +74,12 @@ def read_records(path: str, limit: int | None = None) -> tuple[list[dict], int]:
     return records, i
 
 
-def run_msllm(src: str, out_dir: str, seq_length: int, workers: int) -> dict:
-    out = os.path.join(out_dir, "sharegpt.mindrecord")
+def run_msllm(src: str, out_dir: str, seq_length: int, workers: int, name: str = "sharegpt") -> dict:
+    """One ``data_preprocess/llama_preprocess.py`` command on conversation file ``src`` into
+    ``{out_dir}/{name}.mindrecord``: its wall time (interpreter start to exit) and the numbers of
+    the summary it prints (records, rows, tokens; total, tokenize, MindSpore import and write
+    seconds)."""
+    out = os.path.join(out_dir, f"{name}.mindrecord")
     cmd = [common.MAIN_PY, os.path.join(common.ROOT, "data_preprocess", "llama_preprocess.py"),
            "--input_glob", src, "--dataset_type", "qa", "--model_file", TOKENIZER,
            "--seq_length", str(seq_length), "--repeat", "1", "--shuffle", "1",
@@ -97,8 +101,27 @@ def run_msllm(src: str, out_dir: str, seq_length: int, workers: int) -> dict:
             "records": num(r"records read\s*:\s*(\d+)"), "rows": num(r"samples written\s*:\s*(\d+)"),
             "tokens": num(r"tokens written\s*:\s*(\d+)"), "internal_total_s": num(r"time\s*:\s*([\d.]+) s total"),
             "tokenize_s": num(r"tokenize ([\d.]+) s"), "write_s": num(r"write ([\d.]+) s"),
-            "output": out, "cmd": " ".join(os.path.relpath(c, common.ROOT) if c.startswith(common.ROOT) else c
-                                            for c in cmd), "summary": o}
+            "import_s": num(r"MindSpore import ([\d.]+) s"), "output": out, "cmd": harness.show_cmd(cmd), "summary": o}
+
+
+def run_pair(src: str, tmp: str, label: str, seq_length: int, name: str = "sharegpt") -> tuple[list[dict], bool]:
+    """msllm with 1 and then 2 workers on ``src`` (outputs in ``tmp/{label}_w{n}/``, the same
+    file name); returns both runs and whether the outputs (.mindrecord and .json sidecar) are
+    byte-identical."""
+    runs = []
+    for w in (1, 2):
+        d = os.path.join(tmp, f"{label.replace(' ', '_')}_w{w}")
+        os.makedirs(d)
+        r = run_msllm(src, d, seq_length, w, name)
+        runs.append(r)
+        print(f"{label} {r['tool']:34s} {r['wall_s']:7.1f} s wall  {r['records'] / r['wall_s']:7.1f} "
+              f"records/s  {r['tokens'] / r['wall_s']:9.0f} tokens/s  (internal {r['internal_total_s']} s, "
+              f"tokenize {r['tokenize_s']} s, import {r['import_s']} s, write {r['write_s']} s)  load {r['load']}",
+              flush=True)
+    a, b = (r["output"] for r in runs)
+    same = filecmp.cmp(a, b, shallow=False) and filecmp.cmp(a + ".json", b + ".json", shallow=False)
+    print(f"{label}: 1-worker and 2-worker outputs byte-identical: {same}", flush=True)
+    return runs, same
 
 
 def run_mf(src: str, out_dir: str, seq_length: int) -> dict:
@@ -119,7 +142,7 @@ def run_mf(src: str, out_dir: str, seq_length: int) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.arg_parser(__doc__)
     p.add_argument("--seq_length", type=int, default=2048)
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     p.add_argument("--rounds", type=int, default=1)
@@ -144,21 +167,9 @@ def main(argv=None):
     identical = []
     with tempfile.TemporaryDirectory(prefix="prep_bench_") as tmp:
         for rnd in range(a.rounds):
-            outs = {}
-            for w in (1, 2):
-                d = os.path.join(tmp, f"r{rnd}_w{w}")
-                os.makedirs(d)
-                r = run_msllm(src, d, a.seq_length, w)
-                r["round"] = rnd
-                runs.append(r)
-                outs[w] = r["output"]
-                print(f"round {rnd} {r['tool']:34s} {r['wall_s']:7.1f} s wall  {r['records'] / r['wall_s']:7.1f} "
-                      f"records/s  {r['tokens'] / r['wall_s']:9.0f} tokens/s  (internal {r['internal_total_s']} s, "
-                      f"tokenize {r['tokenize_s']} s, write {r['write_s']} s)  load {r['load']}", flush=True)
-            same = (filecmp.cmp(outs[1], outs[2], shallow=False)
-                    and filecmp.cmp(outs[1] + ".json", outs[2] + ".json", shallow=False))
+            pair, same = run_pair(src, tmp, f"round {rnd}", a.seq_length)
+            runs += [dict(r, round=rnd) for r in pair]
             identical.append(same)
-            print(f"round {rnd}: 1-worker and 2-worker outputs byte-identical: {same}", flush=True)
             if use_mf:
                 d = os.path.join(tmp, f"r{rnd}_mf")
                 os.makedirs(d)
@@ -168,16 +179,12 @@ def main(argv=None):
                 print(f"round {rnd} {r['tool']:34s} {r['wall_s']:7.1f} s wall  {r['records'] / r['wall_s']:7.1f} "
                       f"records/s  {r['tokens'] / r['wall_s']:9.0f} tokens/s  (in-process {r['seconds']:.1f} s, "
                       f"import {r['import_s']:.1f} s)  load {r['load']}", flush=True)
-    summary = {"machine": info, "command": " ".join(["python"] + sys.argv), "seq_length": a.seq_length,
+    summary = {"machine": info, "command": harness.command_line(), "seq_length": a.seq_length,
                "input": {"file": src_file, "bytes": size, "records": len(records), "turns": turns,
                          "characters": chars},
                "outputs_identical_1_vs_2_workers": identical, "runs": runs}
-    tools = []
-    for r in runs:
-        if r["tool"] not in tools:
-            tools.append(r["tool"])
     table = {}
-    for t in tools:
+    for t in dict.fromkeys(r["tool"] for r in runs):
         rs = [r for r in runs if r["tool"] == t]
         wall = common.median([r["wall_s"] for r in rs])
         internal = common.median([r["internal_total_s"] for r in rs])
@@ -190,9 +197,7 @@ def main(argv=None):
             row["speedup_vs_mf"] = mf["wall_s"] / row["wall_s"]
             row["speedup_vs_mf_in_process"] = mf["in_process_s"] / row["in_process_s"]
     summary["table"] = table
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(summary, fh, indent=1)
+    harness.write_json(a.out, summary)
     print("\n| tool | records | rows written | tokens written | wall s (command) | records/s | tokens/s "
           "| x MindFormers (wall) | in-process s | x MindFormers (in-process) |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -18,17 +18,14 @@ machine wall time swings, CPU time much less.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # benchmarks/common.py: this script's directory is on sys.path
+import harness
 
-sys.path.insert(0, common.ROOT)
+common.use_repo()
 
 
 def timed(fn, repeats):
@@ -68,8 +65,7 @@ def summarize_profile(directory: str, steps: int, top: int = 25) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "tiny")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--parts", default="forward,fwdbwd,head,optimizer,step,step_noscale")
     p.add_argument("--jit_level", default="O0")
@@ -96,7 +92,6 @@ def main(argv=None):
     import mindspore as ms
     from mindspore import Tensor, nn, ops
 
-    from msllm.models.llama.config import LlamaConfig
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.step import TrainStep
 
@@ -114,9 +109,7 @@ def main(argv=None):
     s = common.shape(a.shape)
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE, jit_config={"jit_level": a.jit_level}, **json.loads(a.context))
-    cfg = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], num_layers=s["num_layers"],
-                      num_heads=s["num_heads"], intermediate_size=s["intermediate_size"],
-                      seq_length=s["seq_length"])
+    cfg = common.msllm_model_config(s)
     common.prepare_data(s["seq_length"])
     init = np.load(common.prepare_weights(a.shape))
     ids, lab = common.batches(common.data_file(s["seq_length"]), s["batch_size"], 1)[0]
@@ -130,18 +123,11 @@ def main(argv=None):
 
     def fresh():
         net = LlamaForCausalLM(cfg, compact_loss=compact, fast_paths=not a.layout_path)
-        for q in net.trainable_params():
-            q.set_data(Tensor(init[q.name]))
+        common.set_ms_weights(net.trainable_params(), init)
         return net
 
     def adamw(net):
-        params = net.trainable_params()
-        o = common.OPTIM
-        return nn.AdamWeightDecay(
-            [{"params": [q for q in params if q.ndim >= 2], "weight_decay": o["weight_decay"]},
-             {"params": [q for q in params if q.ndim < 2], "weight_decay": 0.0}],
-            learning_rate=Tensor(np.full(1000, o["lr"], np.float32)), beta1=o["beta1"], beta2=o["beta2"],
-            eps=o["eps"])
+        return common.ms_adamw(net.trainable_params(), 1000)
 
     results = {}
     parts = a.parts.split(",")
@@ -259,9 +245,7 @@ def main(argv=None):
             print(f"profiler output in {a.profiler}")
             summarize_profile(a.profiler, 3)
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"shape": a.shape, "jit_level": a.jit_level, "tokens": tokens, "results": results}, fh,
-                      indent=1)
+        harness.write_json(a.json, {"shape": a.shape, "jit_level": a.jit_level, "tokens": tokens, "results": results})
 
 
 if __name__ == "__main__":

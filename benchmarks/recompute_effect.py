@@ -25,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from msllm.fileio import write_json_atomic  # noqa: E402
+
 SHAPES = {  # benchmarks/common.py shapes (hidden, layers, heads, ffn, seq, batch)
     "tiny": (256, 4, 4, 688, 256, 8),
     "medium": (512, 8, 8, 1376, 512, 4),
@@ -41,7 +43,7 @@ def worker(shape: str, variant: str, steps: int) -> dict:
 
     from msllm.config import load_config
     from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.parallel.layout import apply_recompute
+    from msllm.parallel.apply import apply_recompute
     from msllm.training.step import TrainStep
     from msllm.training.trainer import build_optimizer
 
@@ -98,8 +100,7 @@ def main() -> None:
                           "load_avg_at_end": os.getloadavg()},
               "command": " ".join(sys.argv), "runs": runs}
     path = os.path.join(HERE, "results", f"recompute_effect_{args.shape}.json")
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=1)
+    write_json_atomic(path, result, indent=1)
     print("wrote", path)
 
 

@@ -15,8 +15,6 @@ Runs alternate framework by framework within each round. Writes
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 import train_throughput as tt  # noqa: E402
 
 VARIANTS = {
@@ -36,8 +35,7 @@ VARIANTS = {
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="medium", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "medium")
     p.add_argument("--frameworks", default="msllm,msllm-dense,msllm-composed,torch-eager,torch-lean")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
@@ -55,13 +53,9 @@ def main(argv=None):
             worker, extra = VARIANTS[name]
             r = tt.run_worker(worker, a.shape, a.steps, a.warmup, 3600, {"threads": 1, **extra}, env)
             r["variant"], r["round"] = name, rnd
-            runs.append(r)
-            if "error" in r:
-                print(f"round {rnd} {name}: ERROR {r['error'][-600:]}", flush=True)
-                continue
-            cpu = min(r["cpu_s_all"][a.warmup:])
-            print(f"round {rnd} {name:15s} min CPU s/step {cpu:7.2f}  (wall median {r['step_s_median']:.2f} s) "
-                  f"load {r['load_before']}", flush=True)
+            harness.log_run(runs, r, f"round {rnd} {name:15s}", lambda r: (
+                f"min CPU s/step {min(r['cpu_s_all'][a.warmup:]):7.2f}  (wall median {r['step_s_median']:.2f} s) "
+                f"load {r['load_before']}"))
     best = {}
     for r in runs:
         if "error" not in r:
@@ -76,9 +70,8 @@ def main(argv=None):
         print(f"| {n} | {c:.2f} | {tokens / c:.0f} | {tokens * fpt / c / 1e9:.0f} "
               f"| {te / c if te else float('nan'):.2f} | {tl / c if tl else float('nan'):.2f} |")
     out = a.out or os.path.join(HERE, "results", f"single_core_{a.shape}.json")
-    with open(out, "w") as fh:
-        json.dump({"shape": a.shape, "machine": common.machine(), "best_cpu_s_per_step": best, "runs": runs,
-                   "seconds": time.time() - t0, "command": " ".join(sys.argv)}, fh, indent=1)
+    harness.write_json(out, {"shape": a.shape, "machine": common.machine(), "best_cpu_s_per_step": best, "runs": runs,
+                            "seconds": time.time() - t0, "command": harness.command_line()})
     print(f"results in {out}")
 
 

@@ -30,11 +30,9 @@ Writes ``benchmarks/results/train_throughput_<shape>.json`` and prints a Markdow
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 
 WORKERS = {
     "msllm": ("main", "msllm_worker.py", {"variant": "default"}),
@@ -68,43 +67,23 @@ ONCE = {"tiny": ("msllm-noscale",), "medium": ("msllm-noscale",), "large": ("msl
 
 def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float, extra: dict,
                env_extra: dict | None = None) -> dict:
+    """One run of framework ``name`` (see :data:`WORKERS`), in its own interpreter."""
     venv, script, kw = WORKERS[name]
-    py = common.MAIN_PY if venv == "main" else common.MF_PY
-    args = {"shape": shape, "steps": steps, "warmup": warmup, **kw, **extra, "spawn_time": time.time()}
-    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1", **(env_extra or {}))
-    for k in ("MS_WORKER_NUM", "RANK_SIZE", "MS_ROLE", "RANK_TABLE_FILE"):
-        env.pop(k, None)
-    load_before = common.loadavg()
-    with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as cwd:  # MindFormers writes ./output
-        t = time.time()
-        try:
-            p = subprocess.run([py, os.path.join(HERE, "workers", script), json.dumps(args)], cwd=cwd,
-                               env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"framework": name, "error": f"timeout after {timeout:.0f} s", "load_before": load_before}
-        wall = time.time() - t
-    res = common.parse_result(p.stdout)
-    if res is None:
-        tail = (p.stdout[-1500:] + "\n" + p.stderr[-2500:]).strip()
-        return {"framework": name, "error": f"rc={p.returncode}: {tail}", "load_before": load_before}
-    res.update(framework=name, wall_s=wall, load_before=load_before, load_after=common.loadavg())
-    return res
+    return harness.run_worker(name, script, {"shape": shape, "steps": steps, "warmup": warmup, **kw, **extra},
+                             timeout, common.MAIN_PY if venv == "main" else common.MF_PY, env_extra)
 
 
 def measure_peaks() -> dict:
     """fp32 matmul GFLOP/s of MindSpore, torch and numpy, each in its own process (torch's
     OpenMP threads keep spinning after a matmul and would slow a MindSpore matmul after it)."""
-    env = dict(os.environ, GLOG_v="3")
     out = {"load": common.loadavg()}
     for lib in ("mindspore", "torch", "numpy"):
-        p = subprocess.run([common.MAIN_PY, os.path.join(HERE, "workers", "peak_worker.py"),
-                            json.dumps({"repeats": 10, "which": [lib]})], env=env,
-                           capture_output=True, text=True, timeout=600)
-        r = common.parse_result(p.stdout)
-        if r is None:
-            out[f"{lib}_error"] = p.stderr[-1000:]
+        r = harness.run_worker(f"peak-{lib}", "peak_worker.py", {"repeats": 10, "which": [lib]}, 600)
+        if "error" in r:
+            out[f"{lib}_error"] = r["error"][-1000:]
         else:
-            out.update({k: v for k, v in r.items() if k != "load"})
+            out.update({k: v for k, v in r.items()
+                        if k not in ("load", "framework", "wall_s", "load_before", "load_after")})
     return out
 
 
@@ -116,15 +95,12 @@ def summarise(shape: str, runs: list[dict], peaks: list[dict]) -> dict:
     for key in ("mindspore_gflops", "torch_gflops", "numpy_gflops"):
         vals = [p[key] for p in peaks if key in p]
         best[key] = max(vals) if vals else None
-    names = []
-    for r in runs:
-        if r["framework"] not in names:
-            names.append(r["framework"])
+    names = list(dict.fromkeys(r["framework"] for r in runs))
     table = {}
     for n in names:
-        ok = [r for r in runs if r["framework"] == n and "error" not in r]
+        ok, error = harness.ok_runs(runs, n)
         if not ok:
-            table[n] = {"error": [r["error"] for r in runs if r["framework"] == n][0]}
+            table[n] = {"error": error}
             continue
         tps = [r["tokens_per_s"] for r in ok]
         cold = [r for r in ok if r["round"] == 0] or ok  # compile / start-up: the cold (first) run
@@ -228,20 +204,20 @@ def markdown(summary: dict) -> str:
              "| x torch eager | x torch lean | x torch.compile | x lean compile | first step s "
              "| spawn->1st loss s | peak RSS MiB | MFU (CPU peak) | MFU (2.3 GHz peak) | MFU (best GEMM) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for n, r in summary["frameworks"].items():
-        if "error" in r:
-            lines.append(f"| {n} | error: {r['error'][:200]} |")
-            continue
+
+    def row(n, r):
         def ratio(key):
             return f"{r[key]:.2f}" if key in r else "-"
 
-        lines.append(
+        return (
             f"| {n} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) "
             f"| {r['step_s']:.2f} | {r['cpu_s_per_step']:.2f} | {ratio('ratio_vs_mindformers')} "
             f"| {ratio('ratio_vs_torch-eager')} | {ratio('ratio_vs_torch-lean')} | {ratio('ratio_vs_torch-compile')} "
             f"| {ratio('ratio_vs_torch-lean-compile')} | {r['first_step_s']:.1f} | {r['startup_to_first_step_s']:.1f} "
             f"| {r['peak_rss_mib']:.0f} | {100 * r['mfu_cpu_peak']:.1f}% | {100 * r['mfu_cpu_peak_2.3ghz']:.1f}% "
             f"| {100 * r.get('mfu', 0):.1f}% |")
+
+    lines += harness.md_rows(summary["frameworks"], row)
     if summary["losses"]:
         lines += ["", "| framework | losses compared | first loss | last loss | max abs diff vs MindFormers "
                   "| vs torch eager | vs torch lean |", "|---|---|---|---|---|---|---|"]
@@ -257,8 +233,7 @@ def markdown(summary: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="tiny", choices=sorted(common.SHAPES))
+    p = harness.arg_parser(__doc__, "tiny")
     p.add_argument("--frameworks",
                    default="msllm,msllm-dense,torch-eager,torch-lean,torch-compile,torch-lean-compile,mindformers,"
                            "msllm-noscale")
@@ -300,29 +275,19 @@ def main(argv=None):
             r = run_worker(n, a.shape, steps if rnd == 0 else steps_later, warmup, a.timeout, extra,
                            {"TORCHINDUCTOR_CACHE_DIR": inductor_cache})
             r["round"], r["warmup"] = rnd, warmup
-            runs.append(r)
-            if "error" in r:
-                print(f"round {rnd} {n}: ERROR {r['error'][-800:]}", flush=True)
-            else:
-                print(f"round {rnd} {n:14s} {r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s "
-                      f"cpu {r['cpu_s_median']:.2f} s  first {r['first_step_s']:.1f} s  spawn->1st "
-                      f"{r['startup_to_first_step_s']:.1f} s  import {r['import_s']:.1f} s  "
-                      f"RSS {r['peak_rss_mib']:.0f} MiB  load {r['load_before']} -> {r['load_after']}",
-                      flush=True)
+            harness.log_run(runs, r, f"round {rnd} {n:14s}", lambda r: (
+                f"{r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s "
+                f"cpu {r['cpu_s_median']:.2f} s  first {r['first_step_s']:.1f} s  spawn->1st "
+                f"{r['startup_to_first_step_s']:.1f} s  import {r['import_s']:.1f} s  "
+                f"RSS {r['peak_rss_mib']:.0f} MiB  load {r['load_before']} -> {r['load_after']}"))
         peaks.append(measure_peaks())
         print(f"peaks: {peaks[-1]}", flush=True)
     shutil.rmtree(inductor_cache, ignore_errors=True)
     summary = summarise(a.shape, runs, peaks)
-    summary.update(machine=info, command=" ".join([os.path.relpath(sys.executable, common.ROOT)] + sys.argv),
-                   steps=steps, warmup=warmup, rounds=a.rounds, total_seconds=time.time() - t0,
-                   extra=extra, peaks=peaks, runs=runs)
-    out = a.out or os.path.join(HERE, "results", f"train_throughput_{a.shape}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(summary, fh, indent=1)
-    print()
-    print(markdown(summary))
-    print(f"\n{time.time() - t0:.0f} s in total; results in {out}")
+    summary.update(machine=info, command=harness.command_line(), steps=steps, warmup=warmup, rounds=a.rounds,
+                   total_seconds=time.time() - t0, extra=extra, peaks=peaks, runs=runs)
+    harness.finish(a.out or os.path.join(HERE, "results", f"train_throughput_{a.shape}.json"), summary,
+                  markdown(summary), t0)
 
 
 if __name__ == "__main__":

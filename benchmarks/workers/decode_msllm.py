@@ -13,43 +13,35 @@ cold run's extra time = compile time; the new tokens of row 0 (to check against 
 peak RSS.
 """
 
-import time
+import os
 
-T_START = time.time()
+import worker_common as wc  # first: takes the process start time
 
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import common  # noqa: E402
-
-sys.path.insert(0, common.ROOT)
+common = wc.common
 
 
 def main():
-    args = json.loads(sys.argv[1])
-    t = time.perf_counter()
+    args = wc.worker_args()
+    phases = wc.Phases()
     import numpy as np
 
     import mindspore as ms
 
+    common.use_repo()
     from msllm.cluster.context import setup_runtime
     from msllm.config import load_config
     from msllm.generation.config import GenerationConfig, resolve_settings
     from msllm.generation.decode import generator_for
     from msllm.generation.loading import load_for_inference
-    import_s = time.perf_counter() - t
+    phases.mark("import")
 
-    t = time.perf_counter()
     cfg = load_config(os.path.join(common.ROOT, "configs", "llama", "run_llama_tiny.yaml"),
                       ["--parallel_config.data_parallel=1"] + list(args.get("overrides", [])))
     setup_runtime(cfg)
     if args.get("threads"):
         ms.set_context(runtime_num_threads=int(args["threads"]))
     net, mc, _ = load_for_inference(cfg, args["model_dir"], fast_paths=args.get("fast_paths"))
-    build_s = time.perf_counter() - t
+    phases.mark("build")
     prompts = np.load(args["prompts"])["ids"][:args["batch"]].tolist()
     gen = generator_for(net, mc)
     s = resolve_settings(GenerationConfig(max_new_tokens=args["new"], eos_token_id=[],
@@ -60,19 +52,11 @@ def main():
         runs.append({"ttft_s": r.prefill_s, "decode_s": r.decode_s, "steps": r.steps,
                      "decode_tokens_per_s": len(prompts) * r.steps / r.decode_s})
         assert all(len(x) == args["new"] for x in r.tokens)
-    cold, warm = runs[0], runs[1:]
-    med = common.median
     common.emit({
         "framework": "msllm" if args.get("use_past", True) else "msllm-nocache", "fast_paths": args.get("fast_paths"),
         "batch": len(prompts), "prompt_tokens": len(prompts[0]), "new_tokens": args["new"],
-        "ttft_s": med([w["ttft_s"] for w in warm]),
-        "decode_tokens_per_s": med([w["decode_tokens_per_s"] for w in warm]),
-        "decode_step_ms": 1000 * med([w["decode_s"] / w["steps"] for w in warm]),
-        "compile_s": (cold["ttft_s"] + cold["decode_s"]) - (med([w["ttft_s"] for w in warm])
-                                                           + med([w["decode_s"] for w in warm])),
-        "cold_ttft_s": cold["ttft_s"], "runs": runs, "graphs": [list(k) for k in gen.shapes],
-        "tokens_row0": r.tokens[0], "import_s": import_s, "build_s": build_s,
-        "peak_rss_mib": common.peak_rss_mib(), "spawn_to_end_s": time.time() - args.get("spawn_time", T_START),
+        **wc.decode_summary(runs, args), "graphs": [list(k) for k in gen.shapes],
+        "tokens_row0": r.tokens[0], **phases.fields(),
         "threads": int(args.get("threads") or 0)})
 
 

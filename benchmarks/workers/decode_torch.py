@@ -11,25 +11,19 @@ Prints one ``BENCH_RESULT {json}`` line (fields as decode_msllm.py).
 
 import time
 
-T_START = time.time()
+import worker_common as wc  # first: takes the process start time
 
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import common  # noqa: E402
+common = wc.common
 
 
 def main():
-    args = json.loads(sys.argv[1])
-    t = time.perf_counter()
+    args = wc.worker_args()
+    phases = wc.Phases()
     import numpy as np
     import torch
     from transformers import LlamaForCausalLM
     from transformers.generation.streamers import BaseStreamer
-    import_s = time.perf_counter() - t
+    phases.mark("import")
     torch.set_num_threads(int(args.get("threads", 2)))
 
     class Clock(BaseStreamer):
@@ -42,10 +36,9 @@ def main():
         def end(self):
             pass
 
-    t = time.perf_counter()
     model = LlamaForCausalLM.from_pretrained(args["model_dir"], dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
-    build_s = time.perf_counter() - t
+    phases.mark("build")
     ids = torch.tensor(np.load(args["prompts"])["ids"][:args["batch"]], dtype=torch.long)
     runs = []
     for rep in range(1 + args["reps"]):
@@ -60,18 +53,10 @@ def main():
         first = clock.times[1]               # times[0]: the prompt
         runs.append({"ttft_s": first - t0, "decode_s": t_end - first, "steps": new - 1,
                      "decode_tokens_per_s": ids.shape[0] * (new - 1) / (t_end - first)})
-    cold, warm = runs[0], runs[1:]
-    med = common.median
     common.emit({
         "framework": "torch-eager", "batch": ids.shape[0], "prompt_tokens": ids.shape[1], "new_tokens": args["new"],
-        "ttft_s": med([w["ttft_s"] for w in warm]),
-        "decode_tokens_per_s": med([w["decode_tokens_per_s"] for w in warm]),
-        "decode_step_ms": 1000 * med([w["decode_s"] / w["steps"] for w in warm]),
-        "compile_s": (cold["ttft_s"] + cold["decode_s"]) - (med([w["ttft_s"] for w in warm])
-                                                           + med([w["decode_s"] for w in warm])),
-        "cold_ttft_s": cold["ttft_s"], "runs": runs, "tokens_row0": out[0, ids.shape[1]:].tolist(),
-        "import_s": import_s, "build_s": build_s, "peak_rss_mib": common.peak_rss_mib(),
-        "spawn_to_end_s": time.time() - args.get("spawn_time", T_START), "threads": torch.get_num_threads()})
+        **wc.decode_summary(runs, args), "tokens_row0": out[0, ids.shape[1]:].tolist(),
+        **phases.fields(), "threads": torch.get_num_threads()})
 
 
 if __name__ == "__main__":

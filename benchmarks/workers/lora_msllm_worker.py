@@ -14,90 +14,49 @@ Prints one ``BENCH_RESULT {json}`` line: tokens/s, step times, RSS after import 
 step / peak (before the checkpoint save), parameter counts and the saved checkpoint's size.
 """
 
-import time
+import os
+import tempfile
 
-T_START = time.time()
+import worker_common as wc  # first: takes the process start time
 
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import common  # noqa: E402
-
-sys.path.insert(0, common.ROOT)
+common = wc.common
 
 
 def main():
-    args = json.loads(sys.argv[1])
-    spawn = args.get("spawn_time", T_START)
-    s = common.shape(args["shape"])
-    steps, warmup, pet = args["steps"], args["warmup"], args.get("pet")
-    np = common.np
-    t = time.perf_counter()
+    args, s, steps, warmup = wc.train_args()
+    pet = args.get("pet")
+    phases = wc.Phases()
     import mindspore as ms
-    from mindspore import Tensor, nn
+    from mindspore import Tensor
 
+    common.use_repo()
     from msllm.cluster.context import setup_runtime
-    from msllm.config import load_config
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.trainer import build_train_step
-    import_s = time.perf_counter() - t
-    rss = {"after_import": common.rss_mib()}
+    phases.mark("import")
 
-    t = time.perf_counter()
-    o = common.OPTIM
-    overrides = [
-        "--parallel_config.data_parallel=1", f"--model.model_config.hidden_size={s['hidden_size']}",
-        f"--model.model_config.num_layers={s['num_layers']}", f"--model.model_config.num_heads={s['num_heads']}",
-        "--model.model_config.n_kv_heads=null", f"--model.model_config.intermediate_size={s['intermediate_size']}",
-        f"--model.model_config.vocab_size={s['vocab_size']}", f"--model.model_config.seq_length={s['seq_length']}",
-        f"--runner_config.batch_size={s['batch_size']}", f"--optimizer.betas=[{o['beta1']},{o['beta2']}]",
-        f"--optimizer.eps={o['eps']}", f"--optimizer.weight_decay={o['weight_decay']}",
-    ]
+    overrides = []
     if pet:
         overrides += ["--model.model_config.pet_config.pet_type=lora"] + \
             [f"--model.model_config.pet_config.{k}={v}" for k, v in pet.items()]
-    cfg = load_config(os.path.join(common.ROOT, "configs", "llama", "run_llama_tiny.yaml"), overrides)
+    cfg = wc.msllm_run_config(s, overrides)
     setup_runtime(cfg)
     mc = cfg.model_config
     net = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
-    init = np.load(common.prepare_weights(args["shape"]))
-    for p in net.get_parameters():
-        p.set_data(Tensor(init[p.name]))
+    common.set_ms_weights(net.get_parameters(), common.np.load(common.prepare_weights(args["shape"])))
     total = sum(p.size for p in net.get_parameters())
     info = None
     if pet:
         from msllm.lora.apply import apply_lora
 
         info = apply_lora(net, mc.pet_config, seed=cfg.seed)
-    params = net.trainable_params()
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o["weight_decay"]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    lr = Tensor(np.full(steps + warmup + 1, o["lr"], np.float32))
-    opt = nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=lr, beta1=o["beta1"],
-                             beta2=o["beta2"], eps=o["eps"])
-    step = build_train_step(net, opt, cfg, rt=type("RT", (), {"world_size": 1})())
-    build_s = time.perf_counter() - t
-    rss["after_build"] = common.rss_mib()
+    opt = common.ms_adamw(net.trainable_params(), steps + warmup + 1)
+    step = build_train_step(net, opt, cfg, rt=wc.single_process())
+    phases.mark("build")
 
-    data = common.batches(common.data_file(s["seq_length"]), s["batch_size"], warmup + steps)
-    losses, times, cpus = [], [], []
-    first_step_s = startup_to_first_step = None
-    for i, (ids, lab) in enumerate(data):
-        a, b = Tensor(ids), Tensor(lab)
-        c0, t = time.process_time(), time.perf_counter()
-        loss = step(a, b)[0]
-        lv = float(loss.asnumpy())
-        dt = time.perf_counter() - t
-        cpus.append(time.process_time() - c0)
-        if i == 0:
-            rss["after_first_step"] = common.rss_mib()
-            first_step_s, startup_to_first_step = dt, time.time() - spawn
-        losses.append(lv)
-        times.append(dt)
+    timing = wc.timed_steps(wc.train_batches(s, warmup + steps), lambda ids, lab: (Tensor(ids), Tensor(lab)),
+                            lambda a, b: float(step(a, b)[0].asnumpy()), warmup, s["batch_size"] * s["seq_length"],
+                            wc.spawn_time(args), phases.rss)
     peak = common.peak_rss_mib()  # before the checkpoint save, which copies what it writes
     with tempfile.TemporaryDirectory(prefix="lora_bench_") as d:
         path = os.path.join(d, "checkpoint_0-1_1.ckpt")
@@ -109,16 +68,12 @@ def main():
         else:
             ms.save_checkpoint(step, path)
         ckpt_bytes = os.path.getsize(path)
-    med = common.median(times[warmup:])
-    tokens = s["batch_size"] * s["seq_length"]
     trainable = sum(p.size for p in net.trainable_params())
     moments = sum(p.size for p in step.get_parameters() if p.name.startswith(("adam_m.", "adam_v.")))
     common.emit({
         "framework": args.get("name", "msllm"), "shape": args["shape"], "pet": pet, "mindspore": ms.__version__,
-        "import_s": import_s, "build_s": build_s, "first_step_s": first_step_s,
-        "startup_to_first_step_s": startup_to_first_step, "step_s_median": med, "step_s_all": times,
-        "cpu_s_median": common.median(cpus[warmup:]), "tokens_per_s": tokens / med, "losses": losses,
-        "peak_rss_mib": peak, "rss_mib": rss, "checkpoint_bytes": ckpt_bytes, "base_params": total,
+        **phases.fields(), **timing,
+        "peak_rss_mib": peak, "checkpoint_bytes": ckpt_bytes, "base_params": total,
         "trainable_params": trainable, "optimizer_state_elements": moments,
         "lora_modules": len(info.modules) if info else 0,
     })

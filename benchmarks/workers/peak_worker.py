@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import common  # noqa: E402
 
-sys.path.insert(0, common.ROOT)
+common.use_repo()
 
 
 def best(fn, repeats):
