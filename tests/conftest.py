@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("GLOG_v", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from helpers import DATA, REPO, TOKENIZER  # noqa: E402
+from helpers import DATA, REPO, TOKENIZER, context_mode  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,15 +29,14 @@ def alpaca_path() -> str:
 
 @pytest.fixture(scope="module")
 def graph_mode():
-    """MindSpore on CPU in GRAPH_MODE (the mode training and generation compile in) for the
-    requesting module; the previous mode is restored after it."""
-    import mindspore as ms
+    """GRAPH_MODE (the mode training and generation compile in) for the requesting module."""
+    yield from context_mode("graph")
 
-    previous = ms.get_context("mode")
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
+
+@pytest.fixture
+def pynative():
+    """PYNATIVE_MODE for one test."""
+    yield from context_mode("pynative")
 
 
 @pytest.fixture(scope="session")

@@ -17,3 +17,15 @@ if REPO not in sys.path:
 DATA = os.path.join(REPO, "examples", "data")          # the bundled real samples
 TOKENIZER = os.path.join(DATA, "tokenizer.model")      # the real LLaMA SentencePiece model
 TINY_YAML = os.path.join(REPO, "configs", "llama", "run_llama_tiny.yaml")
+
+
+def context_mode(name: str):
+    """Generator for fixtures: MindSpore on CPU in ``name`` ("graph" or "pynative") mode until the
+    fixture ends, then the previous mode again."""
+    import mindspore as ms
+
+    previous = ms.get_context("mode")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE if name == "graph" else ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=previous)

@@ -3,7 +3,7 @@ on a fresh checkout this compiles them once, about 20 s), in PYNATIVE mode unles
 
 import pytest
 
-import mindspore as ms
+from helpers import context_mode
 
 
 @pytest.fixture(scope="session")
@@ -16,18 +16,6 @@ def kernels():
 
 
 @pytest.fixture
-def pynative():
-    ms.set_device("CPU")
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=previous)
-
-
-@pytest.fixture
 def graph_mode():
-    ms.set_device("CPU")
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
+    """GRAPH_MODE for one test (tests/conftest.py's is per module)."""
+    yield from context_mode("graph")

@@ -116,15 +116,6 @@ def with_keys(cfg, **keys):
     return dataclasses.replace(cfg, **keys)
 
 
-@pytest.fixture
-def pynative():
-    ms.set_device("CPU")
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=previous)
-
-
 @pytest.mark.parametrize("sparse_mode", [2, 0])
 def test_documented_flash_attention_equals_msllm_composed_attention(pynative, sparse_mode):
     """Same q, k, v and the same causal mask: FlashAttentionScore's semantics (numpy, float64) and

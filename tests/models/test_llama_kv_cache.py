@@ -4,6 +4,7 @@ that row alone, in GRAPH mode (the mode generation compiles) and on both model p
 
 import numpy as np
 import pytest
+from helpers import context_mode
 
 import mindspore as ms
 from mindspore import nn
@@ -37,10 +38,8 @@ def additive_mask(pads, query_slots, slots):
 
 @pytest.fixture
 def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
+    """GRAPH_MODE for one test (tests/conftest.py's is per module)."""
+    yield from context_mode("graph")
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["ascend_path", "cpu_fast_path"])
