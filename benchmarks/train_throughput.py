@@ -47,6 +47,9 @@ WORKERS = {
     "msllm-noscale": ("main", "msllm_worker.py", {"variant": "noscale"}),
     "msllm-dense": ("main", "msllm_worker.py", {"variant": "default", "compact_loss": False,
                                                 "name": "msllm-dense"}),
+    # the same update as the PyTorch peers and the same work (dense head, no loss scale, no clipping)
+    "msllm-dense-noscale": ("main", "msllm_worker.py", {"variant": "noscale", "compact_loss": False,
+                                                        "name": "msllm-dense-noscale"}),
     "mindformers": ("mf", "mf_worker.py", {}),
     "torch-eager": ("main", "torch_worker.py", {"compile": False}),
     "torch-compile": ("main", "torch_worker.py", {"compile": True}),
