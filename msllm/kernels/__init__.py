@@ -4,8 +4,8 @@ One C++ library (``csrc/``, built by ``python -m msllm.kernels.build``, which ``
 runs) provides, each with its gradient:
 
 * ``linear``: the projections and the output head on oneDNN's sgemm (the libdnnl.so.3 inside the
-  mindspore wheel), split over the cores; MindSpore 2.10's own CPU MatMul (nnacl) is 1.5-3x
-  slower on the model's shapes (docs/kernels.md);
+  mindspore wheel), split over the cores; MindSpore 2.10's own CPU MatMul (nnacl) is level on
+  some of the model's shapes and up to 1.9x slower on others (BENCHMARKS.md, micro_kernels);
 * ``flash_attention``: causal (grouped-query) attention without the (B, H, T, T) score tensor,
   FlashAttention-2's algorithm with per-thread blocks;
 * ``rms_norm`` / ``add_rms_norm``: RMSNorm in one pass, optionally fused with the residual add;
