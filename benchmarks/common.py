@@ -248,43 +248,21 @@ def machine() -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
-def cpu_clock_ghz() -> tuple[float, str]:
-    """The CPU clock the fp32 peak is computed with, and where it was read: lscpu's "CPU max MHz"
-    when the kernel reports one, else /proc/cpuinfo's "cpu MHz" (on the KVM development machines
-    only the latter exists: 2600 MHz, the TSC rate the hypervisor exposes)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("CPU max MHz:"):
-                return float(line.split(":", 1)[1]) / 1000.0, "lscpu 'CPU max MHz'"
-    except OSError:
-        pass
-    with open("/proc/cpuinfo") as fh:
-        for line in fh:
-            if line.startswith("cpu MHz"):
-                return float(line.split(":", 1)[1]) / 1000.0, "/proc/cpuinfo 'cpu MHz'"
-    return float("nan"), "unknown"
-
-
 def cpu_fp32_peak() -> dict:
-    """Nominal fp32 peak of this machine: cores x FMA units x SIMD lanes x 2 FLOP x clock.
+    """This machine's fp32 peak as msllm's trainer computes it (the one definition:
+    ``msllm.training.throughput.host_cpu_peak``: cores x FMA units x lanes x 2 x clock, the clock
+    measured by the kernels' FMA loop when above the described one), and the same at the clock
+    the CPU describes (``gflops_described``)."""
+    sys.path.insert(0, ROOT)
+    from msllm.training import throughput
 
-    AVX-512 Xeons (Skylake-SP and later Gold/Platinum, Sapphire/Emerald Rapids) have 2 FMA units
-    per core, 16 fp32 lanes each (Intel 64 and IA-32 Optimization Reference Manual, ch. 2);
-    AVX2-only CPUs have 8 lanes. Issue #14 quotes 2.3 GHz (the base clock of its Xeon): 294.4
-    GFLOP/s on 2 cores; the clock read here is reported beside it.
-    """
-    cores = len(os.sched_getaffinity(0))
-    flags = set()
+    peak = throughput.host_cpu_peak()
     with open("/proc/cpuinfo") as fh:
-        for line in fh:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    lanes = 16 if "avx512f" in flags else 8
-    ghz, source = cpu_clock_ghz()
-    return {"cores": cores, "fma_units": 2, "lanes": lanes, "clock_ghz": ghz, "clock_source": source,
-            "gflops": cores * 2 * lanes * 2 * ghz, "gflops_at_2.3ghz": cores * 2 * lanes * 2 * 2.3}
+        text = fh.read()
+    described = throughput.cpu_peak(text, os.sched_getaffinity(0))
+    return {"cores": peak.cores, "fma_units": peak.fma_units, "lanes": peak.lanes, "clock_ghz": round(peak.ghz, 4),
+            "clock_source": peak.clock_source, "gflops": peak.tflops * 1000.0, "fma_assumption": peak.fma_assumption,
+            "described_clock_ghz": described.ghz, "gflops_described": described.tflops * 1000.0}
 
 
 def median(xs):

@@ -1,76 +1,35 @@
-"""The CPU's fp32 peak, nominal and demonstrated: the nominal figure (cores x 2 FMA units x 16
-lanes x 2 FLOP x clock, ``common.cpu_fp32_peak``) and what a register-only AVX-512 FMA loop
-reaches (12 independent accumulator chains per thread, enough to cover the FMA latency on both
-ports), on 1 thread and on every core. The loop does nothing but FMAs, so its rate divided by
-32 FLOP/cycle/core is the clock the cores actually run AVX-512 code at.
+"""The CPU's fp32 peak, as msllm's trainer computes it and as demonstrated: the figure of
+``msllm.training.throughput.host_cpu_peak`` (cores x FMA units x lanes x 2 x clock; the clock the
+CPU describes, or the measured one when higher), the same at the described clock, and what the
+register-only FMA loop of msllm's kernels (``msllm/kernels/csrc/peak.cc``: independent FMA chains,
+no memory traffic) reaches on 1 thread and on every core. The loop does nothing but FMAs, so its
+rate per core divided by FMA units x lanes x 2 is the clock the cores run vector code at.
 
     .venv/bin/python benchmarks/cpu_peak.py [--seconds 2] [--json out.json]
 
-Needs g++ (as msllm's kernels do). Run it on an idle machine: under load the loop gets a share
-of the cores and reports less.
+Needs msllm's kernels built (make install). Run it on an idle machine: under load the loop gets a
+share of the cores and reports less.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 
 import common  # benchmarks/common.py: this script's directory is on sys.path
 import harness
 
-SOURCE = r"""
-#include <immintrin.h>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <thread>
-#include <vector>
-static double run(long iters) {
-  __m512 a[12];
-  for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps(1.0f + i * 1e-7f);
-  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  auto t = std::chrono::steady_clock::now();
-  for (long i = 0; i < iters; i++) {
-#pragma GCC unroll 12
-    for (int j = 0; j < 12; j++) a[j] = _mm512_fmadd_ps(a[j], b, c);
-  }
-  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  float s = 0;
-  for (int j = 0; j < 12; j++) s += _mm512_reduce_add_ps(a[j]);
-  if (s == 12345.f) std::printf("-");
-  return dt;
-}
-int main(int argc, char **argv) {
-  int nt = std::atoi(argv[1]);
-  long iters = std::atol(argv[2]);
-  std::vector<double> dts(nt);
-  std::vector<std::thread> th;
-  for (int k = 0; k < nt; k++) th.emplace_back([&, k] { dts[k] = run(iters); });
-  for (auto &t : th) t.join();
-  double worst = 0;
-  for (double d : dts) worst = d > worst ? d : worst;
-  std::printf("%.3f\n", nt * iters * 12.0 * 16 * 2 / worst / 1e9);
-}
-"""
-
 
 def measure(seconds: float = 2.0) -> dict:
-    nominal = common.cpu_fp32_peak()
-    out = {"nominal": nominal, "load_before": common.loadavg()}
-    with tempfile.TemporaryDirectory() as d:
-        src, exe = os.path.join(d, "fma.cc"), os.path.join(d, "fma")
-        with open(src, "w") as fh:
-            fh.write(SOURCE)
-        subprocess.run(["g++", "-O2", "-mavx512f", "-std=c++17", "-pthread", src, "-o", exe], check=True)
-        # ~2.6e9 cycles/s x 1 iteration (12 FMAs on 2 ports = 6 cycles) -> iterations per second
-        iters = int(seconds * 4.0e8)
-        for nt in sorted({1, nominal["cores"]}):
-            best = max(float(subprocess.run([exe, str(nt), str(iters)], capture_output=True, text=True,
-                                            check=True).stdout) for _ in range(3))
-            out[f"fma_loop_gflops_{nt}_threads"] = best
-            out[f"implied_clock_ghz_{nt}_threads"] = best / nt / 64.0
+    from msllm import kernels
+    from msllm.kernels.build import measure_fma_loop
+
+    peak = common.cpu_fp32_peak()
+    out = {"peak": peak, "load_before": common.loadavg()}
+    per_cycle = peak["fma_units"] * peak["lanes"] * 2
+    for nt in sorted({1, peak["cores"]}):
+        r = measure_fma_loop(kernels.library_path(), threads=nt, seconds=seconds)
+        out[f"fma_loop_gflops_{nt}_threads"] = r["gflops"]
+        out[f"implied_clock_ghz_{nt}_threads"] = r["gflops"] / nt / per_cycle
     out["load_after"] = common.loadavg()
     return out
 

@@ -5,18 +5,22 @@ MFU (model FLOPs utilisation, PaLM: Chowdhery et al. 2022, appendix B) =
 (:meth:`msllm.models.llama.config.LlamaConfig.train_flops_per_token`). Recomputation is not
 counted (that would be hardware FLOPs utilisation, HFU).
 
-The peak is a documented or computed hardware figure, never a measurement (a measured matmul
-rate differs per rank and per moment, and MFU against it can exceed 100%):
+The peak is a documented or computed hardware figure, never a measured matmul rate (that
+differs per rank and per moment, and MFU against it can exceed 100%); the only measurement in it
+is the CPU's vector clock, taken once per build for the whole host:
 
 * ``context.peak_tflops`` when set (any device);
 * Ascend: :data:`ASCEND_PEAK_TFLOPS`, the vendor's published dense FP16 peak per chip;
-* CPU: cores x FMA units x SIMD fp32 lanes x 2 (multiply + add) x base clock, read from the
-  CPU's own description (:func:`cpu_peak_tflops`), divided among the ranks sharing the host;
+* CPU: cores x FMA units x SIMD fp32 lanes x 2 (multiply + add) x clock, read from the CPU's
+  own description (:func:`cpu_peak`), at the clock a register-only FMA loop measured when the
+  kernels were built if that is higher (:func:`with_measured_clock`: the cores turbo above a
+  described base or TSC clock), divided among the ranks sharing the host;
 * otherwise unknown: MFU is not reported (better than a guessed number).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -83,10 +87,14 @@ def cpu_peak(cpuinfo: str, allowed_cpus: Optional[set] = None, base_khz: Optiona
     * cores: physical cores (distinct ``physical id``/``core id``) among the logical CPUs in
       ``allowed_cpus`` (the process's affinity; all if None); hyper-threads share FMA units.
     * lanes: fp32 per SIMD register from the flags: ``avx512f`` 16, ``avx``/``avx2`` 8, else 4.
-    * FMA units per core: 2 with ``avx512f`` on a Xeon (Skylake-SP Gold/Platinum and later server
-      cores have two 512-bit FMA units; a few Silver/Bronze parts have one, which this
-      overstates the peak for, so MFU errs low), 1 with ``avx512f`` elsewhere (client cores); 2
-      with ``avx2`` + ``fma`` (Haswell and later); 1 without FMA (a multiply and an add port).
+    * FMA units per core, in 512-bit equivalents with ``avx512f``: 2 on a Xeon (Skylake-SP
+      Gold/Platinum and later server cores have two 512-bit FMA units; a few Silver/Bronze parts
+      have one, which this overstates the peak for, so MFU errs low); 1 on an AMD family 19h core
+      (Zen 4: two 256-bit FMA pipes, a 512-bit FMA issues as two 256-bit halves; AMD, "Software
+      Optimization Guide for the AMD Zen4 Microarchitecture", pub. 57647, section 2.11, and
+      ``benchmarks/cpu_peak.py`` measures one such FMA per cycle per core); 2 on AMD family 1Ah
+      and later (Zen 5, 512-bit data paths); 1 on other cores (client cores). 2 with ``avx2`` +
+      ``fma`` (Haswell and later, Zen 2 and later); 1 without FMA (a multiply and an add port).
     * clock: the base clock in the model name (``@ 2.30GHz``), else ``base_khz``
       (``/sys/devices/system/cpu/cpu0/cpufreq/base_frequency``), else ``cpu MHz``.
 
@@ -102,11 +110,17 @@ def cpu_peak(cpuinfo: str, allowed_cpus: Optional[set] = None, base_khz: Optiona
     flags = set(first.get("flags", "").split())
     model = first.get("model name", "")
     xeon = "xeon" in model.lower()
+    amd_family = int(first.get("cpu family", "0") or 0) if first.get("vendor_id") == "AuthenticAMD" else 0
     if "avx512f" in flags:
         lanes, isa = 16, "avx512f"
-        units = 2 if xeon else 1
-        why = ("assumes 2 AVX-512 FMA units per core (Xeon server core)" if xeon else
-               "assumes 1 AVX-512 FMA unit per core (not a Xeon)")
+        if xeon:
+            units, why = 2, "assumes 2 AVX-512 FMA units per core (Xeon server core)"
+        elif amd_family == 0x19:
+            units, why = 1, "AMD Zen 4: two 256-bit FMA pipes = one 512-bit FMA per cycle per core"
+        elif amd_family >= 0x1A:
+            units, why = 2, "AMD Zen 5 or later: two 512-bit FMA pipes per core"
+        else:
+            units, why = 1, "assumes 1 AVX-512 FMA unit per core (client core)"
     elif "avx2" in flags and "fma" in flags:
         lanes, isa, units, why = 8, "avx2+fma", 2, "assumes 2 FMA units per core (Haswell and later)"
     elif "avx" in flags:
@@ -125,8 +139,37 @@ def cpu_peak(cpuinfo: str, allowed_cpus: Optional[set] = None, base_khz: Optiona
     return CpuPeak(cores, units, lanes, ghz, isa, source, why)
 
 
+def with_measured_clock(peak: CpuPeak, fma_loop: Optional[dict]) -> CpuPeak:
+    """``peak`` at the clock the cores were measured running vector FMAs at, when that is above
+    the described one (a KVM guest's ``cpu MHz`` is the TSC rate; the cores turbo above it, and a
+    GEMM could then reach more than the described peak, i.e. MFU over 100%).
+
+    ``fma_loop``: ``{"threads", "lanes", "gflops"}`` of a register-only FMA loop on every core
+    (:func:`msllm.kernels.build.measure_fma_loop`, recorded when the kernels are built); its clock
+    is gflops / threads / (fma_units x lanes x 2). Ignored when None or measured with other lanes.
+    """
+    if not fma_loop or fma_loop.get("lanes") != peak.lanes or not fma_loop.get("threads"):
+        return peak
+    ghz = float(fma_loop["gflops"]) / int(fma_loop["threads"]) / (peak.fma_units * peak.lanes * 2)
+    if ghz <= peak.ghz:
+        return peak
+    return dataclasses.replace(peak, ghz=ghz, clock_source=(
+        f"a register-only FMA loop at kernel build ({float(fma_loop['gflops']):.1f} GFLOP/s on "
+        f"{fma_loop['threads']} cores), above {peak.ghz:.3f} GHz from {peak.clock_source}"))
+
+
+def _kernel_build_fma_loop() -> Optional[dict]:
+    """The FMA loop measured when msllm's kernels were built for this CPU, or None."""
+    from msllm.kernels import build as kernel_build
+
+    if kernel_build.problem_with_build() is not None:
+        return None
+    return (kernel_build.read_info() or {}).get("fma_loop")
+
+
 def host_cpu_peak() -> CpuPeak:
-    """:func:`cpu_peak` of this machine, for the CPUs this process may run on."""
+    """:func:`cpu_peak` of this machine, for the CPUs this process may run on, at the clock the
+    cores were measured running FMAs at when that is higher (:func:`with_measured_clock`)."""
     with open("/proc/cpuinfo", encoding="utf-8") as fh:
         text = fh.read()
     base = None
@@ -136,7 +179,7 @@ def host_cpu_peak() -> CpuPeak:
     except (OSError, ValueError):
         pass
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    return cpu_peak(text, allowed, base)
+    return with_measured_clock(cpu_peak(text, allowed, base), _kernel_build_fma_loop())
 
 
 def ascend_soc_name() -> Optional[str]:

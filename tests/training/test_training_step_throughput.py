@@ -7,16 +7,17 @@ import pytest
 
 from msllm.config import load_config
 from msllm.training.throughput import (Throughput, cpu_peak, device_peak_tflops, host_cpu_peak,
-                                       measure_cpu_peak_tflops, throughput_for_run)
+                                       measure_cpu_peak_tflops, throughput_for_run, with_measured_clock)
 
 
-def cpuinfo(n_logical, model, flags, mhz="2600.000", cores_per_socket=None):
+def cpuinfo(n_logical, model, flags, mhz="2600.000", cores_per_socket=None, vendor="GenuineIntel", family=6):
     """A /proc/cpuinfo text: ``n_logical`` CPUs, hyper-threads paired on cores when
     ``cores_per_socket`` < n_logical."""
     cores = cores_per_socket or n_logical
     return "\n\n".join(
-        f"processor\t: {i}\nmodel name\t: {model}\ncpu MHz\t\t: {mhz}\nphysical id\t: 0\n"
-        f"core id\t\t: {i % cores}\ncpu cores\t: {cores}\nflags\t\t: {flags}" for i in range(n_logical)) + "\n"
+        f"processor\t: {i}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel name\t: {model}\n"
+        f"cpu MHz\t\t: {mhz}\nphysical id\t: 0\ncore id\t\t: {i % cores}\ncpu cores\t: {cores}\n"
+        f"flags\t\t: {flags}" for i in range(n_logical)) + "\n"
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,6 +43,41 @@ def test_cpu_peak_from_the_cpus_own_description():
     assert cpu_peak(cpuinfo(1, "Old CPU", "sse sse2", mhz="1000")).tflops == pytest.approx(1 * 1 * 4 * 2 * 1.0 / 1000)
     with pytest.raises(ValueError, match="no processor"):
         cpu_peak("")
+
+
+def test_cpu_peak_of_amd_avx512_cores():
+    # Zen 4 (family 19h): a 512-bit FMA issues on its two 256-bit pipes, one per cycle per core
+    zen4 = cpu_peak(cpuinfo(2, "AMD EPYC", "avx2 fma avx512f", mhz="2596.154", vendor="AuthenticAMD", family=25))
+    assert (zen4.fma_units, zen4.lanes) == (1, 16) and "Zen 4" in zen4.fma_assumption
+    assert zen4.tflops == pytest.approx(2 * 1 * 16 * 2 * 2.596154 / 1000)
+    # Zen 5 (family 1Ah): 512-bit data paths, two FMA pipes
+    zen5 = cpu_peak(cpuinfo(2, "AMD EPYC", "avx2 fma avx512f", vendor="AuthenticAMD", family=26))
+    assert zen5.fma_units == 2
+
+
+def test_a_measured_vector_clock_above_the_described_one_raises_the_peak():
+    zen4 = cpu_peak(cpuinfo(2, "AMD EPYC", "avx2 fma avx512f", mhz="2596.154", vendor="AuthenticAMD", family=25))
+    # this machine's numbers: the FMA loop reached 229.6 GFLOP/s on 2 cores = 3.588 GHz x 32 FLOP/cycle
+    turbo = with_measured_clock(zen4, {"threads": 2, "lanes": 16, "gflops": 229.624})
+    assert turbo.ghz == pytest.approx(229.624 / 2 / 32) and turbo.tflops == pytest.approx(0.229624)
+    assert "FMA loop" in turbo.describe() and "2.596 GHz" in turbo.describe()
+    # a slower loop (a loaded machine) never lowers it; a loop of other lanes (AVX2 build) is ignored
+    assert with_measured_clock(zen4, {"threads": 2, "lanes": 16, "gflops": 100.0}) == zen4
+    assert with_measured_clock(zen4, {"threads": 2, "lanes": 8, "gflops": 500.0}) == zen4
+    assert with_measured_clock(zen4, None) == zen4
+    # one core's loop: the clock is per core, whatever the host's core count
+    assert with_measured_clock(zen4, {"threads": 1, "lanes": 16, "gflops": 115.0}).tflops == pytest.approx(0.230)
+
+
+def test_host_peak_bounds_the_fma_loop_of_the_kernel_build():
+    """The built kernels' FMA loop is the fastest fp32 code this CPU runs: the peak covers it."""
+    from msllm.kernels import build as kernel_build
+
+    assert kernel_build.problem_with_build() is None, kernel_build.problem_with_build()
+    loop = kernel_build.read_info()["fma_loop"]
+    peak = host_cpu_peak()
+    print(f"FMA loop {loop}, peak {peak.describe()}")
+    assert loop["gflops"] / loop["threads"] * peak.cores <= peak.tflops * 1000 * (1 + 1e-9)
 
 
 def test_device_peak_is_documented_shared_per_rank_and_overridable():
