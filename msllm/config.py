@@ -7,21 +7,18 @@ user finds the same keys; keys msllm does not implement are rejected rather than
 
 Errors: every unknown key, wrong type or bad value raises :class:`msllm.errors.MsllmError` naming
 the key's full path (``runner_config.batch_size``), what was expected and, for a misspelt key,
-the closest valid name.
+the closest valid name (the generic conversion: :mod:`msllm.config_io`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import os
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import yaml
 
+from msllm.config_io import apply_overrides, from_dict, parse_override, read_yaml, to_dict  # noqa: F401 (re-exported)
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_open
 from msllm.generation.config import GenerationConfig
@@ -30,6 +27,8 @@ from msllm.models.llama.config import LlamaConfig
 PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
 # what run_msllm.py (and run_distribute.sh's MODE) can do; the one list every front checks
 RUN_MODES = ("train", "finetune", "predict", "eval")
+# the run modes that train (build a train step, write checkpoints)
+TRAINING_MODES = ("train", "finetune")
 
 
 @dataclass
@@ -289,6 +288,18 @@ class DatasetConfig:
 
 
 @dataclass
+class EvalDatasetConfig(DatasetConfig):
+    """``eval_dataset``: the same keys as :class:`DatasetConfig`, with evaluation's defaults (every
+    record once, in file order), also when the YAML gives the section only in part. Read by
+    ``do_eval`` and ``run_mode: eval`` (``dataset_dir``, ``batch_size``, ``input_columns``);
+    ``shuffle``, ``drop_remainder``, ``num_parallel_workers`` and ``prefetch_size`` cannot change
+    a mean evaluation loss and are named in the start-up line when set (:mod:`msllm.settings`)."""
+
+    shuffle: bool = False
+    drop_remainder: bool = False
+
+
+@dataclass
 class TensorBoardConfig:
     """``tensorboard`` (MindFormers 1.5+): TensorBoard event files written with tensorboardX.
 
@@ -349,7 +360,7 @@ class RunConfig:
     runner_wrapper: RunnerWrapperConfig = field(default_factory=RunnerWrapperConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    eval_dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(shuffle=False, drop_remainder=False))
+    eval_dataset: EvalDatasetConfig = field(default_factory=EvalDatasetConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
@@ -390,143 +401,6 @@ class RunConfig:
                              f"runner_config.batch_size={self.runner_config.batch_size}; set one")
 
 
-# ---------------------------------------------------------------------------------------------
-# Generic dict -> dataclass conversion with typed, path-named errors.
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
-
-
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    """Convert a YAML value to ``tp`` or raise MsllmError naming ``path``."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(value, arg, path)
-            except MsllmError as exc:
-                errors.append(str(exc))
-        raise MsllmError(f"{path}: expected {' or '.join(_type_name(a) for a in args)}, "
-                         f"got {value!r} ({type(value).__name__})")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise MsllmError(f"{path}: expected a mapping (section), got {value!r}")
-        return from_dict(tp, value, path)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise MsllmError(f"{path}: expected true/false, got {value!r} ({type(value).__name__})")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise MsllmError(f"{path}: expected an integer, got {value!r} ({type(value).__name__})")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise MsllmError(f"{path}: expected a number, got {value!r} ({type(value).__name__})")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise MsllmError(f"{path}: expected a string, got {value!r} ({type(value).__name__})")
-    if tp in (list, dict) or origin in (list, dict):
-        base = origin or tp
-        if isinstance(value, base):
-            return value
-        raise MsllmError(f"{path}: expected a {base.__name__}, got {value!r}")
-    raise TypeError(f"config field {path} has an unsupported type {tp!r}")
-
-
-def from_dict(cls: type, data: dict, path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise MsllmError."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        full = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
-            raise MsllmError(f"unknown config key {full!r}{hint}")
-        kwargs[key] = _convert(value, hints[key], full)
-    try:
-        return cls(**kwargs)
-    except MsllmError as exc:
-        raise MsllmError(str(exc)) from None
-
-
-def to_dict(obj: Any) -> Any:
-    """The inverse of :func:`from_dict`: plain dicts/lists, ready for ``yaml.safe_dump``."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-def parse_override(arg: str) -> tuple[list[str], Any]:
-    """``--a.b.c=value`` -> (["a", "b", "c"], value parsed as a YAML scalar/flow value)."""
-    body = arg[2:] if arg.startswith("--") else arg
-    if "=" not in body:
-        raise MsllmError(f"override {arg!r}: expected --section.key=value")
-    key, raw = body.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as exc:
-        raise MsllmError(f"override {arg!r}: value is not valid YAML ({exc.problem})") from None
-    return key.split("."), value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Set each ``--a.b=value`` override into the nested mapping ``data`` (in place)."""
-    for arg in overrides:
-        keys, value = parse_override(arg)
-        node = data
-        for k in keys[:-1]:
-            child = node.get(k)
-            if child is None:
-                child = node[k] = {}
-            elif not isinstance(child, dict):
-                raise MsllmError(f"override {arg!r}: {k!r} is not a section")
-            node = child
-        node[keys[-1]] = value
-    return data
-
-
-def read_yaml(path: str) -> dict:
-    """Read a YAML mapping with ``yaml.safe_load``; errors name the file and the line."""
-    if not os.path.isfile(path):
-        raise MsllmError(f"config file {path!r} does not exist")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise MsllmError(f"config file {path!r} is not valid YAML{where}: "
-                         f"{getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise MsllmError(f"config file {path!r}: expected a mapping at the top level")
-    return data
-
-
 def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
     """YAML file (msllm's or MindFormers' run YAML) + ``--key.sub=value`` overrides (msllm names)
     -> validated :class:`RunConfig`.
@@ -542,7 +416,7 @@ def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
     """
     from msllm.compat.mindformers import translate_mindformers_yaml
 
-    data, notes = translate_mindformers_yaml(read_yaml(path), path)
+    data, notes = translate_mindformers_yaml(read_yaml(path), path, RunConfig)
     data = apply_overrides(data, overrides or [])
     try:
         cfg = from_dict(RunConfig, data)

@@ -3,7 +3,9 @@
 msllm's rule (README "Configuration"): every configuration key does what it says, or is refused at
 start with a reason and what to set instead, or, when its only effect is on hardware or in a mode
 this run does not use, is named in one start-up log line. :func:`check_settings` is that check; the
-trainer, predict and eval call it once, after the config is loaded and before anything is built.
+trainer, predict, chat and eval call it once, after the config is loaded and before anything is
+built, and ``run_distribute.sh`` calls it before it starts any rank (so no rank starts for a
+setting the entry point would refuse).
 
 The keys handled here are the ones whose effect depends on the device or the parallel mode. The
 test ``tests/test_config_schema.py`` walks every field of the schema and fails when a field is
@@ -13,8 +15,9 @@ read by no code and is not named here, so silent keys cannot come back.
 from __future__ import annotations
 
 import logging
+import os
 
-from msllm.config import RunConfig
+from msllm.config import TRAINING_MODES, RunConfig
 from msllm.errors import MsllmError
 
 log = logging.getLogger("msllm")
@@ -26,7 +29,37 @@ NO_EFFECT = {
         "MindFormers' gradient fusion group size for Ascend communication; msllm all-reduces "
         "gradients in one fused call per step and has no fusion groups",
     "parallel.search_mode": "applies to parallel_mode 2 (auto_parallel), which msllm does not run",
+    # evaluation (do_eval, run_mode eval) reads every record once, in file order, and reports a
+    # token-weighted mean: order, batching and the reader's threads cannot change it
+    "eval_dataset.shuffle": "evaluation reads every record once, in file order; the mean loss does not depend on it",
+    "eval_dataset.drop_remainder": "evaluation scores every record, the last partial batch included",
+    "eval_dataset.num_parallel_workers": "evaluation reads the records with numpy, not a MindDataset pipeline",
+    "eval_dataset.prefetch_size": "evaluation reads the records with numpy, not a MindDataset pipeline",
 }
+
+
+def _default(key: str):
+    """The schema's default of ``section.name`` (``RunConfig()``'s, so that a section whose
+    defaults differ from its class's, like ``eval_dataset``, compares against its own)."""
+    section, name = key.split(".")
+    return getattr(getattr(RunConfig(), section), name)
+
+
+def _layout_refusal(cfg: RunConfig, mode: str) -> None:
+    """predict (and chat) decode data parallel only: refuse model_parallel / pipeline_stage > 1."""
+    pc = cfg.parallel_config
+    if mode != "predict" or (pc.model_parallel == 1 and pc.pipeline_stage == 1):
+        return
+    if cfg.context.device_target == "CPU":
+        raise MsllmError(
+            f"parallel_config asks for model_parallel={pc.model_parallel}, pipeline_stage={pc.pipeline_stage}, "
+            "but context.device_target is CPU: MindSpore 2.10 cannot compile operator sharding or pipeline "
+            "stages on CPU ('Invalid backend: CPU'). Predict on CPU is data parallel only (each rank decodes "
+            "its share of the prompts): set parallel_config.model_parallel=1 and pipeline_stage=1")
+    raise MsllmError(
+        f"parallel_config asks for model_parallel={pc.model_parallel}, pipeline_stage={pc.pipeline_stage}: "
+        "msllm's predict does not shard the model yet (data parallel only); set model_parallel=1 and "
+        "pipeline_stage=1")
 
 
 def check_settings(cfg: RunConfig, mode: str) -> list[str]:
@@ -40,7 +73,7 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
         MindFormers YAML without effect, ``cfg.ignored_keys``), for one log line.
     """
     notes = list(getattr(cfg, "ignored_keys", []))
-    training = mode in ("train", "finetune")
+    training = mode in TRAINING_MODES
     dp = cfg.parallel.mode_name == "data_parallel"
     cpu = cfg.context.device_target == "CPU"
     pc, rc, par = cfg.parallel_config, cfg.recompute_config, cfg.parallel
@@ -58,12 +91,15 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
             f"{cfg.model_config.param_init_type!r}: msllm's AdamW keeps its moments in the parameters' "
             "dtype, so float32 states need float32 parameters; set param_init_type: float32 "
             "(msllm's AdamW then is FP32StateAdamWeightDecay)")
+    _layout_refusal(cfg, mode)
     for key, reason in NO_EFFECT.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        default = getattr(type(getattr(cfg, section))(), name)
-        if value != default:
+        if value != _default(key):
             notes.append(f"{key}={value!r} ({reason})")
+    if mode == "eval" and (pc.model_parallel > 1 or pc.pipeline_stage > 1):
+        notes.append(f"parallel_config.model_parallel={pc.model_parallel} / pipeline_stage={pc.pipeline_stage} "
+                     "(evaluation runs data parallel only: requests are split over the launched processes)")
     if dp:
         for name in ("mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation"):
             default = getattr(type(rc)(), name)
@@ -73,6 +109,12 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
         if par.strategy_ckpt_save_file != type(par)().strategy_ckpt_save_file and not cfg.only_save_strategy:
             notes.append("parallel.strategy_ckpt_save_file (data_parallel runs have no parallel "
                          "strategy to save)")
+    if not (dp and not cfg.only_save_strategy):
+        path = par.strategy_ckpt_save_file
+        if os.path.splitext(path)[0] != os.path.splitext(_default("parallel.strategy_ckpt_save_file"))[0]:
+            notes.append(f"parallel.strategy_ckpt_save_file={path!r}: only its extension is used (.json: JSON, "
+                         "else protobuf); the strategy files go to output_dir/strategy/ckpt_strategy_rank_{i}, "
+                         "as MindFormers writes them")
     runner = cfg.runner_config
     if runner.sink_mode and training:
         notes.append(f"runner_config.sink_mode=True, sink_size={runner.sink_size} (msllm has no data "
@@ -89,8 +131,12 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
     return notes
 
 
-def log_settings(cfg: RunConfig, mode: str) -> None:
-    """:func:`check_settings`, then one log line naming every setting without effect."""
-    notes = check_settings(cfg, mode)
+def log_notes(notes: list[str]) -> None:
+    """One log line naming every setting without effect (``notes`` of :func:`check_settings`)."""
     if notes:
         log.info("settings with no effect on this run: %s", "; ".join(notes))
+
+
+def log_settings(cfg: RunConfig, mode: str) -> None:
+    """:func:`check_settings`, then :func:`log_notes`."""
+    log_notes(check_settings(cfg, mode))

@@ -62,7 +62,7 @@ import yaml
 from msllm.cluster.rank_table import load_rank_table
 from msllm.cluster.rank_table_devices import parse_device_range
 from msllm.cluster.rank_table_format import RankTable
-from msllm.config import RUN_MODES, RunConfig, load_config
+from msllm.config import RUN_MODES, TRAINING_MODES, RunConfig, load_config
 from msllm.errors import MsllmError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -199,11 +199,13 @@ def run_config_of(config_path: str, entry_args: Sequence[str]) -> RunConfig:
 def check_entry_accepts(cfg: RunConfig, config_path: str, rank_size: int) -> None:
     """Refuse before starting anything what ``run_msllm.py`` would refuse on every rank: a
     training layout whose device count differs from RANK_SIZE, ``finetune`` without
-    ``load_checkpoint``, a layout the device cannot train (:func:`msllm.cluster.context.check_device_support`)."""
+    ``load_checkpoint``, a setting the run mode refuses (:func:`msllm.settings.check_settings`), a
+    layout the device cannot train (:func:`msllm.cluster.context.check_device_support`)."""
     from msllm.cluster.context import check_device_support
+    from msllm.settings import check_settings
 
     pc = cfg.parallel_config
-    training = cfg.run_mode in ("train", "finetune")
+    training = cfg.run_mode in TRAINING_MODES
     if (training or cfg.only_save_strategy) and pc.device_num != rank_size:
         raise MsllmError(f"config {config_path}: parallel_config data_parallel x model_parallel x pipeline_stage = "
                          f"{pc.data_parallel} x {pc.model_parallel} x {pc.pipeline_stage} = {pc.device_num} "
@@ -214,6 +216,10 @@ def check_entry_accepts(cfg: RunConfig, config_path: str, rank_size: int) -> Non
     if cfg.run_mode == "finetune" and not cfg.load_checkpoint:
         raise MsllmError(f"config {config_path}: run_mode finetune needs load_checkpoint (the pretrained "
                          "weights to start from)")
+    try:
+        check_settings(cfg, cfg.run_mode)
+    except MsllmError as e:
+        raise MsllmError(f"config {config_path}: {e}") from None
     if training:
         check_device_support(cfg)
 

@@ -47,12 +47,15 @@ _CALLBACK_TYPES = ("MFLossMonitor", *_CKPT_TYPES, "SummaryMonitor", "ProfileMoni
 _WRAPPER_TYPES = ("MFTrainOneStepCell", "MFPipelineWithLossScaleCell", "TrainOneStepWithLossScaleCell")
 
 
-def translate_mindformers_yaml(data: dict, source: str) -> tuple[dict, list[tuple[str, str]]]:
+def translate_mindformers_yaml(data: dict, source: str, schema: type) -> tuple[dict, list[tuple[str, str]]]:
     """A run-YAML mapping (MindFormers' or msllm's) in msllm's schema.
 
     Args:
         data: the mapping read from the YAML (``yaml.safe_load``; not modified).
         source: the file name, for error messages.
+        schema: msllm's run-config dataclass (:class:`msllm.config.RunConfig`, passed in by
+            :func:`msllm.config.load_config`, so that this module does not import it back): which
+            keys msllm has decides what is mapped and what is named as without effect.
 
     Returns:
         ``(translated, no_effect)``: a new mapping for :func:`msllm.config.from_dict`, and the
@@ -62,16 +65,14 @@ def translate_mindformers_yaml(data: dict, source: str) -> tuple[dict, list[tupl
     Raises:
         MsllmError: a MindFormers value msllm cannot honour (names ``source``, the key and why).
     """
-    t = _Translation(copy.deepcopy(data), source)  # YAML aliases (&train_dataset) share objects
+    t = _Translation(copy.deepcopy(data), source, schema)  # YAML aliases (&train_dataset) share objects
     t.run()
     return t.data, t.notes
 
 
-def _schema_has(path: str) -> bool:
-    """Whether msllm's run-config schema has the key ``path`` (dotted)."""
-    from msllm.config import RunConfig  # late: msllm.config calls this module
-
-    cls: Any = RunConfig
+def _schema_has(path: str, schema: type) -> bool:
+    """Whether the run-config schema ``schema`` (a dataclass) has the key ``path`` (dotted)."""
+    cls: Any = schema
     for part in path.split("."):
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             return False
@@ -91,9 +92,10 @@ def _expand(path: str) -> list[str]:
 
 
 class _Translation:
-    def __init__(self, data: dict, source: str):
+    def __init__(self, data: dict, source: str, schema: type):
         self.data = data
         self.source = source
+        self.schema = schema
         self.notes: list[tuple[str, str]] = []
         self.order = list(data)
 
@@ -208,7 +210,7 @@ class _Translation:
             sec.pop("batch_size")
             self.note(f"{ds}.batch_size", NO_EFFECT["{ds}.batch_size"])
         cols = sec.get("input_columns")
-        if cols is not None and not _schema_has(f"{ds}.input_columns"):
+        if cols is not None and not _schema_has(f"{ds}.input_columns", self.schema):
             if sorted(cols) == ["input_ids", "labels"]:
                 sec.pop("input_columns")
                 self.note(f"{ds}.input_columns", "msllm reads input_ids and labels")
@@ -359,13 +361,13 @@ class _Translation:
         if ctx is None:
             return
         jit = ctx.get("jit_config")
-        if isinstance(jit, dict) and not _schema_has("context.jit_config"):
+        if isinstance(jit, dict) and not _schema_has("context.jit_config", self.schema):
             ctx.pop("jit_config")
             if "jit_level" in jit:
                 self.put(ctx, "jit_level", jit.pop("jit_level"), "context", "jit_config.jit_level")
             for key in jit:
                 self.note(f"context.jit_config.{key}", "msllm sets only jit_level")
-        if "deterministic" in ctx and not _schema_has("context.deterministic"):
+        if "deterministic" in ctx and not _schema_has("context.deterministic", self.schema):
             value = ctx.pop("deterministic")  # MindSpore set_context(deterministic="ON"|"OFF")
             if value not in ("ON", "OFF", True, False):
                 self.refuse("context.deterministic", value, 'expected "ON" or "OFF"')
@@ -380,7 +382,7 @@ class _Translation:
         par = self.section("parallel")
         if par is not None:
             sc = par.get("strategy_ckpt_config")
-            if isinstance(sc, dict) and not _schema_has("parallel.strategy_ckpt_config"):
+            if isinstance(sc, dict) and not _schema_has("parallel.strategy_ckpt_config", self.schema):
                 if "save_file" in sc:
                     self.put(par, "strategy_ckpt_save_file", sc.pop("save_file"), "parallel",
                              "strategy_ckpt_config.save_file")
@@ -400,7 +402,7 @@ class _Translation:
             return
         mc = model.get("model_config")
         arch = model.get("arch")
-        if isinstance(arch, dict) and not _schema_has("model.arch"):
+        if isinstance(arch, dict) and not _schema_has("model.arch", self.schema):
             model.pop("arch")
             kind = arch.get("type", "LlamaForCausalLM")
             if kind == "LlamaForCausalLMWithLora":  # MindFormers 0.x: LoRA from pet_config
@@ -417,7 +419,7 @@ class _Translation:
         if not isinstance(mc, dict):
             return
         where = "model.model_config"
-        if "type" in mc and not _schema_has(f"{where}.type"):
+        if "type" in mc and not _schema_has(f"{where}.type", self.schema):
             kind = mc.pop("type")
             if kind != "LlamaConfig":
                 self.refuse(f"{where}.type", kind, "msllm's model config is LlamaConfig")
@@ -468,7 +470,7 @@ class _Translation:
         """checkpoint_name_or_path (run_mindformer.py update_checkpoint_config): in train/finetune
         it is replaced by load_checkpoint unless resuming or auto-transforming with an empty
         load_checkpoint; in predict/eval it is loaded when load_checkpoint is empty."""
-        if "checkpoint_name_or_path" not in mc or _schema_has(f"{where}.checkpoint_name_or_path"):
+        if "checkpoint_name_or_path" not in mc or _schema_has(f"{where}.checkpoint_name_or_path", self.schema):
             return
         value = mc.pop("checkpoint_name_or_path")
         d = self.data
@@ -489,12 +491,12 @@ class _Translation:
         """The table-driven rest: NO_EFFECT keys removed and listed, NEUTRAL keys checked."""
         for pattern, reason in NO_EFFECT.items():
             for path in _expand(pattern):
-                if self._has_key(path) and not _schema_has(path):
+                if self._has_key(path) and not _schema_has(path, self.schema):
                     self.pop(path)
                     self.note(path, reason)
         for pattern, (neutral, reason, refused) in NEUTRAL.items():
             for path in _expand(pattern):
-                if not self._has_key(path) or _schema_has(path):
+                if not self._has_key(path) or _schema_has(path, self.schema):
                     continue
                 value = self.get(path)
                 if value not in neutral:

@@ -110,7 +110,7 @@ def msllm_network(cfg: LlamaConfig, ckpt_path: str, seq_length: int, mode: str =
     import mindspore as ms
 
     from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.training.checkpoint import load_into, load_params
+    from msllm.formats.loading import load_into, load_params
 
     if mode not in ("pynative", "graph"):
         raise MsllmError(f"verify mode {mode!r}: expected pynative or graph")

@@ -61,19 +61,30 @@ def summarise(scores: dict, queries: Optional[Sequence[int]] = None) -> dict:
     return {"tokens": n, "nll_sum": nll, "mean_nll": mean, "ppl": math.exp(mean) if n else float("nan")}
 
 
-def read_eval_records(dataset_dir: str, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """``input_ids`` and ``labels`` (N, seq_length + 1) of every MindRecord file under
-    ``dataset_dir`` (checked like the training data: :func:`msllm.data.mindrecord.check_dataset`)."""
+def read_eval_records(dataset_dir: str, seq_length: int, input_columns=("input_ids", "labels"),
+                      pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``input_ids`` and ``labels`` (N, seq_length + 1) int32 of every MindRecord file under
+    ``dataset_dir`` (checked like the training data: :func:`msllm.data.mindrecord.check_dataset`).
+
+    ``input_columns`` (``eval_dataset.input_columns``) as for training: ``["input_ids"]`` scores
+    every token after a non-padding one (:func:`msllm.data.dataset.labels_from_input_ids`) instead of
+    the file's labels.
+
+    Raises:
+        MsllmError: empty ``dataset_dir``, bad ``input_columns``, or a file the checks refuse.
+    """
+    from msllm.data.dataset import check_input_columns, labels_from_input_ids
     from msllm.data.mindrecord import check_dataset, read_mindrecord_arrays
 
     if not dataset_dir:
         raise MsllmError("eval_dataset.dataset_dir is empty: point it at an evaluation .mindrecord file or "
                          "directory (data_preprocess/llama_preprocess.py), e.g. --eval_dataset_dir X")
+    read_labels = check_input_columns(input_columns, "eval_dataset.input_columns")
     ids, labels = [], []
     for f in check_dataset(dataset_dir, seq_length):
         arrays = read_mindrecord_arrays(f)
         ids.append(arrays["input_ids"])
-        labels.append(arrays["labels"])
+        labels.append(arrays["labels"] if read_labels else labels_from_input_ids(arrays["input_ids"], pad_token_id))
     return np.concatenate(ids), np.concatenate(labels)
 
 

@@ -31,15 +31,15 @@ TASKS = {"mmlu": mmlu.load, "ceval": ceval.load, "boolq": boolq.load, "gsm8k": g
 def _setup(cfg):
     """Join the process group (data parallel = the processes started) and set the context."""
     from msllm.cluster.context import env_world_size, setup_runtime
+    from msllm.settings import check_settings, log_notes
 
+    notes = check_settings(cfg, "eval")  # names model_parallel / pipeline_stage before they are replaced
     pc = cfg.parallel_config
-    if pc.model_parallel > 1 or pc.pipeline_stage > 1:
-        log.warning("eval runs data parallel only: parallel_config model_parallel=%d / pipeline_stage=%d "
-                    "have no effect on evaluation", pc.model_parallel, pc.pipeline_stage)
     pc.model_parallel, pc.pipeline_stage = 1, 1
     pc.data_parallel = env_world_size()  # evaluation splits requests over whatever ranks were started
     rt = setup_runtime(cfg)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rt.rank}] %(message)s", force=True)
+    log_notes(notes)
     return rt.rank, rt.world_size
 
 
@@ -190,7 +190,8 @@ def run_eval(cfg, template: Optional[str] = None, adapter: Optional[str] = None,
 
     rank, world = _setup(cfg)
     net, mc, tok, source = _load(cfg, adapter, task_args.get("tokenizer"), rank)
-    ids, labels = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length)
+    ids, labels = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length, cfg.eval_dataset.input_columns,
+                                    mc.pad_token_id)
     rows = record_rows(ids, labels, mc.ignore_token_id)
     if not rows:
         raise MsllmError(f"{cfg.eval_dataset.dataset_dir}: no label tokens to evaluate")

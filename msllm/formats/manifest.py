@@ -42,6 +42,11 @@ def checkpoint_name(prefix: str, rank: int, epoch: int, step: int, fmt: str = "c
     return f"{prefix}_{rank}-{epoch}_{step}.{fmt}"
 
 
+def rank_dir(output_dir: str, rank: int) -> str:
+    """``{output_dir}/checkpoint/rank_{rank}``."""
+    return os.path.join(output_dir, "checkpoint", f"rank_{rank}")
+
+
 def parse_checkpoint_name(path: str) -> Optional[dict]:
     """``{"prefix", "rank", "epoch", "step", "ext"}`` (ints where numeric) of a file named by
     :func:`checkpoint_name`, else None."""
@@ -156,6 +161,6 @@ def checkpoint_files(directory: str) -> list[str]:
     return [p for _, p in sorted(named)] if named else sorted(other)
 
 
-__all__ = ["SIDECAR_FORMAT", "CHECKPOINT_NAME", "GOOD", "UNVERIFIED", "CORRUPT", "checkpoint_name",
+__all__ = ["SIDECAR_FORMAT", "CHECKPOINT_NAME", "GOOD", "UNVERIFIED", "CORRUPT", "checkpoint_name", "rank_dir",
            "parse_checkpoint_name", "checkpoint_step", "sidecar_path", "file_sha256", "write_sidecar",
            "read_sidecar", "checkpoint_status", "verify_checkpoint", "refuse_corrupt", "checkpoint_files"]

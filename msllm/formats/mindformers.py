@@ -35,8 +35,8 @@ from typing import Optional
 import numpy as np
 
 from msllm.errors import MsllmError
-from msllm.models.llama.names import (FUSED_PARTS, GATE_HIDDEN_CONCAT, QKV_CONCAT, fused_template,
-                                      is_mindformers_name, is_msllm_only_name, mindformers_to_msllm_name,
+from msllm.models.llama.names import (FUSED_PARTS, GATE_HIDDEN_CONCAT, OPTIMIZER_STATE_PREFIXES, QKV_CONCAT,
+                                      fused_template, is_mindformers_name, is_msllm_only_name, mindformers_to_msllm_name,
                                       msllm_to_mindformers_name, split_state_prefix)
 
 
@@ -193,7 +193,7 @@ def to_msllm_names(params: dict, source: str, model_config=None) -> dict:
         model_config: a :class:`LlamaConfig`; needed to split ``qkv_concat`` entries
             (``attention.w_qkv``, ``feed_forward.w_gate_hidden``, see the module docstring).
             Without it those entries are returned unsplit under their MindFormers names
-            (:func:`msllm.training.checkpoint.load_into` splits them with the network's config).
+            (:func:`msllm.formats.loading.load_into` splits them with the network's config).
 
     Returns:
         ``params`` itself when it has no MindFormers names, else a new dict (``Parameter`` values
@@ -240,7 +240,7 @@ def to_mindformers_params(params: dict, model_config, qkv_concat: bool = False) 
     if not qkv_concat:
         return out
     mc = model_config
-    for prefix in ("", "adam_m.", "adam_v."):
+    for prefix in ("",) + OPTIMIZER_STATE_PREFIXES:
         for i in range(mc.num_layers):
             for template, fuse in ((QKV_CONCAT, lambda *a: fuse_qkv(*a, mc.num_heads, mc.kv_heads)),
                                    (GATE_HIDDEN_CONCAT, fuse_gate_up)):

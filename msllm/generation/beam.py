@@ -34,6 +34,7 @@ import numpy as np
 
 from msllm.generation import processors
 from msllm.generation.config import DecodeSettings
+from msllm.generation.passes import GenerationResult, Passes
 
 BIG = np.float32(-1.0e9)
 
@@ -57,8 +58,6 @@ def beam_search(gen, prompts: Sequence[Sequence[int]], s: DecodeSettings, pad_to
     (module doc). Returns a :class:`~msllm.generation.decode.GenerationResult` whose ``tokens``
     are each prompt's best hypothesis (new tokens, ending with its EOS if it stopped there) and
     ``scores`` HF's ``sequences_scores`` (float)."""
-    from msllm.generation.decode import GenerationResult, Passes
-
     prompts = [list(map(int, p)) for p in prompts]
     length, max_new, buffer = gen.layout(prompts, s, pad_to, buffer)
     nb, b = s.num_beams, len(prompts)

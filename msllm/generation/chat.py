@@ -133,11 +133,12 @@ def open_chat(cfg, template: Optional[str] = None, adapter: Optional[str] = None
     from msllm.generation.config import resolve_settings
     from msllm.generation.decode import generator_for
     from msllm.generation.loading import find_tokenizer, load_for_inference
-    from msllm.generation.predict import check_predict_layout, predict_config
+    from msllm.generation.predict import predict_config
     from msllm.generation.prompts import load_template
+    from msllm.settings import log_settings
 
-    check_predict_layout(cfg)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    log_settings(cfg, "predict")  # refuses a layout chat cannot run
     cfg = predict_config(cfg, 1)
     setup_runtime(cfg)
     if template is not None:

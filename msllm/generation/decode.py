@@ -30,56 +30,21 @@ batch stops when every row has stopped or after ``max_new`` tokens. Beam search:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from msllm.errors import MsllmError
 from msllm.generation import processors
+from msllm.generation.beam import beam_search
 from msllm.generation.config import DecodeSettings
+from msllm.generation.passes import SLOT_MULTIPLE, GenerationResult, Passes, round_up  # noqa: F401 (re-exported)
 
-SLOT_MULTIPLE = 32      # prompt and buffer lengths are rounded up to this: fewer distinct graphs
 MASKED = -1e9           # additive mask value of the model (msllm.models.llama.model)
 
 # stream(step, tokens (B,) int64, finished (B,) bool) -> None / False (go on), True (stop every row) or
 # a (B,) bool array (stop those rows); stopped rows get finish reason "stop"
 StreamFn = Callable[[int, np.ndarray, np.ndarray], Optional[bool]]
-
-
-def round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
-    return -(-n // multiple) * multiple
-
-
-@dataclass
-class GenerationResult:
-    """Output of :meth:`Generator.generate` for B prompts.
-
-    tokens: per row, the new token ids (list of int; a row that stopped at EOS ends with it).
-    finish_reasons: per row ``"eos"`` (stopped at an EOS id), ``"length"`` (max new tokens) or
-        ``"stop"`` (the stream callback asked to stop).
-    scores: per row the beam score (beam search only: sum of log-probabilities / length **
-        length_penalty, HF's ``sequences_scores``), else None.
-    prefill_s: seconds from the call to the first new token of every row (time to first token,
-        including any compilation of a new shape); decode_s: seconds for the remaining tokens.
-    steps: decode steps run after the prefill.
-    compiled: the (kind, B, T, S) shapes the generator has run so far (:attr:`Generator.shapes`).
-    logits: with ``keep_logits``, the raw (B, V) float32 logits each new token was chosen from
-        (HF's ``output_logits``), else None.
-    """
-
-    tokens: list
-    finish_reasons: list
-    scores: Optional[list] = None
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    steps: int = 0
-    compiled: list = field(default_factory=list)
-    logits: Optional[list] = None
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
 
 
 def _cells():
@@ -140,39 +105,6 @@ def write_for(slots: np.ndarray, buffer: int) -> np.ndarray:
     w = np.zeros((len(slots), buffer), np.float32)
     w[np.arange(len(slots)), slots] = 1.0
     return w
-
-
-class Passes:
-    """The forward passes of one generation call (:meth:`Generator.generate`,
-    :func:`msllm.generation.beam.beam_search`): the first, made on construction, over the B
-    ``prompts`` (lists of int) laid out by :meth:`Generator.layout` (P = ``length``), then one per
-    new token (:meth:`next`). With the cache (``use_past``): a prefill of the prompts
-    (left-padded to P slots) into a cache of S = ``buffer`` slots, then one decode step per token;
-    without it: each time the whole sequences, right-aligned in W = P + max_new slots (rounded up
-    to :data:`SLOT_MULTIPLE`). ``logits`` (B, V) float32: the latest pass's last-token logits.
-    """
-
-    def __init__(self, gen: "Generator", prompts: Sequence[Sequence[int]], s: DecodeSettings, length: int,
-                 max_new: int, buffer: int):
-        self.gen, self.use_past, self.pad_id = gen, s.use_past, s.pad_token_id
-        self.length, self.buffer = length, buffer
-        if self.use_past:
-            self.logits, self.caches, self.pads = gen.prefill(prompts, length, buffer, self.pad_id)
-        else:
-            self.width = round_up(length + max_new)
-            self.logits = gen.full_forward(prompts, self.width, self.pad_id)
-
-    def next(self, k: int, tokens: np.ndarray, sequences: Callable[[], list], beam_idx=None) -> np.ndarray:
-        """Logits (B, V) after new token ``k`` (0-based): ``tokens`` (B,) int64, the tokens chosen
-        at step k (the cache path feeds them at slot P + k, after taking the cache rows
-        ``beam_idx`` (B,) when given); ``sequences()`` the whole sequences (prompt + new tokens,
-        lists of int), called only without the cache."""
-        if self.use_past:
-            self.logits, self.caches = self.gen.decode_step(tokens, self.length + k, self.pads, self.buffer,
-                                                            self.caches, beam_idx)
-        else:
-            self.logits = self.gen.full_forward(sequences(), self.width, self.pad_id)
-        return self.logits
 
 
 class Generator:
@@ -273,8 +205,6 @@ class Generator:
         finish reason is then ``"stop"`` (e.g. a template's stop string appeared).
         """
         if s.num_beams > 1:
-            from msllm.generation.beam import beam_search
-
             return beam_search(self, prompts, s, pad_to=pad_to, keep_logits=keep_logits, buffer=buffer)
         prompts = [list(map(int, p)) for p in prompts]
         length, max_new, buffer = self.layout(prompts, s, pad_to, buffer)

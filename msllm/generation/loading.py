@@ -3,9 +3,9 @@
 Accepted (the kind is detected, see :func:`load_for_inference`):
 
 * an msllm checkpoint (a ``.ckpt`` / ``.safetensors`` file, or a run's output / checkpoint
-  directory: the newest complete checkpoint, :func:`msllm.training.checkpoint.resolve_checkpoint`);
+  directory: the newest complete checkpoint, :func:`msllm.formats.loading.resolve_checkpoint`);
 * a checkpoint in MindFormers' LLaMA naming (renamed on load by
-  :func:`msllm.training.checkpoint.load_params`);
+  :func:`msllm.formats.loading.load_params`);
 * a Hugging Face model directory (``config.json`` + safetensors / ``.bin``, or Meta's
   ``params.json`` + ``consolidated.NN.pth``): converted in memory tensor by tensor with the
   conversion code (:func:`msllm.convert.hf.open_hf_source`); the model's shape then comes from
@@ -74,7 +74,7 @@ def is_hf_dir(path: str) -> bool:
 
 def _compare_manifest(mc: LlamaConfig, saved: dict, path: str) -> None:
     """MsllmError if the manifest's model config disagrees with ``mc`` in shape or numerics."""
-    from msllm.config import from_dict
+    from msllm.config_io import from_dict
 
     try:
         other = from_dict(LlamaConfig, saved, "model_config")
@@ -97,15 +97,15 @@ def _inference_config(mc: LlamaConfig, shape_from: Optional[LlamaConfig] = None)
     return dataclasses.replace(shape_from, **{k: getattr(mc, k) for k in keep})
 
 
-def _build(mc: LlamaConfig, fast_paths: bool):
+def _build(mc: LlamaConfig, fast_paths: bool, device: str):
     from msllm.models.llama.model import LlamaForCausalLM
 
-    net = LlamaForCausalLM(mc, fast_paths=fast_paths)
+    net = LlamaForCausalLM(mc, fast_paths=fast_paths, device=device)
     net.set_train(False)
     return net
 
 
-def _load_hf(path: str, mc_run: LlamaConfig, fast_paths: bool):
+def _load_hf(path: str, mc_run: LlamaConfig, fast_paths: bool, device: str):
     import mindspore as ms
 
     from msllm.convert.hf import open_hf_source, to_float32
@@ -113,7 +113,7 @@ def _load_hf(path: str, mc_run: LlamaConfig, fast_paths: bool):
     src = open_hf_source(path)
     try:
         mc = _inference_config(mc_run, src.config)
-        net = _build(mc, fast_paths)
+        net = _build(mc, fast_paths, device)
         for p in net.get_parameters():
             ref = src.params.get(p.name)
             if ref is None:
@@ -144,8 +144,9 @@ def _adapter_modules(params: dict) -> dict:
     return found
 
 
-def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool):
-    from msllm.training.checkpoint import load_into, load_params, read_sidecar, resolve_checkpoint
+def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool, device: str):
+    from msllm.formats.loading import load_into, load_params, resolve_checkpoint
+    from msllm.formats.manifest import read_sidecar
 
     try:
         ckpt = resolve_checkpoint(path, 0)   # data-parallel ranks hold the same weights: rank 0's
@@ -160,7 +161,7 @@ def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool):
     saved = manifest.get("model_config")
     if isinstance(saved, dict):
         _compare_manifest(mc, saved, ckpt)
-    net = _build(mc, fast_paths)
+    net = _build(mc, fast_paths, device)
     params = load_params(ckpt, mc)
     adapters = _adapter_modules(params)
     if adapters:
@@ -228,9 +229,9 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
         raise MsllmError(f"load_checkpoint {path!r} does not exist")
     fast = cfg.fast_paths if fast_paths is None else fast_paths
     if is_hf_dir(path):
-        net, mc, info = _load_hf(path, cfg.model_config, fast)
+        net, mc, info = _load_hf(path, cfg.model_config, fast, cfg.context.device_target)
     else:
-        net, mc, info = _load_msllm(path, rank, cfg.model_config, fast)
+        net, mc, info = _load_msllm(path, rank, cfg.model_config, fast, cfg.context.device_target)
     if adapter:
         _apply_adapter(net, adapter, info, rank)
     for note in info.notes:

@@ -40,22 +40,6 @@ log = logging.getLogger("msllm")
 OUTPUT_NAME = "predictions.jsonl"
 
 
-def check_predict_layout(cfg) -> None:
-    """Refuse layouts predict cannot run (one message), per the module doc."""
-    pc = cfg.parallel_config
-    if pc.model_parallel > 1 or pc.pipeline_stage > 1:
-        if cfg.context.device_target == "CPU":
-            raise MsllmError(
-                f"parallel_config asks for model_parallel={pc.model_parallel}, pipeline_stage={pc.pipeline_stage}, "
-                "but context.device_target is CPU: MindSpore 2.10 cannot compile operator sharding or pipeline "
-                "stages on CPU ('Invalid backend: CPU'). Predict on CPU is data parallel only (each rank decodes "
-                "its share of the prompts): set parallel_config.model_parallel=1 and pipeline_stage=1")
-        raise MsllmError(
-            f"parallel_config asks for model_parallel={pc.model_parallel}, pipeline_stage={pc.pipeline_stage}: "
-            "msllm's predict does not shard the model yet (data parallel only); set model_parallel=1 and "
-            "pipeline_stage=1")
-
-
 def predict_config(cfg, world: int):
     """``cfg`` for a data-parallel predict over ``world`` processes; settings that only concern
     training and would stop the runtime set-up are neutralised with a log line each."""
@@ -195,12 +179,14 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
     from msllm.generation.decode import generator_for, round_up
     from msllm.generation.loading import find_tokenizer, load_for_inference
     from msllm.generation.prompts import load_template, read_predict_data, stop_strings
+    from msllm.settings import check_settings, log_notes
 
-    check_predict_layout(cfg)
+    notes = check_settings(cfg, "predict")  # refuses a layout predict cannot run
     setup_logging(int(os.environ.get("RANK_ID", "0") or 0))
     cfg = predict_config(cfg, env_world_size())
     rt = setup_runtime(cfg)            # a CPU scheduler process never gets past this line
     setup_logging(rt.rank)
+    log_notes(notes)
     records, from_file = read_predict_data(predict_data)
     if template is not None:
         load_template(template)        # an unknown name fails before the model is loaded

@@ -61,20 +61,17 @@ def _setting(key: str, value) -> Optional[bool]:
     return value
 
 
-def choose(config, fast_paths: bool, device: Optional[str] = None) -> KernelChoice:
+def choose(config, fast_paths: bool, device: str = "CPU") -> KernelChoice:
     """Resolve the three keys for ``config`` (a :class:`~msllm.models.llama.config.LlamaConfig`).
 
     Args:
         fast_paths: the model's CPU fast path (``RunConfig.fast_paths``: CPU without operator
             sharding); False is the layout path the parallel strategies are written for.
-        device: ``"CPU"`` / ``"Ascend"`` / ``"GPU"``; default MindSpore's ``device_target``.
+        device: ``"CPU"`` / ``"Ascend"`` / ``"GPU"``: where the model runs (the builders pass
+            ``RunConfig.context.device_target``; nothing here reads MindSpore's global context).
     Raises:
         MsllmError: a key set to True asks for something this device or build cannot do.
     """
-    if device is None:
-        import mindspore as ms
-
-        device = ms.get_context("device_target")
     want_cpu = _setting("cpu_kernels", config.cpu_kernels)
     want_fa = _setting("use_flash_attention", config.use_flash_attention)
     want_norm = _setting("fused_rms_norm", config.fused_rms_norm)

@@ -107,7 +107,7 @@ def pet_config_of(manifest: dict):
 def model_config_of(manifest: dict):
     """The base model's :class:`~msllm.models.llama.config.LlamaConfig` recorded in a manifest
     (``pet_config`` dropped), or None if it records none."""
-    from msllm.config import from_dict
+    from msllm.config_io import from_dict
     from msllm.models.llama.config import LlamaConfig
 
     mc = manifest.get("model_config")

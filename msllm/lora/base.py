@@ -43,7 +43,7 @@ def resolve_base(path: str, rank: int = 0) -> str:
         return os.path.abspath(path)
     if not os.path.exists(path):
         raise MsllmError(f"base model {path!r} does not exist")
-    from msllm.training.checkpoint import resolve_checkpoint
+    from msllm.formats.loading import resolve_checkpoint
 
     return os.path.abspath(resolve_checkpoint(path, rank))
 
@@ -136,7 +136,7 @@ def load_base_into(network, path: str, rank: int = 0) -> dict:
         finally:
             src.close()
     else:  # the trainer's own loader: MindFormers names, qkv_concat splits, shape checks
-        from msllm.training.checkpoint import load_into, load_params
+        from msllm.formats.loading import load_into, load_params
 
         missing = load_into(network, load_params(real), real, strict=False)
         missing = [m for m in missing if not is_adapter_param(m)]

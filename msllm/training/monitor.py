@@ -46,11 +46,23 @@ class LossMonitor:
     throughput: Throughput
     per_print_times: int = 1
     records: list = field(default_factory=list)
+    warned_peak: bool = False
+
+    def _mfu_text(self, seconds: float) -> str:
+        mfu = self.throughput.mfu(seconds)
+        if mfu is None:
+            return "n/a (set context.peak_tflops)"
+        if mfu > 1.0 and not self.warned_peak:
+            # cannot happen with a true peak: the peak in use is below what this device just did
+            self.warned_peak = True
+            log.warning("MFU %.1f%% is above 100%%: the peak in use (%.4g TFLOP/s per device) is lower than what "
+                        "this device achieved; set context.peak_tflops to the device's documented peak",
+                        mfu * 100, self.throughput.peak_tflops)
+        return f"{mfu * 100:.2f}%"
 
     def format(self, r: StepRecord) -> str:
         avg = sum(x.loss for x in self.records) / len(self.records)
-        mfu = self.throughput.mfu(r.seconds)
-        mfu_text = f"{mfu * 100:.2f}%" if mfu is not None else "n/a (set context.peak_tflops)"
+        mfu_text = self._mfu_text(r.seconds)
         return (f"Epoch:[{r.epoch:3d}/{self.epochs:3d}], step:[{r.step:5d}/{self.total_steps:5d}], "
                 f"loss:[{r.loss:.3f}/{avg:.3f}], time:{r.seconds * 1000:.3f} ms, lr:[{r.lr:.4e}], "
                 f"overflow cond: {r.overflow}, loss_scale: {r.loss_scale}, grad_norm: {r.grad_norm:.3f}, "

@@ -174,8 +174,6 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
     if cfg.parallel.mode_name == "data_parallel":
         ckpt.load_into(network, params, path)
     else:
-        import mindspore as ms
-
         input_ids, labels = next(data.epoch_batches(0))
         step_cell.compile(input_ids, labels)
         ckpt.load_into_strict_after_compile(network, params, path)
@@ -212,7 +210,9 @@ def train(cfg: RunConfig) -> dict:
     # splits it by the layout; data parallel: each rank reads its own shard
     data_rank, data_world, dp_batches = (0, 1, cfg.parallel_config.data_parallel) if sharded \
         else (rt.rank, rt.world_size, 1)
-    data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, rc.batch_size * accum * dp_batches,
+    # train_dataset.batch_size: None = runner_config.batch_size (load_config refuses two that disagree)
+    batch_size = cfg.train_dataset.batch_size or rc.batch_size
+    data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, batch_size * accum * dp_batches,
                             cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, data_rank,
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
@@ -223,7 +223,7 @@ def train(cfg: RunConfig) -> dict:
     log.info("data: %s, %d samples, %d steps per epoch on this rank, %d steps in %d epoch(s)",
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
-    network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
+    network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
     lora = None
     if mc.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
         from msllm.lora.training import LoraTraining
@@ -328,7 +328,8 @@ def train(cfg: RunConfig) -> dict:
                              "and evaluate the checkpoints with run_mode: eval")
         from msllm.eval.perplexity import evaluate_loss, read_eval_records
 
-        eval_data = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length)
+        eval_data = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length, cfg.eval_dataset.input_columns,
+                                      mc.pad_token_id)
         eval_batch = cfg.eval_dataset.batch_size or rc.batch_size
         log.info("do_eval: %d evaluation samples from %s, every %s", len(eval_data[0]),
                  cfg.eval_dataset.dataset_dir,

@@ -1,53 +1,27 @@
 """The split of msllm/cluster into one-job modules: no import cycle, each module importable on its
 own, and the import paths used outside msllm/cluster (tools/, other test areas) still valid."""
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.imports import find_cycle, import_graph
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "msllm" / "cluster"
 MODULES = sorted(p.stem for p in CLUSTER.glob("*.py") if p.stem != "__init__")
 
 
-def cluster_imports(module: str) -> set:
-    """The msllm.cluster modules that ``module`` imports anywhere in its file (also inside functions)."""
-    tree = ast.parse((CLUSTER / f"{module}.py").read_text())
-    found = set()
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            if name.startswith("msllm.cluster."):
-                found.add(name.split(".")[2])
-    return found
-
-
 def test_cluster_modules_import_each_other_without_a_cycle():
-    graph = {m: cluster_imports(m) for m in MODULES}
+    graph = {m.rsplit(".", 1)[1]: {d.rsplit(".", 1)[1] for d in deps if d.startswith("msllm.cluster.")}
+             for m, deps in import_graph("msllm.cluster").items() if m != "msllm.cluster"}
     print("import graph:", graph)
+    assert set(graph) == set(MODULES)
     assert graph["rank_table_format"] == set()  # the base: the format knows nothing else
-    done, visiting = set(), []
-
-    def visit(m):
-        assert m not in visiting, f"import cycle: {' -> '.join(visiting + [m])}"
-        if m in done:
-            return
-        visiting.append(m)
-        for dep in graph[m]:
-            assert dep in graph, f"{m} imports msllm.cluster.{dep}, which does not exist"
-            visit(dep)
-        visiting.pop()
-        done.add(m)
-
-    for m in MODULES:
-        visit(m)
+    for m, deps in graph.items():
+        assert deps <= set(graph), f"{m} imports a msllm.cluster module that does not exist: {deps - set(graph)}"
+    assert find_cycle(graph) is None, find_cycle(graph)
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -21,7 +21,7 @@ MF_LOADER = {"data_loader": {"type": "MindDataset", "dataset_dir": "/d.mindrecor
 
 
 def run(data: dict) -> tuple[RunConfig, list[tuple[str, str]]]:
-    out, notes = translate_mindformers_yaml(data, "run.yaml")
+    out, notes = translate_mindformers_yaml(data, "run.yaml", RunConfig)
     cfg = from_dict(RunConfig, out)
     cfg.validate()
     return cfg, notes
@@ -98,7 +98,7 @@ def test_blog_yaml_loads_and_maps():
         "remote_save_url",
     ]
     # a key msllm's schema gains (e.g. train_dataset.input_columns) is mapped, no longer listed
-    expected = [p for p in expected if "[" in p or p.endswith("dataset.batch_size") or not mf._schema_has(p)]
+    expected = [p for p in expected if "[" in p or p.endswith("dataset.batch_size") or not mf._schema_has(p, RunConfig)]
     assert noted(notes) == expected
     assert all(reason for _, reason in notes)
 
@@ -239,10 +239,10 @@ def test_each_no_effect_key_is_listed_with_its_reason(path, value):
         data["model"]["model_config"]["pet_config"]["pet_type"] = "lora"
     if path.startswith("runner_wrapper"):
         data["runner_wrapper"]["type"] = "MFTrainOneStepCell"
-    out, notes = translate_mindformers_yaml(data, "run.yaml")
+    out, notes = translate_mindformers_yaml(data, "run.yaml", RunConfig)
     # a key msllm implements is left alone -- except a MindFormers dataset section's batch_size,
     # which MindFormers itself overwrites with runner_config.batch_size (check_dataset_config)
-    if mf._schema_has(path) and not path.endswith("dataset.batch_size"):
+    if mf._schema_has(path, RunConfig) and not path.endswith("dataset.batch_size"):
         assert path not in noted(notes)
         return
     pattern = path.replace("train_dataset", "{ds}").replace("eval_dataset", "{ds}")
@@ -255,11 +255,11 @@ def test_neutral_keys_listed_when_off_refused_when_on(path):
     neutral, reason, refused = NEUTRAL[path if path in NEUTRAL else path.replace("train_dataset", "{ds}").replace(
         "eval_dataset", "{ds}")]
     base = {"train_dataset": copy.deepcopy(MF_LOADER), "eval_dataset": copy.deepcopy(MF_LOADER)}
-    out, notes = translate_mindformers_yaml(setpath(copy.deepcopy(base), path, neutral[0]), "run.yaml")
+    out, notes = translate_mindformers_yaml(setpath(copy.deepcopy(base), path, neutral[0]), "run.yaml", RunConfig)
     assert (path, reason) in notes
     from_dict(RunConfig, out)
     with pytest.raises(MsllmError) as info:
-        translate_mindformers_yaml(setpath(copy.deepcopy(base), path, "on" if neutral[0] != "on" else 2), "run.yaml")
+        translate_mindformers_yaml(setpath(copy.deepcopy(base), path, "on" if neutral[0] != "on" else 2), "run.yaml", RunConfig)
     assert "run.yaml" in str(info.value) and path in str(info.value) and refused in str(info.value)
 
 
@@ -268,14 +268,14 @@ def test_callback_arguments(key):
     name, arg = key.split(".")
     kind = "CheckpointMointor" if name == "CheckpointMonitor" else name
     entry = {"type": kind} if arg == "*" else {"type": kind, arg: CALLBACK_ARGS_NEUTRAL.get(key, ((0,),))[0][0]}
-    out, notes = translate_mindformers_yaml({"callbacks": [{"type": "CheckpointMonitor"}, entry]}, "run.yaml")
+    out, notes = translate_mindformers_yaml({"callbacks": [{"type": "CheckpointMonitor"}, entry]}, "run.yaml", RunConfig)
     where = f"callbacks[{kind}]" + ("" if arg == "*" else f".{arg}")
     reason = CALLBACK_ARGS_NO_EFFECT.get(key) or CALLBACK_ARGS_NEUTRAL[key][1]
     assert (where, reason) in notes
     from_dict(RunConfig, out)
     if key in CALLBACK_ARGS_NEUTRAL:
         with pytest.raises(MsllmError, match=arg):
-            translate_mindformers_yaml({"callbacks": [{"type": kind, arg: 30}]}, "run.yaml")
+            translate_mindformers_yaml({"callbacks": [{"type": kind, arg: 30}]}, "run.yaml", RunConfig)
 
 
 def test_other_noted_situations():
@@ -313,7 +313,7 @@ REFUSED = [
 @pytest.mark.parametrize("fragment, fragment_in_message", REFUSED, ids=[r[1] for r in REFUSED])
 def test_values_msllm_cannot_honour_are_refused(fragment, fragment_in_message):
     with pytest.raises(MsllmError) as info:
-        translate_mindformers_yaml(fragment, "run.yaml")
+        translate_mindformers_yaml(fragment, "run.yaml", RunConfig)
     assert "run.yaml" in str(info.value) and fragment_in_message in str(info.value)
 
 
@@ -327,14 +327,14 @@ def test_values_msllm_cannot_honour_are_refused(fragment, fragment_in_message):
     ({"use_parallel": True, "profle": True}, "unknown config key 'profle'; did you mean 'profile'?"),
 ])
 def test_unknown_keys_still_fail_with_the_nearest_name(fragment, message):
-    out, _ = translate_mindformers_yaml(fragment, "run.yaml")
+    out, _ = translate_mindformers_yaml(fragment, "run.yaml", RunConfig)
     with pytest.raises(MsllmError, match=message.replace("?", r"\?")):
         from_dict(RunConfig, out)
 
 
 def test_unknown_callback_type_names_the_nearest():
     with pytest.raises(MsllmError, match="unknown callback type 'CheckpointMoniter'.*did you mean 'CheckpointMonitor'"):
-        translate_mindformers_yaml({"callbacks": [{"type": "CheckpointMoniter"}]}, "run.yaml")
+        translate_mindformers_yaml({"callbacks": [{"type": "CheckpointMoniter"}]}, "run.yaml", RunConfig)
 
 
 # ---- idempotency --------------------------------------------------------------------------------
@@ -342,10 +342,10 @@ def test_unknown_callback_type_names_the_nearest():
 @pytest.mark.parametrize("name", ["tiny", "7b", "13b", "70b"])
 def test_msllm_yaml_is_left_unchanged(name):
     data = read_yaml(os.path.join(REPO, "configs", "llama", f"run_llama_{name}.yaml"))
-    out, notes = translate_mindformers_yaml(data, "x.yaml")
+    out, notes = translate_mindformers_yaml(data, "x.yaml", RunConfig)
     assert out == data and notes == []
-    again, notes2 = translate_mindformers_yaml(translate_mindformers_yaml(read_yaml(BLOG), "b.yaml")[0], "b.yaml")
-    assert again == translate_mindformers_yaml(read_yaml(BLOG), "b.yaml")[0] and notes2 == []
+    again, notes2 = translate_mindformers_yaml(translate_mindformers_yaml(read_yaml(BLOG), "b.yaml", RunConfig)[0], "b.yaml", RunConfig)
+    assert again == translate_mindformers_yaml(read_yaml(BLOG), "b.yaml", RunConfig)[0] and notes2 == []
 
 
 # ---- input_columns (needs train_dataset.input_columns in the schema to map ["input_ids"]) -------
@@ -354,13 +354,13 @@ def test_input_columns_with_and_without_the_schema_key(monkeypatch):
     both = {"train_dataset": {**copy.deepcopy(MF_LOADER), "input_columns": ["input_ids", "labels"]}}
     only = {"train_dataset": {**copy.deepcopy(MF_LOADER), "input_columns": ["input_ids"]}}
     real = mf._schema_has
-    monkeypatch.setattr(mf, "_schema_has", lambda p: False if p.endswith("input_columns") else real(p))
-    out, notes = translate_mindformers_yaml(copy.deepcopy(both), "r.yaml")
+    monkeypatch.setattr(mf, "_schema_has", lambda p, schema: False if p.endswith("input_columns") else real(p, schema))
+    out, notes = translate_mindformers_yaml(copy.deepcopy(both), "r.yaml", RunConfig)
     assert "input_columns" not in out["train_dataset"] and "train_dataset.input_columns" in noted(notes)
     with pytest.raises(MsllmError, match=r"train_dataset.input_columns=\['input_ids'\]"):
-        translate_mindformers_yaml(copy.deepcopy(only), "r.yaml")
-    monkeypatch.setattr(mf, "_schema_has", lambda p: True if p.endswith("input_columns") else real(p))
-    out, notes = translate_mindformers_yaml(copy.deepcopy(only), "r.yaml")
+        translate_mindformers_yaml(copy.deepcopy(only), "r.yaml", RunConfig)
+    monkeypatch.setattr(mf, "_schema_has", lambda p, schema: True if p.endswith("input_columns") else real(p, schema))
+    out, notes = translate_mindformers_yaml(copy.deepcopy(only), "r.yaml", RunConfig)
     assert out["train_dataset"]["input_columns"] == ["input_ids"] and "train_dataset.input_columns" not in noted(notes)
 
 
@@ -379,7 +379,7 @@ def test_overrides_in_msllm_names_after_translation():
     """The order load_config uses: translate the YAML as read, then apply --key=value overrides."""
     from msllm.config import apply_overrides
 
-    data, _ = translate_mindformers_yaml(read_yaml(BLOG), BLOG)
+    data, _ = translate_mindformers_yaml(read_yaml(BLOG), BLOG, RunConfig)
     data = apply_overrides(data, ["--train_dataset.dataset_dir=/cli.mindrecord", "--runner_config.batch_size=8",
                                   "--callbacks.checkpoint.prefix=cli", "--runner_wrapper.loss_scale=none"])
     cfg = from_dict(RunConfig, data)

@@ -24,7 +24,7 @@ def _diff(a, b, path=""):
 def test_mindformers_yaml_resolves_to_the_msllm_config(name):
     mf_path = os.path.join(HERE, "fixtures", f"mf_run_llama_{name}.yaml")
     msllm_path = os.path.join(REPO, "configs", "llama", f"run_llama_{name}.yaml")
-    translated, notes = translate_mindformers_yaml(read_yaml(mf_path), mf_path)
+    translated, notes = translate_mindformers_yaml(read_yaml(mf_path), mf_path, RunConfig)
     from_mf = from_dict(RunConfig, translated)
     ours = from_dict(RunConfig, read_yaml(msllm_path))
     from_mf.validate()

@@ -118,3 +118,23 @@ def test_tokens_per_device_divide_by_the_devices_of_a_replica():
     # over the whole job: every device's share adds up to the global tokens per step
     global_tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * pc.data_parallel * mc.seq_length
     assert run.tgs(1.0) * pc.device_num == pytest.approx(global_tokens)
+
+
+def test_an_mfu_above_100_percent_is_printed_and_warned_about_once(caplog):
+    """A peak below what the device achieved is a wrong peak: the log line still shows the value,
+    and one warning says to set context.peak_tflops (never a clamp that would hide it)."""
+    import logging
+
+    from msllm.training.monitor import LossMonitor, StepRecord
+
+    # 1000 tokens x 1e9 FLOP per step of 1 s = 1 TFLOP/s against a 0.5 TFLOP/s peak: 200%
+    monitor = LossMonitor(epochs=1, total_steps=3, throughput=Throughput(1000, 1.0e9, 0.5))
+    with caplog.at_level(logging.WARNING, logger="msllm"):
+        for step in (1, 2):
+            monitor.records.append(StepRecord(step, 1, 2.0, 1.0, 1e-3, False, 1.0, 0.5))
+            assert "MFU: 200.00%" in monitor.format(monitor.records[-1])
+    warnings = [r for r in caplog.records if "above 100%" in r.getMessage()]
+    assert len(warnings) == 1 and "context.peak_tflops" in warnings[0].getMessage()
+    ok = LossMonitor(epochs=1, total_steps=1, throughput=Throughput(1000, 1.0e9, 2.0))
+    ok.records.append(StepRecord(1, 1, 2.0, 1.0, 1e-3, False, 1.0, 0.5))
+    assert "MFU: 50.00%" in ok.format(ok.records[-1]) and not ok.warned_peak

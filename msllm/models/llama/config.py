@@ -179,14 +179,13 @@ class LlamaConfig:
 
     # ---- sizes ---------------------------------------------------------------------
     def num_params(self) -> int:
-        """Exact parameter count of :class:`msllm.models.llama.model.LlamaForCausalLM`."""
-        c, f, d = self.hidden_size, self.ffn_size, self.head_dim
-        attn = c * self.num_heads * d * 2 + c * self.kv_heads * d * 2  # wq, wo, wk, wv
-        mlp = 3 * c * f
-        per_layer = attn + mlp + 2 * c  # + two RMSNorm weights
-        embed = self.vocab_size * c
-        head = 0 if self.tie_word_embeddings else self.vocab_size * c
-        return embed + self.num_layers * per_layer + c + head
+        """Exact parameter count of :class:`msllm.models.llama.model.LlamaForCausalLM`: the sum of
+        the sizes in :func:`msllm.models.llama.names.param_shapes` (the one table of shapes)."""
+        from math import prod
+
+        from msllm.models.llama.names import param_shapes
+
+        return sum(prod(shape) for shape in param_shapes(self).values())
 
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: all but the embedding lookup and norms.

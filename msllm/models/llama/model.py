@@ -369,12 +369,13 @@ class LlamaModel(nn.Cell):
     """Embedding + decoder layers + final norm: token ids (B, T) int32 -> hidden (B, T, C).
 
     ``choice``: the fused operators to build (default :func:`msllm.kernels.select.choose` for
-    ``config`` and ``fast_paths``, logged)."""
+    ``config``, ``fast_paths`` and ``device``, logged)."""
 
-    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None,
+                 device: str = "CPU"):
         super().__init__()
         if choice is None:
-            choice = choose(config, fast_paths)
+            choice = choose(config, fast_paths, device)
             log.info(choice.describe())
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
@@ -452,10 +453,12 @@ class LlamaForCausalLM(nn.Cell):
     sharding and on Ascend (unmeasured there).
     """
 
-    def __init__(self, config: LlamaConfig, compact_loss: bool | None = None, fast_paths: bool = False):
+    def __init__(self, config: LlamaConfig, compact_loss: bool | None = None, fast_paths: bool = False,
+                 device: str = "CPU"):
         super().__init__()
         self.config = config
-        self.kernels = choose(config, fast_paths)  # which fused operators (msllm/kernels/select.py)
+        # which fused operators (msllm/kernels/select.py); device = RunConfig.context.device_target
+        self.kernels = choose(config, fast_paths, device)
         log.info(self.kernels.describe())
         self.model = LlamaModel(config, fast_paths, self.kernels)
         self.compact_loss = fast_paths if compact_loss is None else compact_loss
