@@ -35,6 +35,7 @@ class StepRecord:
     loss_scale: float
     grad_norm: float
     data_seconds: float = 0.0  # time spent waiting for the batch before the step
+    head_fraction: float = 1.0  # share of positions the output head ran at (compact loss: targets)
 
 
 @dataclass
@@ -48,8 +49,8 @@ class LossMonitor:
     records: list = field(default_factory=list)
     warned_peak: bool = False
 
-    def _mfu_text(self, seconds: float) -> str:
-        mfu = self.throughput.mfu(seconds)
+    def _mfu_text(self, seconds: float, head_fraction: float) -> str:
+        mfu = self.throughput.mfu(seconds, head_fraction)
         if mfu is None:
             return "n/a (set context.peak_tflops)"
         if mfu > 1.0 and not self.warned_peak:
@@ -62,12 +63,12 @@ class LossMonitor:
 
     def format(self, r: StepRecord) -> str:
         avg = sum(x.loss for x in self.records) / len(self.records)
-        mfu_text = self._mfu_text(r.seconds)
+        mfu_text = self._mfu_text(r.seconds, r.head_fraction)
         return (f"Epoch:[{r.epoch:3d}/{self.epochs:3d}], step:[{r.step:5d}/{self.total_steps:5d}], "
                 f"loss:[{r.loss:.3f}/{avg:.3f}], time:{r.seconds * 1000:.3f} ms, lr:[{r.lr:.4e}], "
                 f"overflow cond: {r.overflow}, loss_scale: {r.loss_scale}, grad_norm: {r.grad_norm:.3f}, "
                 f"tgs: {self.throughput.tgs(r.seconds):.1f} tokens/s/device, "
-                f"TFLOPs: {self.throughput.tflops(r.seconds):.4f}, MFU: {mfu_text}")
+                f"TFLOPs: {self.throughput.tflops(r.seconds, r.head_fraction):.4f}, MFU: {mfu_text}")
 
     def add(self, r: StepRecord) -> None:
         self.records.append(r)
@@ -77,8 +78,10 @@ class LossMonitor:
     def summary(self, window: int = 10) -> dict:
         """First/last ``window``-step average loss, and tgs over steps after the first (compile)."""
         losses = [r.loss for r in self.records]
-        timed = [r.seconds for r in self.records[1:]] or [r.seconds for r in self.records]
+        rows = self.records[1:] or self.records
+        timed = [r.seconds for r in rows]
         mean_s = sum(timed) / len(timed) if timed else float("nan")
+        head = sum(r.head_fraction for r in rows) / len(rows) if rows else 1.0
         w = max(1, min(window, len(losses) // 2 or 1))
         return {
             "steps": len(losses),
@@ -88,10 +91,11 @@ class LossMonitor:
             "compile_first_step_seconds": self.records[0].seconds if self.records else None,
             "mean_step_seconds": mean_s,
             "tgs": self.throughput.tgs(mean_s) if timed else None,
-            "tflops": self.throughput.tflops(mean_s) if timed else None,
-            "mfu": self.throughput.mfu(mean_s) if timed else None,
+            "tflops": self.throughput.tflops(mean_s, head) if timed else None,
+            "mfu": self.throughput.mfu(mean_s, head) if timed else None,
             "peak_tflops": self.throughput.peak_tflops,
-            "flops_per_token": self.throughput.flops_per_token,
+            "flops_per_token": self.throughput.flops_per_token_at(head),
+            "head_fraction": head,
             "data_wait_share": (sum(r.data_seconds for r in self.records[1:])
                                 / max(1e-12, sum(r.data_seconds + r.seconds for r in self.records[1:])))
             if len(self.records) > 1 else 0.0,

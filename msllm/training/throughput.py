@@ -255,45 +255,57 @@ class Throughput:
 
     tokens_per_step: tokens one model replica (one data-parallel rank's share) processes per
         optimizer step (batch x accum x micro batches x seq_length).
-    flops_per_token: model FLOPs per trained token.
+    flops_per_token: model FLOPs per trained token with the output head at every position.
     peak_tflops: the device's peak in TFLOP/s, or None (then MFU is not reported).
     devices_per_replica: devices one replica occupies (model_parallel x pipeline_stage); its
         tokens are shared among them, so tokens/s/device divides by it.
+    head_flops_per_token: the output head's share of ``flops_per_token`` (6 x vocab x hidden: one
+        forward and two backward matmuls; 4 x when the head is frozen). With the compact loss
+        (:class:`msllm.models.llama.model.LlamaForCausalLM`) the head runs only at the positions
+        that have a target, so only that ``head_fraction`` of it is counted: MFU then measures the
+        FLOPs the step needs, and stays below 100% with a true peak.
     """
 
     tokens_per_step: int
     flops_per_token: float
     peak_tflops: Optional[float]
     devices_per_replica: int = 1
+    head_flops_per_token: float = 0.0
 
     def tgs(self, step_seconds: float) -> float:
         """Tokens per second per device."""
         return self.tokens_per_step / self.devices_per_replica / step_seconds
 
-    def tflops(self, step_seconds: float) -> float:
-        """Achieved model TFLOP/s per device."""
-        return self.tgs(step_seconds) * self.flops_per_token / 1e12
+    def flops_per_token_at(self, head_fraction: float = 1.0) -> float:
+        """Model FLOPs per token when the output head runs at ``head_fraction`` of the positions."""
+        return self.flops_per_token - self.head_flops_per_token * (1.0 - head_fraction)
 
-    def mfu(self, step_seconds: float) -> Optional[float]:
-        """Model FLOPs utilisation in [0, 1], or None without a peak."""
+    def tflops(self, step_seconds: float, head_fraction: float = 1.0) -> float:
+        """Achieved model TFLOP/s per device."""
+        return self.tgs(step_seconds) * self.flops_per_token_at(head_fraction) / 1e12
+
+    def mfu(self, step_seconds: float, head_fraction: float = 1.0) -> Optional[float]:
+        """Model FLOPs utilisation (1.0 = the peak), or None without a peak."""
         if not self.peak_tflops:
             return None
-        return self.tflops(step_seconds) / self.peak_tflops
+        return self.tflops(step_seconds, head_fraction) / self.peak_tflops
 
 
-def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: int = 0) -> Throughput:
+def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: int = 0,
+                       head_frozen: bool = False) -> Throughput:
     """:class:`Throughput` of a run: tokens per replica per step = batch_size x
     gradient_accumulation_steps x micro_batch_num (when pipelined) x seq_length, shared by
     model_parallel x pipeline_stage devices.
 
     ``frozen_params``: matmul weights that get no gradient (LoRA's frozen base): their weight
     gradient (2 of the 6 FLOPs per parameter and token) is not computed, so the model FLOPs per
-    token are ``6N + 12LHDT - 2 * frozen_params``."""
+    token are ``6N + 12LHDT - 2 * frozen_params``; ``head_frozen``: the output head is among them."""
     rc, pc, mc = run_config.runner_config, run_config.parallel_config, run_config.model_config
     micro = pc.micro_batch_num if pc.pipeline_stage > 1 else 1
     tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * mc.seq_length
     flops = mc.train_flops_per_token() - 2.0 * frozen_params
-    return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage)
+    head = (4.0 if head_frozen else 6.0) * mc.vocab_size * mc.hidden_size
+    return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage, head)
 
 
 __all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",

@@ -181,6 +181,13 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
     return path
 
 
+def target_fraction(labels, ignore_token_id: int) -> float:
+    """Share of a batch's positions that have a target: ``labels`` (B, T+1) int32 (a MindSpore
+    tensor or array; targets are ``labels[:, 1:]``), ``ignore_token_id`` marks the others."""
+    targets = np.asarray(labels.asnumpy() if hasattr(labels, "asnumpy") else labels)[:, 1:]
+    return float((targets != ignore_token_id).mean()) if targets.size else 1.0
+
+
 def train(cfg: RunConfig) -> dict:
     """Train per ``cfg``; returns the run summary (also written to ``output_dir``).
 
@@ -282,13 +289,19 @@ def train(cfg: RunConfig) -> dict:
     log.info("MFU peak: %s", how)
     # LoRA: the frozen base gets no weight gradients (matrices only; norms and the embedding
     # lookup are not in 6N anyway); adapters are in neither N nor here, a < 1% undercount
-    frozen = sum(p.size for p in network.get_parameters() if not p.requires_grad and p.ndim >= 2
-                 and "embed_tokens" not in p.name) if lora else 0
-    monitor = LossMonitor(epochs=epochs, total_steps=total_steps, throughput=throughput_for_run(cfg, peak, frozen),
+    frozen_names = {p.name for p in network.get_parameters() if not p.requires_grad and p.ndim >= 2
+                    and "embed_tokens" not in p.name} if lora else set()
+    frozen = sum(p.size for p in network.get_parameters() if p.name in frozen_names)
+    throughput = throughput_for_run(cfg, peak, frozen, head_frozen=any("lm_head" in n for n in frozen_names))
+    monitor = LossMonitor(epochs=epochs, total_steps=total_steps, throughput=throughput,
                           per_print_times=cfg.callbacks.loss_monitor.per_print_times)
-    log.info("MFU = tgs x %.4g FLOPs/token (6N + 12LHDT, PaLM app. B%s) / peak %s TFLOPs",
-             monitor.throughput.flops_per_token, ", minus 2 x the frozen LoRA base" if lora else "",
-             f"{monitor.throughput.peak_tflops:.4f}" if monitor.throughput.peak_tflops else "unknown")
+    # the compact loss runs the output head only at positions with a target: count those
+    compact = bool(getattr(network, "compact_loss", False))
+    log.info("MFU = tgs x %.4g FLOPs/token (6N + 12LHDT, PaLM app. B%s%s) / peak %s TFLOPs",
+             throughput.flops_per_token, ", minus 2 x the frozen LoRA base" if lora else "",
+             f"; the output head's {throughput.head_flops_per_token:.4g} counted only at the positions with a "
+             "target, where the compact loss runs it" if compact else "",
+             f"{throughput.peak_tflops:.4f}" if throughput.peak_tflops else "unknown")
 
     cc = cfg.callbacks.checkpoint
     ckpt_dir = ckpt.rank_dir(out, rt.rank)
@@ -371,7 +384,9 @@ def train(cfg: RunConfig) -> dict:
                     overflow_v = bool(overflow.asnumpy())
                     monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),
                                            overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
-                                           data_seconds=t0 - t_data))
+                                           data_seconds=t0 - t_data,
+                                           head_fraction=target_fraction(labels, mc.ignore_token_id) if compact
+                                           else 1.0))
                     if tb is not None:
                         tb.log_step(monitor.records[-1], monitor.throughput.tgs(seconds))
                     lr_index += 0 if overflow_v else 1

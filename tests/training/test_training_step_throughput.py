@@ -3,6 +3,7 @@ below what the hardware measurably does; tokens/s/device shared by the devices o
 
 import os
 
+import numpy as np
 import pytest
 
 from msllm.config import load_config
@@ -138,3 +139,22 @@ def test_an_mfu_above_100_percent_is_printed_and_warned_about_once(caplog):
     ok = LossMonitor(epochs=1, total_steps=1, throughput=Throughput(1000, 1.0e9, 2.0))
     ok.records.append(StepRecord(1, 1, 2.0, 1.0, 1e-3, False, 1.0, 0.5))
     assert "MFU: 50.00%" in ok.format(ok.records[-1]) and not ok.warned_peak
+
+
+def test_the_compact_loss_counts_the_head_only_at_target_positions():
+    """With the compact loss the output head runs at the target positions only; MFU counts its
+    6 x V x C FLOPs per token there and nowhere else (4 x when LoRA freezes the head)."""
+    from msllm.training.trainer import target_fraction
+
+    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"))
+    mc = cfg.model_config
+    run = throughput_for_run(cfg, 1.0)
+    head = 6.0 * mc.vocab_size * mc.hidden_size
+    assert run.head_flops_per_token == head and run.flops_per_token == mc.train_flops_per_token()
+    assert run.flops_per_token_at(1.0) == run.flops_per_token
+    assert run.flops_per_token_at(0.25) == pytest.approx(mc.train_flops_per_token() - 0.75 * head)
+    assert run.mfu(1.0, 0.25) == pytest.approx(run.mfu(1.0) * run.flops_per_token_at(0.25) / run.flops_per_token)
+    assert throughput_for_run(cfg, 1.0, head_frozen=True).head_flops_per_token == 4.0 * mc.vocab_size * mc.hidden_size
+    # (B, T+1) labels: targets are labels[:, 1:]; 3 of the 8 target positions are ignored
+    labels = np.array([[7, -100, 5, 6, 9], [-100, -100, -100, 3, 4]], np.int32)
+    assert target_fraction(labels, -100) == pytest.approx(5 / 8)
