@@ -5,7 +5,7 @@
 #   -> HCCL rank table for 1 server x 2 devices -> run_distribute.sh: 2 data-parallel CPU ranks
 #   train configs/llama/run_llama_tiny.yaml -> checkpoints + loss summary + loss-curve PNG
 #   -> the trained model answers three Alpaca instructions (run_mode predict, its chat template).
-# Everything goes under ${DEMO_DIR:-output/demo}. About 10 minutes on 2 cores.
+# Everything goes under ${DEMO_DIR:-output/demo}. 3 to 10 minutes on 2 cores, by CPU.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"

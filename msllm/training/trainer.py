@@ -116,14 +116,18 @@ class RankAgreement:
             self._sum = ops.AllReduce()
             self._gather = ops.AllGather()
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank if ``flag`` is true on any rank."""
+    def sums(self, values: list[float]) -> list[float]:
+        """``values`` summed element-wise over the ranks, in one AllReduce (float32: the only dtype
+        MindSpore 2.10's CPU AllReduce kernel takes; counts stay exact below 2^24)."""
         if self.world_size == 1:
-            return flag
+            return [float(v) for v in values]
         import mindspore as ms
 
-        # float32: the only dtype MindSpore 2.10's CPU AllReduce kernel takes
-        return float(self._sum(ms.Tensor([float(flag)], ms.float32)).asnumpy()[0]) > 0
+        return [float(v) for v in self._sum(ms.Tensor(np.asarray(values, np.float32))).asnumpy()]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any rank."""
+        return self.sums([float(flag)])[0] > 0
 
     def common_max(self, steps: list[int], width: int = 256) -> int | None:
         """The largest value present in every rank's ``steps`` (None if there is none)."""
@@ -181,11 +185,11 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
     return path
 
 
-def target_fraction(labels, ignore_token_id: int) -> float:
-    """Share of a batch's positions that have a target: ``labels`` (B, T+1) int32 (a MindSpore
+def target_count(labels, ignore_token_id: int) -> tuple[int, int]:
+    """``(positions with a target, positions)`` of a batch: ``labels`` (B, T+1) int32 (a MindSpore
     tensor or array; targets are ``labels[:, 1:]``), ``ignore_token_id`` marks the others."""
     targets = np.asarray(labels.asnumpy() if hasattr(labels, "asnumpy") else labels)[:, 1:]
-    return float((targets != ignore_token_id).mean()) if targets.size else 1.0
+    return int((targets != ignore_token_id).sum()), int(targets.size)
 
 
 def train(cfg: RunConfig) -> dict:
@@ -382,11 +386,13 @@ def train(cfg: RunConfig) -> dict:
                     seconds = time.perf_counter() - t0
                     step += 1
                     overflow_v = bool(overflow.asnumpy())
+                    # one AllReduce per step: the stop vote (SIGTERM on any rank) and, for the
+                    # compact loss's MFU, the global step's target positions (same MFU on every rank)
+                    targets = target_count(labels, mc.ignore_token_id) if compact else (1, 1)
+                    stop_votes, n_targets, n_positions = agree.sums([float(bool(stop.signum)), *targets])
                     monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),
                                            overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
-                                           data_seconds=t0 - t_data,
-                                           head_fraction=target_fraction(labels, mc.ignore_token_id) if compact
-                                           else 1.0))
+                                           data_seconds=t0 - t_data, head_fraction=n_targets / n_positions))
                     if tb is not None:
                         tb.log_step(monitor.records[-1], monitor.throughput.tgs(seconds))
                     lr_index += 0 if overflow_v else 1
@@ -399,7 +405,7 @@ def train(cfg: RunConfig) -> dict:
                         save(step)
                     if eval_data is not None and cfg.eval_step_interval > 0 and step % cfg.eval_step_interval == 0:
                         run_evaluation(step, epoch + 1)
-                    if agree.any(bool(stop.signum)):
+                    if stop_votes > 0:
                         if not saved or not saved[-1].endswith(f"_{step}.{cc.format}"):
                             save(step)
                         log.error("stopped by a signal at step %d; checkpoint: %s; resume with "

@@ -144,7 +144,7 @@ def test_an_mfu_above_100_percent_is_printed_and_warned_about_once(caplog):
 def test_the_compact_loss_counts_the_head_only_at_target_positions():
     """With the compact loss the output head runs at the target positions only; MFU counts its
     6 x V x C FLOPs per token there and nowhere else (4 x when LoRA freezes the head)."""
-    from msllm.training.trainer import target_fraction
+    from msllm.training.trainer import target_count
 
     cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"))
     mc = cfg.model_config
@@ -157,4 +157,4 @@ def test_the_compact_loss_counts_the_head_only_at_target_positions():
     assert throughput_for_run(cfg, 1.0, head_frozen=True).head_flops_per_token == 4.0 * mc.vocab_size * mc.hidden_size
     # (B, T+1) labels: targets are labels[:, 1:]; 3 of the 8 target positions are ignored
     labels = np.array([[7, -100, 5, 6, 9], [-100, -100, -100, 3, 4]], np.int32)
-    assert target_fraction(labels, -100) == pytest.approx(5 / 8)
+    assert target_count(labels, -100) == (5, 8)
