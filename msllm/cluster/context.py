@@ -157,3 +157,9 @@ def setup_runtime(cfg: RunConfig) -> Runtime:
     np.random.seed(cfg.seed)
     ms.dataset.config.set_seed(cfg.seed)
     return Runtime(rank=rank, world_size=world, device_target=ctx.device_target)
+
+
+def setup_logging(rank: int) -> None:
+    """The root logger at INFO with this rank's number on every line (the per-rank log files that
+    ``run_distribute.sh`` collects are this output)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(message)s", force=True)

@@ -151,10 +151,6 @@ def decode_records(gen, settings, records, ids, tokenizer, stops, batch_size: in
     return results
 
 
-def setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(message)s", force=True)
-
-
 def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None, adapter: Optional[str] = None,
                 tokenizer: Optional[str] = None) -> Optional[str]:
     """Run predict per the module doc; returns the JSONL path written (rank 0, file input) or None.
@@ -173,7 +169,7 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
     """
     from tqdm import tqdm
 
-    from msllm.cluster.context import env_world_size, setup_runtime
+    from msllm.cluster.context import env_world_size, setup_logging, setup_runtime
     from msllm.data.tokenizer import LlamaTokenizer
     from msllm.generation.config import resolve_settings
     from msllm.generation.decode import generator_for, round_up

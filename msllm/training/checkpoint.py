@@ -130,7 +130,7 @@ def find_resume_checkpoint(source: str, rank: int,
             directory, searched by :func:`checkpoint_search_dir`).
         rank: this process's rank.
         common_max: ``steps -> the largest step present on every rank, or None`` (a collective:
-            every rank calls it exactly once; ``RankAgreement.common_max`` in the trainer, or
+            every rank calls it exactly once; ``RankAgreement.common_max`` (:mod:`msllm.training.control`), or
             ``lambda s: max(s, default=None)`` for one process).
 
     Usable steps are those of checkpoints named ``{prefix}_{rank}-{epoch}_{step}`` whose manifest

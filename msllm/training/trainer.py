@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 
 import numpy as np
 
-from msllm.cluster.context import Runtime, setup_runtime
+from msllm.cluster.context import Runtime, setup_logging, setup_runtime
 from msllm.config import RunConfig, save_config
 from msllm.errors import MsllmError
 from msllm.settings import log_settings
 from msllm.training import checkpoint as ckpt
+from msllm.training.control import RankAgreement, StopSignal, start_profiler, stop_profiler, target_count
 from msllm.training.monitor import LossMonitor, StepRecord
 from msllm.training.schedule import build_schedule
 from msllm.training.throughput import device_peak_tflops, throughput_for_run
@@ -80,87 +80,6 @@ def peak_tflops(cfg: RunConfig) -> tuple[float | None, str]:
     return device_peak_tflops(cfg.context.device_target, cfg.context.peak_tflops)
 
 
-def setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(message)s",
-                        force=True)
-
-
-class StopSignal:
-    """Turns SIGTERM / SIGINT into a flag the loop checks between steps (a handler that saved
-    from inside the signal could catch the step half-way)."""
-
-    def __init__(self):
-        self.signum = 0
-
-    def __enter__(self):
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def _handle(self, signum, _frame):
-        self.signum = signum
-        log.warning("received %s: stopping after the current step", signal.Signals(signum).name)
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
-class RankAgreement:
-    """Small collectives over the data-parallel ranks (CPU-safe: AllReduce sum and AllGather)."""
-
-    def __init__(self, world_size: int):
-        self.world_size = world_size
-        if world_size > 1:
-            from mindspore import ops
-
-            self._sum = ops.AllReduce()
-            self._gather = ops.AllGather()
-
-    def sums(self, values: list[float]) -> list[float]:
-        """``values`` summed element-wise over the ranks, in one AllReduce (float32: the only dtype
-        MindSpore 2.10's CPU AllReduce kernel takes; counts stay exact below 2^24)."""
-        if self.world_size == 1:
-            return [float(v) for v in values]
-        import mindspore as ms
-
-        return [float(v) for v in self._sum(ms.Tensor(np.asarray(values, np.float32))).asnumpy()]
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank if ``flag`` is true on any rank."""
-        return self.sums([float(flag)])[0] > 0
-
-    def common_max(self, steps: list[int], width: int = 256) -> int | None:
-        """The largest value present in every rank's ``steps`` (None if there is none)."""
-        if self.world_size == 1:
-            return max(steps) if steps else None
-        import mindspore as ms
-
-        local = np.full(width, -1, np.float32)  # float32 holds step numbers exactly below 2^24
-        mine = sorted(steps)[-width:]
-        local[: len(mine)] = mine
-        every = self._gather(ms.Tensor(local)).asnumpy().reshape(self.world_size, width).astype(np.int64)
-        common = set(every[0].tolist())
-        for row in every[1:]:
-            common &= set(row.tolist())
-        common.discard(-1)
-        return max(common) if common else None
-
-
-def start_profiler(out: str, rank: int):
-    """A MindSpore profiler writing to ``out/profile/rank_{rank}``, not yet started."""
-    import mindspore as ms
-
-    return ms.Profiler(start_profile=False, output_path=os.path.join(out, "profile", f"rank_{rank}"))
-
-
-def stop_profiler(profiler, out: str, rank: int) -> None:
-    """Stop, analyse, and say where the profile is."""
-    profiler.stop()
-    profiler.analyse()
-    log.info("profile written to %s (trace_view.json opens in chrome://tracing or Perfetto)",
-             os.path.join(out, "profile", f"rank_{rank}"))
-
-
 def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, data) -> str:
     """``auto_trans_ckpt``: reshard ``load_checkpoint`` (full, or sharded per
     ``src_strategy_path_or_dir``) to this rank's slice of the run's layout and load it.
@@ -183,13 +102,6 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
         ckpt.load_into_strict_after_compile(network, params, path)
     log.info("auto_trans_ckpt: resharded %s to this rank's layout: %s", cfg.load_checkpoint, path)
     return path
-
-
-def target_count(labels, ignore_token_id: int) -> tuple[int, int]:
-    """``(positions with a target, positions)`` of a batch: ``labels`` (B, T+1) int32 (a MindSpore
-    tensor or array; targets are ``labels[:, 1:]``), ``ignore_token_id`` marks the others."""
-    targets = np.asarray(labels.asnumpy() if hasattr(labels, "asnumpy") else labels)[:, 1:]
-    return int((targets != ignore_token_id).sum()), int(targets.size)
 
 
 def train(cfg: RunConfig) -> dict:

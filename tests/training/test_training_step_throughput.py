@@ -144,7 +144,7 @@ def test_an_mfu_above_100_percent_is_printed_and_warned_about_once(caplog):
 def test_the_compact_loss_counts_the_head_only_at_target_positions():
     """With the compact loss the output head runs at the target positions only; MFU counts its
     6 x V x C FLOPs per token there and nowhere else (4 x when LoRA freezes the head)."""
-    from msllm.training.trainer import target_count
+    from msllm.training.control import target_count
 
     cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"))
     mc = cfg.model_config
