@@ -30,7 +30,7 @@ TASKS = {"mmlu": mmlu.load, "ceval": ceval.load, "boolq": boolq.load, "gsm8k": g
 
 def _setup(cfg):
     """Join the process group (data parallel = the processes started) and set the context."""
-    from msllm.cluster.context import env_world_size, setup_runtime
+    from msllm.cluster.context import env_world_size, setup_logging, setup_runtime
     from msllm.settings import check_settings, log_notes
 
     notes = check_settings(cfg, "eval")  # names model_parallel / pipeline_stage before they are replaced
@@ -38,7 +38,7 @@ def _setup(cfg):
     pc.model_parallel, pc.pipeline_stage = 1, 1
     pc.data_parallel = env_world_size()  # evaluation splits requests over whatever ranks were started
     rt = setup_runtime(cfg)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rt.rank}] %(message)s", force=True)
+    setup_logging(rt.rank)
     log_notes(notes)
     return rt.rank, rt.world_size
 
