@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import yaml
 
-from msllm.config_io import apply_overrides, from_dict, parse_override, read_yaml, to_dict  # noqa: F401 (re-exported)
+from msllm.config_io import apply_overrides, from_dict, read_yaml, to_dict  # noqa: F401 (from_dict, to_dict re-exported)
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_open
 from msllm.generation.config import GenerationConfig

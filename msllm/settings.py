@@ -106,15 +106,16 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
             if getattr(rc, name) != default and training:
                 notes.append(f"recompute_config.{name} (recomputes model-parallel / optimizer-shard "
                              "communication; data_parallel mode has none)")
-        if par.strategy_ckpt_save_file != type(par)().strategy_ckpt_save_file and not cfg.only_save_strategy:
+    # strategy files: none in a data_parallel run; otherwise only the key's extension is used
+    path, default_path = par.strategy_ckpt_save_file, _default("parallel.strategy_ckpt_save_file")
+    if dp and not cfg.only_save_strategy:
+        if path != default_path:
             notes.append("parallel.strategy_ckpt_save_file (data_parallel runs have no parallel "
                          "strategy to save)")
-    if not (dp and not cfg.only_save_strategy):
-        path = par.strategy_ckpt_save_file
-        if os.path.splitext(path)[0] != os.path.splitext(_default("parallel.strategy_ckpt_save_file"))[0]:
-            notes.append(f"parallel.strategy_ckpt_save_file={path!r}: only its extension is used (.json: JSON, "
-                         "else protobuf); the strategy files go to output_dir/strategy/ckpt_strategy_rank_{i}, "
-                         "as MindFormers writes them")
+    elif os.path.splitext(path)[0] != os.path.splitext(default_path)[0]:
+        notes.append(f"parallel.strategy_ckpt_save_file={path!r}: only its extension is used (.json: JSON, "
+                     "else protobuf); the strategy files go to output_dir/strategy/ckpt_strategy_rank_{i}, "
+                     "as MindFormers writes them")
     runner = cfg.runner_config
     if runner.sink_mode and training:
         notes.append(f"runner_config.sink_mode=True, sink_size={runner.sink_size} (msllm has no data "
