@@ -18,15 +18,22 @@ setup(
         "pyyaml",
         "tqdm",
         "safetensors",
+        # Hugging Face tokenizer.json tokenizers and Jinja chat templates (sandboxed; >= 3.1.6 has no
+        # known sandbox escape, the floor transformers requires too)
+        "tokenizers",
+        "jinja2>=3.1.6",
         # training curves: TensorBoard events (MindFormers 1.5+ writes them with tensorboardX) and a loss plot
         "tensorboardX",
         "matplotlib",
     ],
     extras_require={
         # weight conversion only; torch 2.13.0 is the CPU build (a plain "torch" pulls CUDA wheels)
-        "convert": ["torch==2.13.0", "transformers"],
+        "convert": ["torch==2.13.0", "transformers==5.24.0"],
         # test references: transformers (HF models, generation), peft (LoRA), lm-eval (scoring)
-        "dev": ["pytest", "torch==2.13.0", "transformers", "peft", "lm-eval==0.4.13", "tensorboard"],
+        # gguf + accelerate: transformers dequantizes the real test model (SmolLM2, tools/fetch_model.py);
+        # transformers is pinned: the model cache's digest and the parity tests were taken with 5.24.0
+        "dev": ["pytest", "torch==2.13.0", "transformers==5.24.0", "peft", "lm-eval==0.4.13", "tensorboard",
+                "gguf==0.19.0", "accelerate"],
     },
     entry_points={
         "console_scripts": [

@@ -25,7 +25,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from msllm.data.preprocess import DATASET_TYPES, preprocess_to_mindrecord  # noqa: E402
-from msllm.data.templates import DEFAULT_TEMPLATE, TEMPLATE_NAMES  # noqa: E402
+from msllm.data.templates import ALL_TEMPLATE_NAMES, DEFAULT_TEMPLATE  # noqa: E402
+from msllm.data.tokenizer import load_tokenizer  # noqa: E402
 from msllm.errors import MsllmError, cli_main  # noqa: E402
 
 
@@ -36,15 +37,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataset_type", default="wiki", choices=list(DATASET_TYPES),
                    help="qa: conversation JSON; wiki: text lines, WikiText, or .json(l) with 'text' "
                         "(default wiki, as MindFormers)")
-    p.add_argument("--model_file", required=True, help="SentencePiece tokenizer.model")
+    p.add_argument("--model_file", required=True,
+                   help="the tokenizer: a SentencePiece tokenizer.model, a Hugging Face tokenizer.json, or an HF "
+                        "model directory (its tokenizer.json, tokenizer_config.json and chat template)")
     p.add_argument("--tokenizer", default="llama", choices=["llama"],
-                   help="tokenizer kind (MindFormers' flag; only llama: the SentencePiece --model_file)")
+                   help="MindFormers' flag (only llama); the tokenizer's kind is read from --model_file")
     p.add_argument("--seq_length", type=int, default=2048,
                    help="model sequence length; rows hold seq_length+1 (default 2048, as MindFormers)")
-    p.add_argument("--template", default=None, choices=list(TEMPLATE_NAMES),
-                   help=f"qa prompt template (default {DEFAULT_TEMPLATE}: MindFormers' samples; "
-                        "alpaca: <s>human gpt</s> per pair (msllm's earlier layout); none: the same "
-                        "layout, turns as given)")
+    p.add_argument("--template", default=None, choices=list(ALL_TEMPLATE_NAMES),
+                   help="qa prompt template (default: the tokenizer's own chat template when it has one, else "
+                        f"{DEFAULT_TEMPLATE}: MindFormers' samples); chat_template: the model's Jinja template; "
+                        "chatml: ChatML; alpaca: <s>human gpt</s> per pair (msllm's earlier layout); none: the "
+                        "same layout, turns as given")
     p.add_argument("--repeat", type=int, default=1, help="repeat the sample list N times")
     p.add_argument("--shuffle", type=int, choices=[0, 1], default=1,
                    help="1: shuffle samples (after repeat); 0: input order (MindFormers' order)")
@@ -67,7 +71,9 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     if a.template is not None and a.dataset_type != "qa":
         raise MsllmError(f"--template {a.template} applies to --dataset_type qa only (got {a.dataset_type})")
-    template = (a.template or DEFAULT_TEMPLATE) if a.dataset_type == "qa" else None
+    template = None
+    if a.dataset_type == "qa":
+        template = a.template or ("chat_template" if load_tokenizer(a.model_file).chat_template else DEFAULT_TEMPLATE)
     summary = preprocess_to_mindrecord(
         input_glob=a.input_glob, dataset_type=a.dataset_type, model_file=a.model_file,
         seq_length=a.seq_length, output_file=a.output_file, repeat=a.repeat,

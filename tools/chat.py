@@ -33,10 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="run YAML (model shape, generation_config)")
     p.add_argument("--load_checkpoint", help="checkpoint file/directory or HF model directory "
                                              "(default: the YAML's load_checkpoint)")
-    p.add_argument("--template", help="prompt template (default: the checkpoint's; none: plain text)")
+    p.add_argument("--template", help="prompt template: vicuna_v1.1, alpaca, none, chat_template (the model's Jinja template), chatml (default: the checkpoint's, else the tokenizer's chat template, else plain text)")
     p.add_argument("--adapter", help="LoRA adapter checkpoint to apply")
-    p.add_argument("--tokenizer", help="SentencePiece tokenizer.model (default: the checkpoint's, else the "
-                                       "bundled LLaMA tokenizer)")
+    p.add_argument("--tokenizer", help="a SentencePiece tokenizer.model, a tokenizer.json or an HF model directory (default: the checkpoint's; the bundled LLaMA tokenizer only for a 32000-id model)")
     p.add_argument("--prompt", help="answer this one message and exit (no interactive loop)")
     return p
 

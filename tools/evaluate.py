@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=8, help="rows per forward pass (default 8)")
     parser.add_argument("--stride", type=int, help="ppl: window stride in tokens (default seq_length // 2)")
     parser.add_argument("--max_gen_toks", type=int, default=256, help="gsm8k: max new tokens (harness: 256)")
-    parser.add_argument("--tokenizer", help="SentencePiece tokenizer.model (default: the checkpoint's, "
-                                            "else the bundled LLaMA one)")
+    parser.add_argument("--tokenizer", help="a SentencePiece tokenizer.model, a tokenizer.json or an HF model directory (default: the checkpoint's; the bundled LLaMA tokenizer only for a 32000-id model)")
     parser.add_argument("--adapter", help="a LoRA adapter checkpoint applied to the base")
     parser.add_argument("--reuse_prefix", action="store_true",
                         help="run shared few-shot prefixes once through the KV cache (memory-hungry on CPU)")

@@ -63,8 +63,9 @@ SIDECAR_KEYS = (
     "dataset_type",    # "qa" | "wiki"
     "pad_token_id",    # int: padding id in input_ids
     "ignore_index",    # int: -100, label value excluded from the loss (and label padding)
-    "tokenizer_md5",   # hex md5 of the tokenizer model file
-    "tokenizer_file",  # path of the tokenizer model as given
+    "tokenizer_md5",   # hex md5 of the tokenizer file (tokenizer.model or tokenizer.json)
+    "tokenizer_file",  # absolute path of that file
+    "tokenizer_kind",  # "sentencepiece" | "tokenizer.json"
     "vocab_size",      # int
     "bos_id",          # int
     "eos_id",          # int
@@ -77,7 +78,8 @@ SIDECAR_KEYS = (
     "counts",          # dict: records_read, samples_built, samples_written, tokens_written,
                        #   loss_tokens, truncated, skipped {reason: n}, dropped_tail_tokens,
                        #   not_used_samples_num
-    "template",        # prompt template of qa samples (msllm.data.templates), None for wiki
+    "template",        # prompt template of qa samples (msllm.data.templates; a model's Jinja template is
+                       #   "chat_template:<sha256[:12]>"), None for wiki
     "wikitext_files",  # wiki: input files read as WikiText (clean_wikitext paragraphs); None for qa
     "file_partition",  # int: number of shard files of the group (--file_partition)
     "data_files",      # list of the group's data file basenames, in shard order

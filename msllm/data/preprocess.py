@@ -52,8 +52,8 @@ from msllm.data.conversation import load_conversation_file
 from msllm.data.mindrecord import DB_SUFFIX, SIDECAR_FORMAT, SIDECAR_SUFFIX, shard_paths, write_mindrecord
 from msllm.data.samples import (LIBRARY_TEMPLATE, SKIP_NO_RESPONSE, BlockPacker, QAResult,  # noqa: F401 (re-exported)
                                 build_qa_sample, pack_documents, pad_sample, sample_order)
-from msllm.data.templates import IGNORE_INDEX, get_template  # noqa: F401 (IGNORE_INDEX re-exported)
-from msllm.data.tokenizer import LlamaTokenizer
+from msllm.data.templates import IGNORE_INDEX, resolve_template  # noqa: F401 (IGNORE_INDEX re-exported)
+from msllm.data.tokenizer import load_tokenizer
 from msllm.data.wiki import read_wiki_documents, read_wiki_file  # noqa: F401  (re-exported)
 from msllm.errors import MsllmError
 
@@ -86,9 +86,9 @@ _WORKER: dict = {}
 
 def _init_worker(model_file: str, pad_token_id: int, seq_length: int, template: str = LIBRARY_TEMPLATE) -> None:
     """Pool initializer: load the tokenizer once per process."""
-    _WORKER["tokenizer"] = LlamaTokenizer(model_file, pad_token_id)
+    _WORKER["tokenizer"] = load_tokenizer(model_file, pad_token_id)
     _WORKER["seq_length"] = seq_length
-    _WORKER["template"] = get_template(template)
+    _WORKER["template"] = resolve_template(template, _WORKER["tokenizer"])
 
 
 def _qa_task(turns: list[tuple[str, str]]) -> QAResult:
@@ -262,7 +262,9 @@ def preprocess_to_mindrecord(
         MsllmError: bad arguments (seq_length < 2, repeat < 1, num_workers < 1, file_partition
             outside [1, 1000], samples_num < 1, unknown dataset_type or template, a template for
             wiki, output name a directory or ending in .db/.json, pad id outside the
-            vocabulary), the tokenizer is not a SentencePiece model, the glob matches nothing,
+            vocabulary), ``model_file`` is not a tokenizer (:func:`~msllm.data.tokenizer.load_tokenizer`:
+            a SentencePiece ``.model``, a ``tokenizer.json`` or an HF model directory), a chat
+            template that fails on a conversation (naming it), the glob matches nothing,
             an input file is malformed (file/record/key named), or no sample could be built.
             All inputs are read and validated before anything is written; output is atomic.
     """
@@ -271,9 +273,9 @@ def preprocess_to_mindrecord(
     if dataset_type == "wiki" and template is not None:
         raise MsllmError(f"--template {template!r} applies to --dataset_type qa only (wiki text has no turns)")
     template_name = (template or LIBRARY_TEMPLATE) if dataset_type == "qa" else None
-    if template_name is not None:
-        get_template(template_name)  # unknown name -> error before any work
-    tokenizer = LlamaTokenizer(model_file, pad_token_id)
+    tokenizer = load_tokenizer(model_file, pad_token_id)
+    if template_name is not None:   # unknown name, or no chat template -> error before any work
+        template_name = resolve_template(template_name, tokenizer).name
     files = expand_input_glob(input_glob)
     summary = PreprocessSummary(
         output_file=os.path.abspath(output_file),
@@ -312,7 +314,7 @@ def preprocess_to_mindrecord(
                     continue
                 samples.append((res.input_ids, res.labels))
         else:
-            packer = BlockPacker(seq_length + 1, tokenizer.bos_id, tokenizer.eos_id)
+            packer = BlockPacker(seq_length + 1, tokenizer.bos_id if tokenizer.add_bos else None, tokenizer.eos_id)
             for ids in ordered_map(_wiki_task, items, num_workers, initargs):
                 bar.update(1)
                 for block in packer.add(ids):
@@ -352,7 +354,8 @@ def preprocess_to_mindrecord(
         "pad_token_id": pad_token_id,
         "ignore_index": IGNORE_INDEX,
         "tokenizer_md5": tokenizer.md5(),
-        "tokenizer_file": os.path.abspath(model_file),
+        "tokenizer_file": os.path.abspath(tokenizer.model_file),
+        "tokenizer_kind": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,

@@ -13,7 +13,6 @@ import numpy as np
 
 from msllm.data.conversation import HUMAN, conversation_skip_reason
 from msllm.data.templates import IGNORE_INDEX, Template, encode_segments, get_template
-from msllm.data.tokenizer import LlamaTokenizer
 
 LIBRARY_TEMPLATE = "alpaca"
 """Template of :func:`build_qa_sample` / :func:`msllm.data.preprocess.preprocess_to_mindrecord`
@@ -40,7 +39,7 @@ class QAResult:
     skip_reason: str | None = None
 
 
-def build_qa_sample(tokenizer: LlamaTokenizer, turns: Sequence[tuple[str, str]], seq_length: int,
+def build_qa_sample(tokenizer, turns: Sequence[tuple[str, str]], seq_length: int,
                     template: Template | str = LIBRARY_TEMPLATE) -> QAResult:
     """Build one (unpadded) ``qa`` sample from a conversation's ``(role, value)`` turns.
 
@@ -48,7 +47,8 @@ def build_qa_sample(tokenizer: LlamaTokenizer, turns: Sequence[tuple[str, str]],
     it is not from human"). Conversations that are then empty or do not alternate human/gpt
     ending with gpt get ``skip_reason`` from
     :func:`msllm.data.conversation.conversation_skip_reason`; the rest are rendered by
-    ``template`` (a :class:`~msllm.data.templates.Template` or its name) and tokenised by
+    ``template`` (a :class:`~msllm.data.templates.Template` or its name, or a
+    :class:`~msllm.data.chat_template.ChatTemplate`) with ``tokenizer`` (either kind) and tokenised by
     :func:`~msllm.data.templates.encode_segments`, then cut to ``seq_length + 1`` tokens; a
     sample with no label != ``IGNORE_INDEX`` left gets :data:`SKIP_NO_RESPONSE`.
     """
@@ -89,12 +89,13 @@ def pad_sample(
 class BlockPacker:
     """Packs documents into fixed-length blocks for ``wiki`` pretraining data.
 
-    Each document's ids become ``[bos] + ids + [eos]`` in one running stream; every time the
+    Each document's ids become ``[bos] + ids + [eos]`` (no BOS when ``bos_id`` is None: a
+    tokenizer that adds none, e.g. Qwen's) in one running stream; every time the
     stream holds ``block_length`` tokens a block (int32 ``[block_length]``) is emitted.
     After the last document, :attr:`pending` tokens remain: the dropped tail.
     """
 
-    def __init__(self, block_length: int, bos_id: int, eos_id: int):
+    def __init__(self, block_length: int, bos_id: int | None, eos_id: int):
         self.block_length = block_length
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -104,7 +105,8 @@ class BlockPacker:
     def add(self, ids: Iterable[int]) -> list[np.ndarray]:
         """Append one document; return the blocks completed by it (possibly none)."""
         before = len(self._buf)
-        self._buf.append(self.bos_id)
+        if self.bos_id is not None:
+            self._buf.append(self.bos_id)
         self._buf.extend(int(i) for i in ids)
         self._buf.append(self.eos_id)
         self.stream_tokens += len(self._buf) - before

@@ -176,15 +176,74 @@ TEMPLATE_NAMES: tuple[str, ...] = tuple(_TEMPLATES)
 DEFAULT_TEMPLATE = "vicuna_v1.1"
 
 
+CHAT_TEMPLATE_NAMES = ("chat_template", "chatml")
+"""Templates that need a tokenizer: ``chat_template`` (the model's own Jinja template; recorded as
+``chat_template:<digest>``) and ``chatml`` (ChatML without a default system prompt)."""
+ALL_TEMPLATE_NAMES: tuple[str, ...] = TEMPLATE_NAMES + CHAT_TEMPLATE_NAMES
+
+
 def get_template(name: str) -> Template:
-    """The :class:`Template` called ``name``.
+    """The named (tokenizer-independent) :class:`Template` called ``name``.
 
     Raises:
-        MsllmError: unknown name (the message lists :data:`TEMPLATE_NAMES`).
+        MsllmError: unknown name (the message lists :data:`TEMPLATE_NAMES`); a chat-template name
+            (those need the tokenizer: :func:`resolve_template`).
     """
     if name not in _TEMPLATES:
-        raise MsllmError(f"unknown prompt template {name!r}; expected one of {', '.join(TEMPLATE_NAMES)}")
+        if name.split(":")[0] in CHAT_TEMPLATE_NAMES:
+            raise MsllmError(f"prompt template {name!r} needs the tokenizer: use resolve_template")
+        raise MsllmError(f"unknown prompt template {name!r}; expected one of {', '.join(ALL_TEMPLATE_NAMES)}")
     return _TEMPLATES[name]
+
+
+def check_template_name(name: str | None) -> None:
+    """MsllmError for a name that is neither a named template nor a chat-template name."""
+    if name is not None and name not in TEMPLATE_NAMES and name.split(":")[0] not in CHAT_TEMPLATE_NAMES:
+        raise MsllmError(f"unknown prompt template {name!r}; expected one of {', '.join(ALL_TEMPLATE_NAMES)}")
+
+
+def resolve_template(name: str | None, tokenizer, default_to_chat: bool = True):
+    """The template to render conversations with, given the ``tokenizer`` they are encoded with.
+
+    Args:
+        name: a named template (:data:`TEMPLATE_NAMES`), ``chatml``, ``chat_template`` or a recorded
+            ``chat_template:<digest>`` (the digest must be the tokenizer's template's), or None.
+        tokenizer: :func:`msllm.data.tokenizer.load_tokenizer`'s result.
+        default_to_chat: with ``name`` None, use the tokenizer's own chat template when it has one.
+
+    Returns:
+        :class:`Template`, :class:`~msllm.data.chat_template.ChatTemplate`, or None (plain text).
+
+    Raises:
+        MsllmError: unknown name; ``chat_template`` for a tokenizer with none; a recorded digest
+            that differs from the tokenizer's template (the data were built with another template);
+            a template that does not parse.
+    """
+    from msllm.data.chat_template import CHATML, NAME_PREFIX, ChatTemplate, template_digest
+
+    check_template_name(name)
+    if name is None:
+        if default_to_chat and tokenizer.chat_template:
+            return ChatTemplate(tokenizer.chat_template, tokenizer)
+        return None
+    if name == "chatml":
+        return ChatTemplate(CHATML, tokenizer, name="chatml")
+    if name.split(":")[0] == NAME_PREFIX:
+        if not tokenizer.chat_template:
+            raise MsllmError(f"prompt template {name!r}: tokenizer {tokenizer.model_file} has no chat template "
+                             f"(expected chat_template.jinja or tokenizer_config.json's chat_template beside it); "
+                             f"use one of {', '.join(TEMPLATE_NAMES)} or chatml")
+        tmpl = ChatTemplate(tokenizer.chat_template, tokenizer)
+        digest = name.split(":", 1)[1] if ":" in name else None
+        if digest and digest != template_digest(tokenizer.chat_template):
+            raise MsllmError(f"prompt template {name!r} was recorded with the data or checkpoint, but the chat "
+                             f"template of {tokenizer.model_file} is {tmpl.name}: a different template")
+        return tmpl
+    named = get_template(name)
+    if getattr(tokenizer, "kind", "sentencepiece") != "sentencepiece" and not {BOS, EOS} <= set(tokenizer.special_tokens):
+        raise MsllmError(f"prompt template {name!r} writes LLaMA's {BOS} / {EOS} tokens, which tokenizer "
+                         f"{tokenizer.model_file} does not have: use chat_template (the model's own), chatml or none")
+    return named
 
 
 # ---- tokenisation -------------------------------------------------------------------------------
@@ -193,8 +252,10 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
     """Token ids and labels of a sample given as ``(text, is_target)`` segments.
 
     Args:
-        tokenizer: a :class:`msllm.data.tokenizer.LlamaTokenizer`.
-        segments: from :meth:`Template.segments`.
+        tokenizer: a :class:`msllm.data.tokenizer.LlamaTokenizer`, or an
+            :class:`~msllm.data.hf_tokenizer.HFTokenizer` (then ``ids`` is its encoding of the whole
+            text and a token's label follows the segment its first character is in).
+        segments: from :meth:`Template.segments` (or a chat template's).
 
     Returns:
         ``(ids, labels)``: two lists of int of equal length (unpadded, untruncated); ``ids`` ==
@@ -214,6 +275,10 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
             if offset < end:
                 return target
         return bounds[-1][1]
+
+    if hasattr(tokenizer, "encode_with_offsets"):   # HF tokenizers: the whole text, labels by offsets
+        ids, starts = tokenizer.encode_with_offsets(text)
+        return ids, [i if flag_at(s) else ignore_index for i, s in zip(ids, starts)]
 
     ids: list[int] = []
     labels: list[int] = []

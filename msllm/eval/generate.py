@@ -40,12 +40,14 @@ def generate_until(net, tokenizer, contexts: Sequence[str], until: Sequence[str]
         from msllm.errors import MsllmError
 
         raise MsllmError(f"max_gen_toks {max_gen_toks} leaves no room for a prompt in seq_length {max_length}")
-    prompts = [([tokenizer.bos_id] + tokenizer.encode(c))[-max_ctx:] for c in contexts]
+    from msllm.eval.requests import bos_rule
+
+    head = [] if bos_rule(tokenizer)[0] is None else [tokenizer.bos_id]
+    prompts = [(head + tokenizer.encode(c))[-max_ctx:] for c in contexts]
     batches = plan_batches([len(p) for p in prompts], batch_size)
     owner = assign([max(len(prompts[i]) for i in b) * len(b) for b in batches], world_size)
     gen = generator_for(net)
-    eos = int(tokenizer.eos_id)
-    settings = DecodeSettings(max_new_tokens=max_gen_toks, do_sample=False, eos_token_id=(eos,),
+    settings = DecodeSettings(max_new_tokens=max_gen_toks, do_sample=False, eos_token_id=tuple(tokenizer.eos_ids),
                               pad_token_id=int(tokenizer.pad_id), use_past=True, batch_size=batch_size)
     stops = [s for s in until if s]
     local: dict = {}
@@ -63,7 +65,7 @@ def generate_until(net, tokenizer, contexts: Sequence[str], until: Sequence[str]
 
         out = gen.generate(rows, settings, stream=stream)
         for i, toks in zip(batch, out.tokens):
-            local[i] = list(toks[:toks.index(eos)]) if eos in toks else list(toks)
+            local[i] = _until_eos(toks, tokenizer.eos_ids)
         if progress is not None:
             progress(len(batch))
     merged = all_gather_records(local, world_size)
@@ -75,3 +77,9 @@ def decode_and_cut(tokenizer, tokens: Sequence[int], until: Sequence[str]) -> st
     from msllm.eval.tasks.gsm8k import cut_at_stop
 
     return cut_at_stop(tokenizer.decode(tokens), list(until))
+
+
+def _until_eos(tokens, eos_ids) -> list:
+    """``tokens`` up to (without) the first end-of-turn id."""
+    cut = next((k for k, t in enumerate(tokens) if t in eos_ids), len(tokens))
+    return list(tokens[:cut])

@@ -4,8 +4,9 @@ Follows lm-evaluation-harness v0.4.13 exactly (``lm_eval/api/model.py`` ``Templa
 and ``loglikelihood``; ``lm_eval/models/huggingface.py`` ``HFLM._loglikelihood_tokens``):
 
 * trailing whitespace of the context moves to the front of the continuation;
-* the context and context + continuation are tokenised separately (each with BOS, as
-  ``HFLM(add_bos_token=True)`` does: LLaMA models are trained with BOS); the continuation's
+* the context and context + continuation are tokenised separately (each with BOS for LLaMA's
+  SentencePiece tokenizer, as ``HFLM(add_bos_token=True)`` does: LLaMA models are trained with
+  BOS; with a ``tokenizer.json``, BOS only when the tokenizer adds it, HFLM's default); the continuation's
   tokens are the whole string's tokens after the first ``len(context tokens)``; the model input is
   the separately tokenised context followed by those continuation tokens;
 * an empty context becomes ``[BOS]`` (``prefix_token_id``) unless the continuation starts with it;
@@ -40,28 +41,42 @@ class Request:
     choice: int = 0
 
 
-def encode_pair(encode: Callable[[str], list], bos_id: int, context: str,
-                continuation: str) -> tuple[list[int], list[int]]:
+def encode_pair(encode: Callable[[str], list], bos_id: int | None, context: str,
+                continuation: str, prefix_id: int | None = None) -> tuple[list[int], list[int]]:
     """Token ids (context_enc, continuation_enc) of one request, as the harness makes them.
 
-    ``encode(text)`` returns ids without BOS; BOS (``bos_id``) is prepended to the context.
+    ``encode(text)`` returns ids without BOS; ``bos_id`` (None: nothing) is prepended to the context
+    and to context + continuation, as the tokenizer's own ``add_special_tokens`` does in HFLM's
+    ``tok_encode``. An empty context is ``[prefix_id]`` (default ``bos_id``: HFLM's
+    ``prefix_token_id``, BOS else EOS).
     Raises MsllmError if the continuation has no tokens (the harness asserts the same).
     """
+    head = [] if bos_id is None else [bos_id]
     if context == "":
-        cont = list(encode(continuation))
-        ctx, cont = ([bos_id], cont) if not cont or cont[0] != bos_id else (cont[:1], cont[1:])
+        prefix_id = bos_id if prefix_id is None else prefix_id
+        cont = head + list(encode(continuation))
+        ctx, cont = ([prefix_id], cont) if not cont or cont[0] != prefix_id else (cont[:1], cont[1:])
     else:
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces:
             continuation = context[-n_spaces:] + continuation
             context = context[:-n_spaces]
-        whole = [bos_id] + list(encode(context + continuation))
-        ctx = [bos_id] + list(encode(context))
+        whole = head + list(encode(context + continuation))
+        ctx = head + list(encode(context))
         cont = whole[len(ctx):]
     if not cont:
         raise MsllmError(f"continuation {continuation!r} of context ...{context[-40:]!r} has no tokens "
                          "after tokenisation; every answer must add at least one token")
     return ctx, cont
+
+
+def bos_rule(tok) -> tuple:
+    """``(bos_id or None, prefix_id)`` of a task's encoding: LLaMA's SentencePiece tokenizer
+    always prepends BOS (msllm's rule: LLaMA is trained with it); a ``tokenizer.json`` as its
+    settings say (lm-eval HFLM's default, ``add_special_tokens`` of the tokenizer). ``prefix_id``
+    stands for an empty context: BOS, else EOS (HFLM ``prefix_token_id``)."""
+    bos = tok.bos_id if (tok.kind == "sentencepiece" or tok.add_bos) and tok.bos_id >= 0 else None
+    return bos, (tok.bos_id if tok.bos_id >= 0 else tok.eos_id)
 
 
 def model_input(ctx: Sequence[int], cont: Sequence[int], max_length: int) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from msllm.errors import MsllmError
 from msllm.eval import results as res
+from msllm.eval.requests import bos_rule
 from msllm.eval.tasks import boolq, ceval, gsm8k, mc_jsonl, mmlu, ppl
 
 log = logging.getLogger("msllm")
@@ -44,11 +45,11 @@ def _setup(cfg):
 
 
 def _load(cfg, adapter, tokenizer, rank):
-    from msllm.data.tokenizer import LlamaTokenizer
-    from msllm.generation.loading import find_tokenizer, load_for_inference
+    from msllm.generation.loading import load_for_inference, open_tokenizer
 
     net, mc, info = load_for_inference(cfg, adapter=adapter, rank=rank)
-    return net, mc, LlamaTokenizer(find_tokenizer(info, tokenizer)), info.path
+    return net, mc, open_tokenizer(info, mc, tokenizer, pad_id=0), info.path
+
 
 
 def _progress(total: int, rank: int, desc: str):
@@ -94,7 +95,7 @@ def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit
         source = cfg.load_checkpoint
     max_length = mc.seq_length
     payload = {"task": task, "data": os.path.abspath(data), "checkpoint": source, "num_fewshot": spec.num_fewshot,
-               "limit": limit, "max_length": max_length, "world_size": world, "add_bos_token": True,
+               "limit": limit, "max_length": max_length, "world_size": world, "add_bos_token": bos_rule(tok)[0] is not None,
                "files": spec.files}
     if spec.kind == "mc":
         payload.update(_run_mc(spec, net, tok, max_length, batch_size, rank, world, 32 if reuse_prefix else 0))
@@ -115,7 +116,8 @@ def _run_mc(spec, net, tok, max_length, batch_size, rank, world, min_prefix) -> 
     from msllm.eval.scoring import score_rows, scorer_for
 
     pairs = [(d, c, doc.context, cont) for d, doc in enumerate(spec.docs) for c, cont in enumerate(doc.continuations)]
-    encoded = [encode_pair(tok.encode, tok.bos_id, ctx, cont) for _, _, ctx, cont in pairs]
+    bos, prefix = bos_rule(tok)
+    encoded = [encode_pair(tok.encode, bos, ctx, cont, prefix) for _, _, ctx, cont in pairs]
     rows = build_rows(encoded, max_length)
     bar, update = _progress(len(encoded), rank, spec.name)
     scores = score_rows(scorer_for(net, batch_size, tok.pad_id, min_prefix), rows, rank, world, update)
@@ -147,7 +149,9 @@ def _run_ppl(spec, net, tok, max_length, batch_size, stride, rank, world) -> dic
     from msllm.eval.perplexity import summarise, text_rows
     from msllm.eval.scoring import score_rows, scorer_for
 
-    documents = [[tok.bos_id] + tok.encode(d.text) for d in spec.docs]
+    bos, prefix = bos_rule(tok)   # the first token is scored given the prefix (lm-eval's rolling windows)
+    documents = [[prefix] + ([bos] if bos is not None and bos != prefix else []) + tok.encode(d.text)
+                 for d in spec.docs]
     rows, owner = text_rows(documents, max_length, stride)
     bar, update = _progress(len(rows), rank, "ppl")
     scores = score_rows(scorer_for(net, batch_size, tok.pad_id, 0), rows, rank, world,

@@ -89,15 +89,21 @@ def decode_new(tokenizer, tokens: Sequence[int], eos_ids: Sequence[int] = ()) ->
 class TextStream:
     """Turns a growing list of token ids into text pieces to print: ``push(token) -> new text``.
 
-    Decodes the whole answer each time and returns what was added (SentencePiece puts spaces
-    and multi-byte characters across token boundaries, so pieces decoded alone would be wrong);
-    text ending in an unfinished UTF-8 byte sequence (U+FFFD) is held back until it completes.
+    Incremental detokenisation as Hugging Face text-generation-inference does it
+    (``server/text_generation_server/models/model.py`` ``decode_token``): decode a short window
+    of the tokens already shown and the same window plus the new tokens, and print the difference
+    once it does not end in an unfinished UTF-8 sequence (U+FFFD: byte-level BPE splits characters
+    across tokens). The window starts at a token boundary already printed, so SentencePiece's
+    leading-space rule and multi-byte characters come out right, and a later token never changes
+    text already printed: the concatenated pieces are :attr:`text` up to any held-back tail.
     """
 
     def __init__(self, tokenizer, eos_ids: Sequence[int] = ()):
         self.tokenizer, self.eos = tokenizer, set(eos_ids)
         self.ids: list[int] = []
         self.shown = ""
+        self._prefix = 0   # the window: ids[_prefix:_read] are printed context
+        self._read = 0
 
     @property
     def text(self) -> str:
@@ -105,8 +111,11 @@ class TextStream:
 
     def push(self, token: int) -> str:
         self.ids.append(int(token))
-        text = self.text
-        if text.endswith("\ufffd") or not text.startswith(self.shown):
+        before = decode_new(self.tokenizer, self.ids[self._prefix:self._read], self.eos)
+        after = decode_new(self.tokenizer, self.ids[self._prefix:], self.eos)
+        if len(after) <= len(before) or after.endswith("\ufffd") or not after.startswith(before):
             return ""
-        piece, self.shown = text[len(self.shown):], text
+        piece = after[len(before):]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.shown += piece
         return piece

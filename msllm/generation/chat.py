@@ -129,23 +129,21 @@ def open_chat(cfg, template: Optional[str] = None, adapter: Optional[str] = None
     import logging
 
     from msllm.cluster.context import setup_runtime
-    from msllm.data.tokenizer import LlamaTokenizer
     from msllm.generation.config import resolve_settings
     from msllm.generation.decode import generator_for
-    from msllm.generation.loading import find_tokenizer, load_for_inference
-    from msllm.generation.predict import predict_config
-    from msllm.generation.prompts import load_template
+    from msllm.generation.loading import load_for_inference, open_tokenizer
+    from msllm.generation.predict import eos_settings, predict_config
+    from msllm.generation.prompts import check_template, template_for
     from msllm.settings import log_settings
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     log_settings(cfg, "predict")  # refuses a layout chat cannot run
     cfg = predict_config(cfg, 1)
     setup_runtime(cfg)
-    if template is not None:
-        load_template(template)  # an unknown name fails before the model is loaded
+    check_template(template)  # an unknown name fails before the model is loaded
     net, mc, info = load_for_inference(cfg, adapter=adapter)
-    tmpl = load_template(template or info.template)
-    settings = resolve_settings(cfg.generation_config, mc, cfg.seed, 1)
-    tok = LlamaTokenizer(find_tokenizer(info, tokenizer), pad_id=None)
-    info.template = template or info.template
+    tok = open_tokenizer(info, mc, tokenizer)
+    tmpl = template_for(template or info.template, tok)
+    settings = resolve_settings(eos_settings(cfg.generation_config, tok, mc), mc, cfg.seed, 1)
+    info.template = tmpl.name if tmpl is not None else None
     return ChatSession(generator_for(net, mc), tok, tmpl, settings), info

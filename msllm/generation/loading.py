@@ -40,6 +40,7 @@ log = logging.getLogger("msllm")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUNDLED_TOKENIZER = os.path.join(ROOT, "examples", "data", "tokenizer.model")
+BUNDLED_VOCAB = 32000   # LLaMA-1/2's SentencePiece model
 # fields that change the function a checkpoint computes without changing any weight's shape
 NUMERIC_FIELDS = ("rope_theta", "rope_scaling", "rms_norm_eps", "tie_word_embeddings")
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_heads", "ffn_size")
@@ -51,8 +52,8 @@ class InferenceInfo:
 
     kind: ``msllm`` (incl. MindFormers-named checkpoints) or ``hf``; path: the file or directory
     loaded; template: prompt template name from the checkpoint manifest (None: not recorded);
-    tokenizer: a tokenizer file that belongs to the weights (HF directory's ``tokenizer.model``
-    or the manifest's ``"tokenizer"``), None if unknown; eos_token_ids: every EOS id the source
+    tokenizer: the tokenizer that belongs to the weights (an HF directory itself when it holds
+    ``tokenizer.json`` or ``tokenizer.model``, or the manifest's ``"tokenizer"``), None if unknown; eos_token_ids: every EOS id the source
     declares (HF ``config.json`` may list several); adapter: the adapter applied, if any.
     """
 
@@ -89,12 +90,17 @@ def _compare_manifest(mc: LlamaConfig, saved: dict, path: str) -> None:
 
 
 def _inference_config(mc: LlamaConfig, shape_from: Optional[LlamaConfig] = None) -> LlamaConfig:
-    """``shape_from`` (e.g. an HF config.json) with the run's dtypes and inference keys, else ``mc``."""
+    """``shape_from`` (an HF config.json) merged with the run's keys
+    (:func:`msllm.convert.configs.merge_run_config`; conflicts logged), else ``mc``."""
     if shape_from is None:
         return mc
-    keep = ("compute_dtype", "layernorm_compute_type", "softmax_compute_type", "param_init_type",
-            "use_past", "do_sample", "top_k", "top_p", "repetition_penalty", "max_decode_length")
-    return dataclasses.replace(shape_from, **{k: getattr(mc, k) for k in keep})
+    from msllm.models.llama.config import merge_run_config
+
+    merged, conflicts = merge_run_config(shape_from, mc)
+    if conflicts:
+        log.info("model.model_config: the Hugging Face config.json decides the model; these YAML values have no "
+                 "effect: %s", "; ".join(conflicts))
+    return merged
 
 
 def _build(mc: LlamaConfig, fast_paths: bool, device: str):
@@ -123,12 +129,14 @@ def _load_hf(path: str, mc_run: LlamaConfig, fast_paths: bool, device: str):
     finally:
         src.close()
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
-    tok = os.path.join(path, "tokenizer.model")
-    info = InferenceInfo("hf", path, None, tok if os.path.isfile(tok) else None, eos_ids)
+    from msllm.data.tokenizer import tokenizer_source
+
+    info = InferenceInfo("hf", path, None, tokenizer_source(path), eos_ids)
     gen_cfg = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_cfg):
-        info.notes.append(f"{gen_cfg} has no effect: decoding settings come from the run YAML's "
-                          "generation_config (and MindFormers' keys in model.model_config)")
+        info.notes.append(f"{gen_cfg}: only its eos_token_id is read (every end-of-turn id stops generation); "
+                          "the other decoding settings come from the run YAML's generation_config (and "
+                          "MindFormers' keys in model.model_config)")
     return net, mc, info
 
 
@@ -243,21 +251,24 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
     return net, mc, info
 
 
-def find_tokenizer(info: InferenceInfo, explicit: Optional[str] = None) -> str:
-    """The tokenizer file to use: ``explicit`` (``--tokenizer``), else the one that came with the
-    weights (:attr:`InferenceInfo.tokenizer`; if that file is gone but the bundled LLaMA tokenizer
-    has the recorded MD5, the bundled one), else the bundled LLaMA tokenizer
-    ``examples/data/tokenizer.model`` (the one of LLaMA-1/2 and of msllm's demo; logged).
+def find_tokenizer(info: InferenceInfo, explicit: Optional[str] = None, vocab_size: Optional[int] = None) -> str:
+    """Where the tokenizer is: ``explicit`` (``--tokenizer``: a ``.model``, a ``tokenizer.json`` or
+    an HF model directory), else the one that came with the weights (:attr:`InferenceInfo.tokenizer`:
+    the HF directory's own, or the file a checkpoint's manifest records; if that file is gone but
+    the bundled LLaMA tokenizer has the recorded MD5, the bundled one), else the bundled LLaMA
+    tokenizer ``examples/data/tokenizer.model`` (LLaMA-1/2's and msllm's demo's, logged) -- but
+    only for a model of LLaMA's ``vocab_size`` 32000 (``vocab_size`` None: not checked).
 
-    Raises MsllmError if the chosen file does not exist."""
+    Raises MsllmError: the chosen file does not exist; no tokenizer came with a model whose
+    vocab_size is not 32000 (no silent fallback)."""
     from msllm.data.tokenizer import file_md5
 
     if explicit:
-        if not os.path.isfile(explicit):
+        if not os.path.exists(explicit):
             raise MsllmError(f"--tokenizer {explicit} does not exist")
         return explicit
     if info.tokenizer:
-        if os.path.isfile(info.tokenizer):
+        if os.path.exists(info.tokenizer):
             return info.tokenizer
         bundled_ok = os.path.isfile(BUNDLED_TOKENIZER) and file_md5(BUNDLED_TOKENIZER) == info.tokenizer_md5
         if info.tokenizer_md5 and bundled_ok:
@@ -266,7 +277,29 @@ def find_tokenizer(info: InferenceInfo, explicit: Optional[str] = None) -> str:
             return BUNDLED_TOKENIZER
         raise MsllmError(f"the tokenizer recorded with {info.path} ({info.tokenizer}) does not exist: pass the "
                          "model's tokenizer with --tokenizer")
+    if vocab_size is not None and vocab_size != BUNDLED_VOCAB:
+        raise MsllmError(f"{info.path} brings no tokenizer and the model's vocab_size is {vocab_size}, so the bundled "
+                         f"LLaMA tokenizer ({BUNDLED_VOCAB} ids) is not its tokenizer: pass --tokenizer (the model's "
+                         "tokenizer.model, tokenizer.json or Hugging Face directory)")
     if not os.path.isfile(BUNDLED_TOKENIZER):
-        raise MsllmError("no tokenizer: pass --tokenizer PATH (a SentencePiece tokenizer.model)")
+        raise MsllmError("no tokenizer: pass --tokenizer PATH (a tokenizer.model, a tokenizer.json or an HF directory)")
     log.info("tokenizer: %s (the bundled LLaMA tokenizer; the checkpoint names none)", BUNDLED_TOKENIZER)
     return BUNDLED_TOKENIZER
+
+
+def open_tokenizer(info: InferenceInfo, mc: LlamaConfig, explicit: Optional[str] = None,
+                   pad_id: Optional[int] = None):
+    """The tokenizer for the loaded model (:func:`find_tokenizer`, then
+    :func:`msllm.data.tokenizer.load_tokenizer`), checked to fit ``mc.vocab_size``
+    (:func:`msllm.data.tokenizer.check_vocab`); its end-of-turn ids gain the ones the weights
+    declare (:attr:`InferenceInfo.eos_token_ids`). Logged once.
+
+    Raises MsllmError: as :func:`find_tokenizer`, a malformed tokenizer, ids beyond the model's vocabulary."""
+    from msllm.data.tokenizer import check_vocab, load_tokenizer
+
+    tok = load_tokenizer(find_tokenizer(info, explicit, mc.vocab_size), pad_id)
+    check_vocab(tok, mc.vocab_size, info.path)
+    tok.eos_ids = tuple(dict.fromkeys(tuple(info.eos_token_ids) + tuple(tok.eos_ids)))
+    log.info("tokenizer: %s (%s, %d ids, BOS %s, end-of-turn ids %s)", tok.model_file, tok.kind, tok.vocab_size,
+             "added" if tok.add_bos else "not added", list(tok.eos_ids))
+    return tok

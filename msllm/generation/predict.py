@@ -85,6 +85,14 @@ class Gather:
         return out
 
 
+def eos_settings(gc, tokenizer, mc):
+    """``gc`` with ``eos_token_id`` set to every end-of-turn id of the tokenizer and weights when
+    the run sets none and those are more than the model config's one EOS id."""
+    if gc.eos_token_id is None and tuple(tokenizer.eos_ids) != (mc.eos_token_id,):
+        return dataclasses.replace(gc, eos_token_id=list(tokenizer.eos_ids))
+    return gc
+
+
 def encode_records(records, tokenizer, template, vocab_size: int) -> list[list[int]]:
     """Token ids per record; MsllmError if the tokenizer makes ids the model does not have."""
     from msllm.generation.prompts import encode_turns
@@ -159,9 +167,11 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
         cfg: :class:`~msllm.config.RunConfig` (``load_checkpoint``, ``generation_config``,
             ``model.model_config``, ``output_dir``, ``seed``).
         predict_data: a prompt, or a ``.txt`` / ``.json`` / ``.jsonl`` file.
-        template: prompt template name (``--template``); default the checkpoint's, else plain.
+        template: prompt template name (``--template``); default the checkpoint's, else the
+            tokenizer's own chat template, else plain.
         adapter: LoRA adapter checkpoint (``--adapter``).
-        tokenizer: SentencePiece model (default: the checkpoint's, else the bundled LLaMA one).
+        tokenizer: a ``.model``, ``tokenizer.json`` or HF directory (default: the checkpoint's, else
+            the bundled LLaMA one for a 32000-id model; :func:`~msllm.generation.loading.find_tokenizer`).
 
     Raises:
         MsllmError: no/empty/malformed prompts, an unknown template, a missing/mismatched
@@ -170,11 +180,10 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
     from tqdm import tqdm
 
     from msllm.cluster.context import env_world_size, setup_logging, setup_runtime
-    from msllm.data.tokenizer import LlamaTokenizer
     from msllm.generation.config import resolve_settings
     from msllm.generation.decode import generator_for, round_up
-    from msllm.generation.loading import find_tokenizer, load_for_inference
-    from msllm.generation.prompts import load_template, read_predict_data, stop_strings
+    from msllm.generation.loading import load_for_inference, open_tokenizer
+    from msllm.generation.prompts import check_template, read_predict_data, stop_strings, template_for
     from msllm.settings import check_settings, log_notes
 
     notes = check_settings(cfg, "predict")  # refuses a layout predict cannot run
@@ -184,17 +193,14 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
     setup_logging(rt.rank)
     log_notes(notes)
     records, from_file = read_predict_data(predict_data)
-    if template is not None:
-        load_template(template)        # an unknown name fails before the model is loaded
+    check_template(template)           # an unknown name fails before the model is loaded
     net, mc, info = load_for_inference(cfg, adapter=adapter, rank=rt.rank)
-    tmpl = load_template(template or info.template)
-    gc = cfg.generation_config
-    if gc.eos_token_id is None and len(info.eos_token_ids) > 1:
-        gc = dataclasses.replace(gc, eos_token_id=list(info.eos_token_ids))
-    settings = resolve_settings(gc, mc, cfg.seed, cfg.runner_config.batch_size)
-    tok = LlamaTokenizer(find_tokenizer(info, tokenizer), pad_id=None)
+    tok = open_tokenizer(info, mc, tokenizer)
+    tmpl = template_for(template or info.template, tok)
+    settings = resolve_settings(eos_settings(cfg.generation_config, tok, mc), mc, cfg.seed,
+                                cfg.runner_config.batch_size)
     ids = encode_records(records, tok, tmpl, mc.vocab_size)
-    log.info("predict: %d prompt(s), template %s, %s; %s", len(records), template or info.template or "none (plain)",
+    log.info("predict: %d prompt(s), template %s, %s; %s", len(records), tmpl.name if tmpl else "none (plain)",
              "greedy" if not settings.do_sample and settings.num_beams == 1 else
              (f"beam search x{settings.num_beams}" if settings.num_beams > 1 else "sampling"),
              "KV cache (use_past)" if settings.use_past else "no KV cache (use_past: False)")

@@ -13,7 +13,9 @@ File formats (each record gives one conversation that ends with a user turn):
   as ``alpaca_converter`` does for training, :func:`msllm.data.conversation.alpaca_prompt`), or a
   conversation record of ``alpaca_converter``'s output ``{"conversations": [{"from": "human" |
   "gpt", "value": str}, ...]}`` (turns alternate starting with ``human``; a final ``gpt`` turn is
-  the reference answer: it is kept as ``reference`` and the model answers the turn before).
+  the reference answer: it is kept as ``reference`` and the model answers the turn before), or
+  a chat record ``{"messages": [{"role": "system" | "user" | "assistant", "content": str}, ...]}``
+  (the same rules; an optional first system message, which needs a chat template).
 
 Turns become token ids through the prompt template (:mod:`msllm.data.templates`,
 ``encode_prompt``); without a template (``None``, e.g. a checkpoint converted from HF) a
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from msllm.data.conversation import GPT, HUMAN, alpaca_prompt, json_lines, load_json_file
+
+SYSTEM = "system"
 from msllm.errors import MsllmError
 
 FILE_SUFFIXES = (".txt", ".json", ".jsonl")
@@ -75,6 +79,8 @@ def _record(value, index: int, where: str) -> PromptRecord:
             raise MsllmError(f"{label}: Alpaca \"instruction\" and \"input\" must be strings")
         ref = value.get("output")
         return PromptRecord(index, [(HUMAN, alpaca_prompt(ins, inp))], ref if isinstance(ref, str) else None)
+    if "messages" in value:
+        return _messages_record(value["messages"], index, label)
     if "conversations" in value:
         conv = value["conversations"]
         if not isinstance(conv, list) or not conv:
@@ -95,6 +101,32 @@ def _record(value, index: int, where: str) -> PromptRecord:
         return PromptRecord(index, turns, reference)
     raise MsllmError(f"{label}: unknown record; expected a string, {{\"prompt\": ...}}, an Alpaca record "
                      "{\"instruction\": ..., \"input\": ...} or {\"conversations\": [...]}")
+
+
+def _messages_record(messages, index: int, label: str) -> PromptRecord:
+    """An OpenAI / HF chat record ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}]}``:
+    an optional leading system turn, then user/assistant alternating; a final assistant turn is the
+    reference answer."""
+    roles = {"system": SYSTEM, "user": HUMAN, "assistant": GPT}
+    if not isinstance(messages, list) or not messages:
+        raise MsllmError(f"{label}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} objects")
+    turns = []
+    for t, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in roles or not isinstance(m.get("content"), str):
+            raise MsllmError(f"{label}: message {t} must be {{\"role\": \"system\"|\"user\"|\"assistant\", "
+                             "\"content\": str}")
+        if m["role"] == "system" and t != 0:
+            raise MsllmError(f"{label}: message {t} is a system message; only the first message may be one")
+        turns.append((roles[m["role"]], m["content"]))
+    body = turns[1:] if turns[0][0] == SYSTEM else turns
+    for t, (role, _) in enumerate(body):
+        if role != (HUMAN if t % 2 == 0 else GPT):
+            raise MsllmError(f"{label}: messages must alternate user/assistant starting with user (after an "
+                             "optional system message)")
+    reference = turns.pop()[1] if turns[-1][0] == GPT else None
+    if not turns or turns[-1][0] != HUMAN:
+        raise MsllmError(f"{label}: expected a user message to answer")
+    return PromptRecord(index, turns, reference)
 
 
 def read_prompt_file(path: str) -> list[PromptRecord]:
@@ -145,20 +177,29 @@ def read_predict_data(value: Optional[str]) -> tuple[list[PromptRecord], bool]:
 # Templates
 
 
-def load_template(name: Optional[str]):
-    """The template called ``name`` (:func:`msllm.data.templates.get_template`: ``vicuna_v1.1``,
-    ``alpaca``, ``none``), or None for plain text (``name`` None). Raises MsllmError for an
-    unknown name (listing the names there are)."""
-    if name is None:
-        return None
-    from msllm.data.templates import get_template
+def check_template(name: Optional[str]) -> None:
+    """MsllmError for an unknown template name (before a model is loaded)."""
+    from msllm.data.templates import check_template_name
 
-    return get_template(name)
+    check_template_name(name)
+
+
+def template_for(name: Optional[str], tokenizer):
+    """The template to prompt with: ``name`` (``--template`` or the one recorded with the
+    checkpoint) resolved against ``tokenizer``, else the tokenizer's own chat template, else None
+    (plain text). ``none`` with a ``tokenizer.json`` is plain text (its BOS rule, no template
+    text). Raises MsllmError as :func:`msllm.data.templates.resolve_template`."""
+    from msllm.data.templates import resolve_template
+
+    if name == "none" and tokenizer.kind != "sentencepiece":
+        return None
+    return resolve_template(name, tokenizer)
 
 
 def encode_turns(tokenizer, template, turns) -> list[int]:
     """Token ids of a conversation ``turns`` (ending with a user turn) ready for the model to
-    answer: ``msllm.data.templates.encode_prompt`` with a template, else plain (module doc)."""
+    answer: ``msllm.data.templates.encode_prompt`` with a template, else plain (module doc:
+    each user turn starts with BOS when the tokenizer adds one)."""
     if template is not None:
         from msllm.data.templates import encode_prompt
 
@@ -166,9 +207,11 @@ def encode_turns(tokenizer, template, turns) -> list[int]:
     ids: list[int] = []
     for role, text in turns:
         if role == HUMAN:
-            ids += [tokenizer.bos_id] + tokenizer.encode(text)
-        else:
+            ids += tokenizer.encode_with_special(text)
+        elif role == GPT:
             ids += tokenizer.encode(text) + [tokenizer.eos_id]
+        else:
+            raise MsllmError(f"a {role!r} turn needs a chat template (plain prompts have user and assistant turns)")
     return ids
 
 

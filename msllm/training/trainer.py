@@ -118,9 +118,12 @@ def train(cfg: RunConfig) -> dict:
     from msllm.data.dataset import build_train_data
     from msllm.models.llama.model import LlamaForCausalLM
 
+    from msllm.training.sources import adopt_hf_model_config, check_data_tokenizer, hf_start_dir
+
     rt = setup_runtime(cfg)
     setup_logging(rt.rank)
     log_settings(cfg, cfg.run_mode)
+    cfg = adopt_hf_model_config(cfg)   # load_checkpoint: HF_DIR -> the model of its config.json
     out = os.path.abspath(cfg.output_dir)
     if rt.is_main:
         save_config(cfg, os.path.join(out, "msllm_config.yaml"))
@@ -140,6 +143,10 @@ def train(cfg: RunConfig) -> dict:
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
                             pad_token_id=mc.pad_token_id)
+    from msllm.data.mindrecord import read_mindrecord_meta
+
+    meta = read_mindrecord_meta(data.files[0])
+    check_data_tokenizer(cfg, meta, data.files[0])   # before any step: data of the model's own tokenizer
     spe = data.steps_per_epoch
     total_steps = rc.train_steps or rc.epochs * spe
     epochs = -(-total_steps // spe)
@@ -196,6 +203,11 @@ def train(cfg: RunConfig) -> dict:
         raise MsllmError("run_mode finetune needs load_checkpoint (the pretrained weights to start from)")
     elif cfg.load_checkpoint and cfg.auto_trans_ckpt:
         load_resharded(network, step_cell, cfg, rt, out, data)
+    elif hf_start_dir(cfg):
+        from msllm.lora.base import load_base_into
+
+        load_base_into(network, cfg.load_checkpoint, rt.rank)   # HF names -> msllm's, tied head included
+        log.info("loaded weights from the Hugging Face directory %s", cfg.load_checkpoint)
     elif cfg.load_checkpoint:
         path = ckpt.resolve_checkpoint(cfg.load_checkpoint, rt.rank)
         ckpt.load_into(network, ckpt.load_params(path), path)
@@ -224,10 +236,8 @@ def train(cfg: RunConfig) -> dict:
     saved: list[str] = []
     # the prompt template and tokenizer the data was built with travel into every checkpoint's
     # manifest, so predict and chat format and tokenize prompts as training saw them
-    from msllm.data.mindrecord import read_mindrecord_meta
     from msllm.data.templates import read_template_name
 
-    meta = read_mindrecord_meta(data.files[0])
     data_identity = {"template": read_template_name(cfg.train_dataset.dataset_dir)}
     if meta.get("tokenizer_md5"):
         data_identity["tokenizer"] = {"file": meta.get("tokenizer_file"), "md5": meta["tokenizer_md5"]}

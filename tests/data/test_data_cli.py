@@ -108,7 +108,7 @@ def test_preprocess_cli_bad_inputs(tmp_path, conversation_file, case):
     expect: list[str]
     if case == "bad_tokenizer":
         args["--model_file"] = ALPACA
-        expect = ["not a SentencePiece model", ALPACA]
+        expect = ["not a Hugging Face tokenizer.json", ALPACA]
     elif case == "missing_tokenizer":
         args["--model_file"] = str(tmp_path / "tokenizer.model")
         expect = ["not found", str(tmp_path / "tokenizer.model")]

@@ -64,7 +64,7 @@ def test_interactive_history_window_reset_and_exit(model, tokenizer):
 
 
 def test_unknown_template_is_one_error(model):
-    r = chat(model, "--template", "chatml", "--prompt", "hi")
+    r = chat(model, "--template", "chatml2", "--prompt", "hi")
     assert r.returncode == 2
     assert [x for x in r.stderr.splitlines() if x.startswith("error: ")] == [
-        "error: unknown prompt template 'chatml'; expected one of vicuna_v1.1, alpaca, none"]
+        "error: unknown prompt template 'chatml2'; expected one of vicuna_v1.1, alpaca, none, chat_template, chatml"]

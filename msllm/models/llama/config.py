@@ -7,6 +7,8 @@ a field differently, msllm uses the MindFormers YAML name and notes the HF one.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -230,4 +232,36 @@ def preset(name: str, **overrides) -> LlamaConfig:
     return LlamaConfig(**{**PRESETS[name], **overrides})
 
 
-__all__ = ["LlamaConfig", "PetConfig", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field"]
+
+
+HF_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
+             "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings",
+             "bos_token_id", "eos_token_id", "initializer_range")
+"""The model fields an HF ``config.json`` decides (:func:`merge_run_config`); every other field
+(seq_length, dtypes, kernels, pad_token_id of the data, generation keys, pet_config) comes from the
+run YAML."""
+
+
+def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig, list[str]]:
+    """The model config of a run that loads an HF directory: :data:`HF_FIELDS` from its
+    ``config.json`` (``hf_cfg``), the rest from the run YAML's ``model.model_config`` (``run``).
+
+    Returns ``(config, conflicts)``: ``conflicts`` names each field the YAML sets to a value other
+    than :class:`LlamaConfig`'s default that ``config.json`` overrides (``"vocab_size=32000 (config.json:
+    49152)"``), for one start-up log line. A YAML ``seq_length`` beyond the model's positions is cut
+    to ``max_position_embeddings`` and named there too.
+    Raises MsllmError (from :meth:`LlamaConfig.validate`) for an inconsistent result."""
+    defaults = LlamaConfig()
+    conflicts = [f"{k}={getattr(run, k)!r} (config.json: {getattr(hf_cfg, k)!r})" for k in HF_FIELDS
+                 if getattr(run, k) != getattr(defaults, k) and getattr(run, k) != getattr(hf_cfg, k)]
+    keep = {f.name: getattr(run, f.name) for f in dataclasses.fields(LlamaConfig) if f.name not in HF_FIELDS}
+    keep.pop("multiple_of"), keep.pop("ffn_dim_multiplier")
+    limit = hf_cfg.max_position_embeddings
+    if limit is not None and keep["seq_length"] > limit:
+        conflicts.append(f"seq_length={keep['seq_length']} (the model's max_position_embeddings: {limit})")
+        keep["seq_length"] = limit
+    return dataclasses.replace(hf_cfg, **keep), conflicts
+
+
+__all__ = ["LlamaConfig", "PetConfig", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
+           "merge_run_config"]
