@@ -47,8 +47,28 @@ INIT_STD = 0.02
 RMS_EPS = 1e-5
 
 
+# Real pretrained models (issue #19): the shape is the HF directory's config.json (listed here for
+# the FLOP counts and the reports); ``hf_dir`` is resolved by :func:`hf_dir` and the training data is
+# the bundled Alpaca records tokenized with the model's own tokenizer and chat template.
+REAL_SHAPES = {
+    "smollm2": dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, n_kv_heads=3,
+                    intermediate_size=1536, seq_length=256, batch_size=2, tied_embeddings=True,
+                    real_model="SmolLM2-135M-Instruct", data_tag="smollm2"),
+}
+
+
 def shape(name: str) -> dict:
-    return dict(SHAPES[name])
+    return dict(SHAPES[name] if name in SHAPES else REAL_SHAPES[name])
+
+
+def hf_dir(shape_name: str) -> str | None:
+    """The HF directory of a real-model shape (``msllm.convert.real_model.ensure_smollm2``), else None."""
+    if shape_name not in REAL_SHAPES:
+        return None
+    use_repo()
+    from msllm.convert.real_model import ensure_smollm2
+
+    return ensure_smollm2()
 
 
 def use_repo() -> None:
@@ -103,8 +123,38 @@ def alpaca_conversation() -> str:
     return out
 
 
-def data_file(seq_length: int) -> str:
-    return os.path.join(CACHE, f"alpaca_seq{seq_length}.npz")
+def data_file(seq_length: int, tag: str | None = None) -> str:
+    """The .npz of the Alpaca batches: LLaMA's SentencePiece tokenizer, or with ``tag`` (a real
+    shape's name) that model's own tokenizer (:func:`prepare_hf_data`)."""
+    return os.path.join(CACHE, f"alpaca_{tag + '_' if tag else ''}seq{seq_length}.npz")
+
+
+def prepare_hf_data(tag: str, model_dir: str, seq_length: int) -> str:
+    """Alpaca batches for a real model, built by the documented commands:
+    ``data_preprocess/alpaca_converter.py`` then ``data_preprocess/llama_preprocess.py --dataset_type qa
+    --model_file HF_DIR`` (the model's tokenizer.json and chat template), input order; the MindRecord's
+    rows saved as .npz. Returns the path; the commands are in ``{path}.commands.json``."""
+    out = data_file(seq_length, tag)
+    if os.path.exists(out):
+        return out
+    os.makedirs(CACHE, exist_ok=True)
+    conv = alpaca_conversation()
+    mr = os.path.join(CACHE, f"alpaca_{tag}_seq{seq_length}.mindrecord")
+    cmd = [MAIN_PY, os.path.join(ROOT, "data_preprocess", "llama_preprocess.py"), "--input_glob", conv,
+           "--dataset_type", "qa", "--model_file", model_dir, "--seq_length", str(seq_length), "--shuffle", "0",
+           "--output_file", mr, "--no_progress"]
+    env = dict(os.environ, GLOG_v="3")
+    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    code = (f"import sys, numpy as np; sys.path.insert(0, {ROOT!r}); "
+            "from msllm.data.mindrecord import read_mindrecord_arrays; "
+            f"a = read_mindrecord_arrays({mr!r}); "
+            f"np.savez({out!r}, input_ids=a['input_ids'], labels=a['labels'])")
+    subprocess.run([MAIN_PY, "-c", code], check=True, env=env)
+    conv_cmd = [MAIN_PY, os.path.join(ROOT, "data_preprocess", "alpaca_converter.py"), "--data_path",
+                os.path.join(EXAMPLES, "alpaca_en_demo.json"), "--output_path", conv]
+    with open(out + ".commands.json", "w") as fh:
+        json.dump([" ".join(conv_cmd), " ".join(cmd)], fh, indent=1)
+    return out
 
 
 def prepare_data(seq_length: int) -> str:

@@ -22,7 +22,9 @@ LoRA config), and the RSS saved against the optimizer states of the frozen weigh
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -57,13 +59,28 @@ VARIANTS["peft-lora-r8-attn-p0"] = ("lora_torch_worker.py", _pet(8, "attn", Fals
 DEFAULT_ORDER = ["msllm-full", "msllm-lora-r8-attn", "peft-lora-r8-attn", "msllm-lora-r64-attn",
                  "peft-lora-r64-attn", "msllm-lora-r8-all", "peft-lora-r8-all", "msllm-lora-r64-all",
                  "peft-lora-r64-all", "torch-full", "msllm-lora-r8-attn-p0", "peft-lora-r8-attn-p0"]
-DEFAULT_STEPS = {"tiny": (6, 2), "medium": (4, 2)}  # measured steps, warm-up steps
+DEFAULT_STEPS = {"tiny": (6, 2), "medium": (4, 2), "smollm2": (5, 2)}  # measured steps, warm-up steps
+# a real model (issue #19): full fine-tuning and LoRA r8 q/k/v/o alpha 16 without dropout, alternating
+REAL_ORDER = ["msllm-full", "torch-full", "msllm-lora-r8-attn-p0", "peft-lora-r8-attn-p0"]
+# the real model's run YAML (msllm side; load_checkpoint = the HF directory); its runner_wrapper clips
+# gradients at norm 1.0, so the transformers side does too (HF Trainer's default max_grad_norm)
+REAL_CONFIG = {"smollm2": ("configs/smollm2/run_smollm2_135m.yaml", 1.0)}
+
+
+def versions() -> dict:
+    """Versions of the frameworks compared (asked of the benchmark's interpreter)."""
+    code = ("import json, mindspore, torch, transformers, peft, tokenizers; print(json.dumps({m.__name__: "
+            "m.__version__ for m in (mindspore, torch, transformers, peft, tokenizers)}))")
+    p = subprocess.run([common.MAIN_PY, "-c", code], capture_output=True, text=True, env=dict(os.environ, GLOG_v="3"))
+    return json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-500:]}
 
 
 def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float) -> dict:
     script, pet = VARIANTS[name]
-    return harness.run_worker(name, script, {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet,
-                                            "name": name}, timeout)
+    args = {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet, "name": name}
+    if shape in common.REAL_SHAPES:
+        args.update(hf_dir=common.hf_dir(shape), config=REAL_CONFIG[shape][0], clip_grad_norm=REAL_CONFIG[shape][1])
+    return harness.run_worker(name, script, args, timeout)
 
 
 def summarise(shape: str, runs: list[dict]) -> dict:
@@ -74,7 +91,10 @@ def summarise(shape: str, runs: list[dict]) -> dict:
             table[name] = {"error": error}
             continue
         r0 = ok[0]
-        row = {"runs": len(ok), "tokens_per_s": common.median([r["tokens_per_s"] for r in ok]),
+        tps = [r["tokens_per_s"] for r in ok]
+        row = {"runs": len(ok), "tokens_per_s": common.median(tps), "tokens_per_s_min": min(tps),
+               "tokens_per_s_max": max(tps), "tokens_per_s_rounds": tps,
+               "loads_after": [r.get("load_after") for r in ok],
                "step_s": common.median([r["step_s_median"] for r in ok]),
                "first_step_s": common.median([r["first_step_s"] for r in ok]),
                "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
@@ -84,6 +104,9 @@ def summarise(shape: str, runs: list[dict]) -> dict:
         frozen = r0["base_params"] if r0.get("pet") else 0
         row["frozen_optimizer_state_mib"] = 8 * frozen / 2 ** 20
         table[name] = row
+    ms_full, t_full = table.get("msllm-full", {}), table.get("torch-full", {})
+    if ms_full and t_full and "error" not in ms_full and "error" not in t_full:
+        ms_full["speed_vs_torch"] = ms_full["tokens_per_s"] / t_full["tokens_per_s"]
     for name, row in table.items():
         if "error" in row or "-lora-" not in name:
             continue
@@ -102,14 +125,15 @@ def summarise(shape: str, runs: list[dict]) -> dict:
 
 
 def markdown(summary: dict) -> str:
-    lines = ["| variant | tokens/s | x full | x PEFT | step s | first step s | peak RSS MiB | RSS saved vs full MiB "
+    lines = ["| variant | tokens/s median (min-max) | x full | x transformers(+PEFT) | step s | first step s | peak RSS MiB | RSS saved vs full MiB "
              "(frozen AdamW states MiB) | trainable params | checkpoint MB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
 
     def row(name, r):
         saved = (f"{r['rss_saved_mib']:.0f} ({r['frozen_optimizer_state_mib']:.0f})" if "rss_saved_mib" in r else "")
-        return (f"| {name} | {r['tokens_per_s']:.0f} | {r.get('speed_vs_full', float('nan')):.2f} "
-                f"| {r.get('speed_vs_peft', float('nan')):.2f} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
+        vs = r.get("speed_vs_peft", r.get("speed_vs_torch", float("nan")))
+        return (f"| {name} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) "
+                f"| {r.get('speed_vs_full', float('nan')):.2f} | {vs:.2f} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
                 f"| {r['peak_rss_mib']:.0f} | {saved} | {r['trainable_params'] / 1e6:.3f}M "
                 f"| {r['checkpoint_bytes'] / 1e6:.1f} |")
 
@@ -124,8 +148,12 @@ def markdown(summary: dict) -> str:
 
 
 def main(argv=None):
-    p = harness.arg_parser(__doc__, "medium")
-    p.add_argument("--variants", default=",".join(DEFAULT_ORDER))
+    p = harness.arg_parser(__doc__)
+    p.add_argument("--shape", default="medium", choices=sorted(common.SHAPES) + sorted(common.REAL_SHAPES),
+                   help="a random LLaMA shape, or a real model (smollm2: SmolLM2-135M-Instruct's HF directory "
+                        "on both sides, Alpaca tokenized with its tokenizer and chat template)")
+    p.add_argument("--variants", default=None, help=f"default: {','.join(DEFAULT_ORDER)}; for a real model "
+                                                    f"{','.join(REAL_ORDER)}")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
@@ -134,7 +162,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     steps, warmup = DEFAULT_STEPS[a.shape]
     steps, warmup = a.steps or steps, a.warmup if a.warmup is not None else warmup
-    names = [n.strip() for n in a.variants.split(",") if n.strip()]
+    real = a.shape in common.REAL_SHAPES
+    names = [n.strip() for n in (a.variants or ",".join(REAL_ORDER if real else DEFAULT_ORDER)).split(",")
+             if n.strip()]
     for n in names:
         if n not in VARIANTS:
             p.error(f"unknown variant {n!r}; expected some of {', '.join(VARIANTS)}")
@@ -142,9 +172,15 @@ def main(argv=None):
     s = common.shape(a.shape)
     print(f"# {info}\n# shape {a.shape}: {s}; {steps} measured steps after {warmup} warm-up; {a.rounds} round(s); "
           f"load {common.loadavg()}", flush=True)
-    common.prepare_data(s["seq_length"])
-    common.prepare_weights(a.shape)
-    t0, runs = time.time(), []
+    if real:
+        data = common.prepare_hf_data(s["data_tag"], common.hf_dir(a.shape), s["seq_length"])
+        with open(data + ".commands.json") as fh:
+            data_commands = json.load(fh)
+    else:
+        common.prepare_data(s["seq_length"])
+        common.prepare_weights(a.shape)
+        data_commands = None
+    t0, runs, load0 = time.time(), [], common.loadavg()
     for rnd in range(a.rounds):
         for n in names:
             r = run_worker(n, a.shape, steps, warmup, a.timeout)
@@ -155,7 +191,9 @@ def main(argv=None):
                 f"{r['checkpoint_bytes'] / 1e6:.1f} MB  load {r['load_before']} -> {r['load_after']}"))
     summary = summarise(a.shape, runs)
     summary.update(machine=info, command=harness.command_line(), steps=steps, warmup=warmup, rounds=a.rounds,
-                   total_seconds=time.time() - t0, runs=runs)
+                   total_seconds=time.time() - t0, runs=runs, data_commands=data_commands,
+                   hf_dir=common.hf_dir(a.shape), load_at_start=load0, load_at_end=common.loadavg(),
+                   versions=versions())
     harness.finish(a.out or os.path.join(HERE, "results", f"lora_speed_{a.shape}.json"), summary, markdown(summary),
                   t0)
 

@@ -18,6 +18,7 @@ import logging
 import os
 
 from msllm.config import TRAINING_MODES, RunConfig
+from msllm.data.dataset import usable_workers
 from msllm.errors import MsllmError
 
 log = logging.getLogger("msllm")
@@ -97,6 +98,10 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
         value = getattr(getattr(cfg, section), name)
         if value != _default(key):
             notes.append(f"{key}={value!r} ({reason})")
+    cores = usable_workers()
+    if training and cfg.train_dataset.num_parallel_workers > cores:
+        notes.append(f"train_dataset.num_parallel_workers={cfg.train_dataset.num_parallel_workers} (this machine has "
+                     f"{cores} CPU cores and MindDataset accepts 1..{cores}: {cores} are used)")
     if mode == "eval" and (pc.model_parallel > 1 or pc.pipeline_stage > 1):
         notes.append(f"parallel_config.model_parallel={pc.model_parallel} / pipeline_stage={pc.pipeline_stage} "
                      "(evaluation runs data parallel only: requests are split over the launched processes)")

@@ -95,3 +95,19 @@ def test_the_launcher_refuses_what_the_entry_would_before_starting_ranks():
     with pytest.raises(MsllmError, match=r"run\.yaml: parallel_config.optimizer_shard"):
         check_entry_accepts(cfg("--parallel_config.optimizer_shard=True"), "run.yaml", 2)
     check_entry_accepts(cfg("--run_mode=eval", "--parallel_config.model_parallel=2"), "run.yaml", 2)  # a note only
+
+
+def test_more_reader_workers_than_cores_are_clamped_and_named(alpaca_mindrecord):
+    """MindFormers' YAMLs ask for 8 reader workers; MindDataset refuses more than the machine's
+    cores with a traceback at the first epoch. msllm names the clamp at start and reads with as
+    many workers as there are cores."""
+    cores = os.cpu_count()
+    many = cores + 6
+    notes = check_settings(cfg(f"--train_dataset.num_parallel_workers={many}"), "train")
+    assert notes == [f"train_dataset.num_parallel_workers={many} (this machine has {cores} CPU cores and "
+                     f"MindDataset accepts 1..{cores}: {cores} are used)"]
+    from msllm.data.dataset import build_train_data
+
+    data = build_train_data(alpaca_mindrecord, 64, 4, True, True, 0, 1, num_parallel_workers=many)
+    ids, labels = next(iter(data.epoch_batches(0)))
+    assert tuple(ids.shape) == (4, 65) and tuple(labels.shape) == (4, 65)

@@ -39,11 +39,29 @@ def main():
     if pet:
         overrides += ["--model.model_config.pet_config.pet_type=lora"] + \
             [f"--model.model_config.pet_config.{k}={v}" for k, v in pet.items()]
-    cfg = wc.msllm_run_config(s, overrides)
-    setup_runtime(cfg)
-    mc = cfg.model_config
-    net = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
-    common.set_ms_weights(net.get_parameters(), common.np.load(common.prepare_weights(args["shape"])))
+    hf_dir = args.get("hf_dir")
+    if hf_dir:  # a real model: its run YAML, load_checkpoint = the HF directory (shape from config.json)
+        from msllm.config import load_config
+        from msllm.lora.base import load_base_into
+        from msllm.training.sources import adopt_hf_model_config
+
+        o = common.OPTIM
+        cfg = load_config(os.path.join(common.ROOT, args["config"]), [
+            f"--load_checkpoint={hf_dir}", "--parallel_config.data_parallel=1",
+            f"--model.model_config.seq_length={s['seq_length']}", f"--runner_config.batch_size={s['batch_size']}",
+            f"--optimizer.betas=[{o['beta1']},{o['beta2']}]", f"--optimizer.eps={o['eps']}",
+            f"--optimizer.weight_decay={o['weight_decay']}"] + overrides)
+        cfg = adopt_hf_model_config(cfg)
+        setup_runtime(cfg)
+        mc = cfg.model_config
+        net = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
+        load_base_into(net, hf_dir)
+    else:
+        cfg = wc.msllm_run_config(s, overrides)
+        setup_runtime(cfg)
+        mc = cfg.model_config
+        net = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
+        common.set_ms_weights(net.get_parameters(), common.np.load(common.prepare_weights(args["shape"])))
     total = sum(p.size for p in net.get_parameters())
     info = None
     if pet:
@@ -75,7 +93,11 @@ def main():
         **phases.fields(), **timing,
         "peak_rss_mib": peak, "checkpoint_bytes": ckpt_bytes, "base_params": total,
         "trainable_params": trainable, "optimizer_state_elements": moments,
-        "lora_modules": len(info.modules) if info else 0,
+        "lora_modules": len(info.modules) if info else 0, "hf_dir": hf_dir,
+        "model": {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads, "kv_heads": mc.kv_heads,
+                  "vocab": mc.vocab_size, "seq_length": mc.seq_length},
+        "runner_wrapper": {k: getattr(cfg.runner_wrapper, k, None) for k in ("loss_scale", "use_clip_grad",
+                                                                              "max_grad_norm")},
     })
 
 

@@ -35,8 +35,15 @@ def main():
 
     torch.set_num_threads(int(args.get("threads", 2)))
     torch.manual_seed(0)
-    model = wc.hf_llama(s)
-    wc.load_torch_weights(torch, model, args["shape"])
+    hf_dir = args.get("hf_dir")
+    if hf_dir:  # a real model: its own weights and config (tied embeddings), SDPA attention
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="sdpa")
+        model.config.use_cache = False
+    else:
+        model = wc.hf_llama(s)
+        wc.load_torch_weights(torch, model, args["shape"])
     total = sum(p.numel() for p in model.parameters())
     if pet:
         model = peft.get_peft_model(model, peft.LoraConfig(r=pet["lora_rank"], lora_alpha=pet["lora_alpha"],
@@ -45,6 +52,7 @@ def main():
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     adamw_step, state = wc.torch_adamw(torch, trainable)
+    clip = args.get("clip_grad_norm")
     phases.mark("build")
 
     def one_step(tokens, targets):
@@ -53,6 +61,8 @@ def main():
         logits = model(input_ids=tokens).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
         loss.backward()
+        if clip:  # as msllm's runner_wrapper use_clip_grad / HF Trainer's max_grad_norm
+            torch.nn.utils.clip_grad_norm_(trainable, clip, foreach=True)
         adamw_step()
         return float(loss.detach())
 
@@ -77,7 +87,8 @@ def main():
         "threads": torch.get_num_threads(), **phases.fields(), **timing,
         "peak_rss_mib": peak, "checkpoint_bytes": ckpt_bytes,
         "base_params": total, "trainable_params": sum(p.numel() for p in trainable),
-        "optimizer_state_elements": 2 * sum(p.numel() for p in trainable),
+        "optimizer_state_elements": 2 * sum(p.numel() for p in trainable), "hf_dir": hf_dir,
+        "clip_grad_norm": clip, "tied_embeddings": bool(getattr(model.config, "tie_word_embeddings", False)),
     })
 
 

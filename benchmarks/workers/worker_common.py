@@ -60,7 +60,7 @@ def spawn_time(args: dict) -> float:
 
 def train_batches(s: dict, n: int) -> list:
     """The first ``n`` batches of the common data for shape ``s`` (see ``common.batches``)."""
-    return common.batches(common.data_file(s["seq_length"]), s["batch_size"], n)
+    return common.batches(common.data_file(s["seq_length"], s.get("data_tag")), s["batch_size"], n)
 
 
 def timed_steps(data, prepare, step, warmup: int, tokens: int, spawn: float, rss: dict) -> dict:

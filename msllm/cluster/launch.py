@@ -34,6 +34,7 @@ from msllm.cluster.launch_processes import (
     DEFAULT_KILL_TIMEOUT,
     SignalRecorder,
     start_processes,
+    still_running,
     terminate,
     wait_all,
     write_pid_file,
@@ -95,8 +96,14 @@ def run_plan(plan: LaunchPlan, environ: Mapping[str, str], cwd: str) -> int:
           f"starting ranks {plan.start}..{plan.end - 1} ({plan.device_target}, {where}, run_mode {plan.run_mode})",
           flush=True)
     print(f"logs: {os.path.join(plan.output_dir, 'log')} (output_dir from {plan.output_dir_source})", flush=True)
+    alive = still_running(plan.pid_file)
+    if alive:
+        raise MsllmError(f"the previous launch of these ranks still runs ({plan.pid_file}: "
+                         f"{', '.join(f'{who} pid {pid}' for who, pid in alive)}); stop it first "
+                         f"(kill {' '.join(str(pid) for _, pid in alive)}) or use another output_dir")
+    no_wait = _truthy(environ.get("MSLLM_NO_WAIT"))
     with SignalRecorder() as signals:  # no Ctrl-C between two starts: it would orphan the started ones
-        running = start_processes(plan, cwd)
+        running = start_processes(plan, cwd, die_with_launcher=not no_wait)
         write_pid_file(plan, running)
         for r in running:
             if r.spec.rank is None:
@@ -108,7 +115,7 @@ def run_plan(plan: LaunchPlan, environ: Mapping[str, str], cwd: str) -> int:
         if signals.received is not None:
             terminate(running, kill_timeout)
             return 128 + signals.received
-    if _truthy(environ.get("MSLLM_NO_WAIT")):
+    if no_wait:
         print("MSLLM_NO_WAIT is set: not waiting; the processes keep running", flush=True)
         return 0
     return wait_all(running, kill_timeout)

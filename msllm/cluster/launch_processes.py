@@ -2,7 +2,9 @@
 
 Each process (plan: :mod:`msllm.cluster.launch_plan`) gets its own session (process group) and
 writes stdout and stderr to its log, so a Ctrl-C reaches only the launcher, which then forwards
-SIGTERM. ``OUTPUT/log/pids_{START}_{END}.txt`` lists ``role rank pid log`` per process (scheduler
+SIGTERM; each also gets SIGTERM when the launcher dies outright (parent-death signal), and a
+launch is refused while processes of the previous one (its pids file) still run.
+``OUTPUT/log/pids_{START}_{END}.txt`` lists ``role rank pid log`` per process (scheduler
 rank is ``-``). If a process exits non-zero, :func:`wait_all` names it, its exit code and log
 (with the log's last lines), sends SIGTERM to the others of this invocation, SIGKILL after the
 kill timeout (``MSLLM_KILL_TIMEOUT``, default 30 s), and returns 1; SIGINT/SIGTERM to the launcher
@@ -57,8 +59,44 @@ class SignalRecorder:
             signal.signal(sig, old)
 
 
-def start_processes(plan: LaunchPlan, cwd: str) -> List[Running]:
-    """Start every process of ``plan`` (scheduler first), each in its own session, output to its log.
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; the trainer saves a checkpoint and exits 143 on SIGTERM)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def still_running(pid_file: str) -> list[tuple[str, int]]:
+    """``(role rank, pid)`` of the processes listed in an earlier launch's ``pid_file`` that still
+    run the same program (their command line names ``run_msllm.py`` or the entry; a reused pid of
+    another program does not count)."""
+    if not os.path.isfile(pid_file):
+        return []
+    alive = []
+    with open(pid_file, encoding="utf-8") as fh:
+        for line in fh:
+            parts = line.split(" ", 3)
+            if len(parts) < 3 or not parts[2].isdigit():
+                continue
+            try:
+                with open(f"/proc/{parts[2]}/cmdline", "rb") as cmd:
+                    cmdline = cmd.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "--run_mode" in cmdline:
+                alive.append((f"{parts[0]} {parts[1]}", int(parts[2])))
+    return alive
+
+
+def start_processes(plan: LaunchPlan, cwd: str, die_with_launcher: bool = True) -> List[Running]:
+    """Start every process of ``plan`` (scheduler first), each in its own session, output to its log;
+    with ``die_with_launcher`` each gets SIGTERM if the launcher dies, even by SIGKILL (the OOM
+    killer, ``kill -9``, a lost terminal), so no rank trains on unsupervised.
 
     If starting one fails, those already started are terminated and the error propagates.
     """
@@ -68,7 +106,8 @@ def start_processes(plan: LaunchPlan, cwd: str) -> List[Running]:
             os.makedirs(os.path.dirname(spec.log_path), exist_ok=True)
             with open(spec.log_path, "wb") as log:
                 popen = subprocess.Popen(plan.command, cwd=cwd, env=spec.env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent if die_with_launcher else None)
             running.append(Running(spec, popen))
     except BaseException:
         terminate(running, DEFAULT_KILL_TIMEOUT)

@@ -121,6 +121,14 @@ class TrainData:
         return data.create_tuple_iterator(num_epochs=1)
 
 
+def usable_workers() -> int:
+    """The most reader threads MindDataset accepts here: the machine's CPU count (MindSpore 2.10
+    raises "num_parallel_workers exceeds the boundary between 1 and N" above it)."""
+    import os
+
+    return max(1, os.cpu_count() or 1)
+
+
 def count_samples(files: list) -> int:
     """Total samples in MindRecord ``files``."""
     import mindspore.dataset as ds
@@ -151,6 +159,13 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
                          "directory of them (made by data_preprocess/llama_preprocess.py)")
     read_labels = check_input_columns(input_columns)
     files = check_dataset(dataset_dir, seq_length)
+    if prefetch_size < 1:
+        raise MsllmError(f"train_dataset.prefetch_size={prefetch_size}: expected an integer >= 1")
+    if num_parallel_workers < 1:
+        raise MsllmError(f"train_dataset.num_parallel_workers={num_parallel_workers}: expected an integer >= 1")
+    # MindDataset refuses more workers than cores (a traceback at the first epoch): clamp, named
+    # at start-up by msllm.settings.check_settings
+    num_parallel_workers = min(num_parallel_workers, usable_workers())
     ds.config.set_prefetch_size(prefetch_size)
     data = TrainData(files=files, num_samples=count_samples(files), rank=rank, world_size=world_size,
                      batch_size=batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,

@@ -5,10 +5,9 @@ the requests), then items go to ranks by a deterministic greedy balance of their
 An item (a batch or a shared-prefix group) is scored the same way whichever rank runs it, so each
 request's numbers do not depend on the number of ranks.
 
-Merge: each rank encodes its results as float64 records ``[index, length, values...]``; the
-records travel through MindSpore's ``AllGather`` (float32, the dtype its CPU kernel takes) with
-every float64 split into four 16-bit pieces (each exact in float32), so the gathered values are
-bit-identical to the local ones. Every rank then aggregates the same full set of results in
+Merge: each rank encodes its results as float64 records ``[index, length, values...]``; their
+bytes travel through :func:`msllm.cluster.gather.all_gather_bytes` (exact for any size), so the
+gathered values are bit-identical to the local ones. Every rank then aggregates the same full set of results in
 request order: the totals of a 2-rank run equal a 1-rank run's exactly.
 """
 
@@ -59,29 +58,14 @@ def decode(flat: np.ndarray) -> dict:
     return out
 
 
-def _to_f32(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x, np.float64).view(np.uint16).astype(np.float32)
-
-
-def _from_f32(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x.astype(np.uint16)).view(np.float64)
-
-
 def all_gather_records(records: dict, world_size: int) -> dict:
-    """Every rank's ``{index: values}`` merged, identical on all ranks (exact float64)."""
+    """Every rank's ``{index: values}`` merged, identical on all ranks (exact float64: the bytes
+    travel through :func:`msllm.cluster.gather.all_gather_bytes`)."""
     if world_size == 1:
         return {k: np.asarray(v, np.float64).reshape(-1) for k, v in records.items()}
-    import mindspore as ms
-    from mindspore import ops
+    from msllm.cluster.gather import all_gather_bytes
 
-    gather = ops.AllGather()
-    mine = _to_f32(encode(records))
-    sizes = gather(ms.Tensor(np.array([float(mine.size)], np.float32))).asnumpy().astype(np.int64)
-    width = int(sizes.max())
-    padded = np.zeros(max(width, 1), np.float32)
-    padded[:mine.size] = mine
-    every = gather(ms.Tensor(padded)).asnumpy().reshape(world_size, -1)
     merged: dict = {}
-    for r in range(world_size):
-        merged.update(decode(_from_f32(every[r, :sizes[r]])))
+    for blob in all_gather_bytes(encode(records).tobytes(), world_size):
+        merged.update(decode(np.frombuffer(blob, np.float64)))
     return merged

@@ -297,8 +297,15 @@ def open_tokenizer(info: InferenceInfo, mc: LlamaConfig, explicit: Optional[str]
     Raises MsllmError: as :func:`find_tokenizer`, a malformed tokenizer, ids beyond the model's vocabulary."""
     from msllm.data.tokenizer import check_vocab, load_tokenizer
 
+    from msllm.data.tokenizer import file_md5
+
     tok = load_tokenizer(find_tokenizer(info, explicit, mc.vocab_size), pad_id)
     check_vocab(tok, mc.vocab_size, info.path)
+    if mc.vocab_size != BUNDLED_VOCAB and os.path.isfile(BUNDLED_TOKENIZER) and tok.kind == "sentencepiece" \
+            and file_md5(tok.model_file) == file_md5(BUNDLED_TOKENIZER):
+        raise MsllmError(f"tokenizer {tok.model_file} is the bundled LLaMA tokenizer ({BUNDLED_VOCAB} ids), but the "
+                         f"model ({info.path}) has vocab_size {mc.vocab_size}: it is not this model's tokenizer; "
+                         "pass the model's own (--tokenizer)")
     tok.eos_ids = tuple(dict.fromkeys(tuple(info.eos_token_ids) + tuple(tok.eos_ids)))
     log.info("tokenizer: %s (%s, %d ids, BOS %s, end-of-turn ids %s)", tok.model_file, tok.kind, tok.vocab_size,
              "added" if tok.add_bos else "not added", list(tok.eos_ids))

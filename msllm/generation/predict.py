@@ -61,28 +61,16 @@ def predict_config(cfg, world: int):
 
 
 class Gather:
-    """Rank 0 receives every rank's list of JSON-able results (AllGather of float32-coded bytes:
-    MindSpore 2.10's CPU collectives take float32)."""
+    """Rank 0 receives every rank's list of JSON-able results (every rank gets them: an exact
+    all-gather of the JSON bytes of any size, :func:`msllm.cluster.gather.all_gather_json`)."""
 
     def __init__(self, world: int):
         self.world = world
 
     def __call__(self, items: list) -> list:
-        if self.world == 1:
-            return items
-        import mindspore as ms
-        from mindspore import ops
+        from msllm.cluster.gather import all_gather_json
 
-        gather = ops.AllGather()
-        data = np.frombuffer(json.dumps(items).encode("utf-8"), np.uint8)
-        sizes = gather(ms.Tensor(np.array([data.size], np.float32))).asnumpy().astype(np.int64)
-        buf = np.zeros(int(sizes.max()), np.float32)
-        buf[:data.size] = data
-        every = gather(ms.Tensor(buf)).asnumpy().reshape(self.world, -1)
-        out = []
-        for r in range(self.world):
-            out += json.loads(every[r, :sizes[r]].astype(np.uint8).tobytes().decode("utf-8"))
-        return out
+        return [item for part in all_gather_json(items, self.world) for item in part]
 
 
 def eos_settings(gc, tokenizer, mc):

@@ -57,20 +57,17 @@ class RankAgreement:
         """True on every rank if ``flag`` is true on any rank."""
         return self.sums([float(flag)])[0] > 0
 
-    def common_max(self, steps: list[int], width: int = 256) -> int | None:
-        """The largest value present in every rank's ``steps`` (None if there is none)."""
+    def common_max(self, steps: list[int]) -> int | None:
+        """The largest value present in every rank's ``steps`` (None if there is none); exact for
+        any step number and list length (:func:`msllm.cluster.gather.all_gather_json`)."""
         if self.world_size == 1:
             return max(steps) if steps else None
-        import mindspore as ms
+        from msllm.cluster.gather import all_gather_json
 
-        local = np.full(width, -1, np.float32)  # float32 holds step numbers exactly below 2^24
-        mine = sorted(steps)[-width:]
-        local[: len(mine)] = mine
-        every = self._gather(ms.Tensor(local)).asnumpy().reshape(self.world_size, width).astype(np.int64)
-        common = set(every[0].tolist())
+        every = all_gather_json(sorted(int(s) for s in steps), self.world_size, self._gather)
+        common = set(every[0])
         for row in every[1:]:
-            common &= set(row.tolist())
-        common.discard(-1)
+            common &= set(row)
         return max(common) if common else None
 
 

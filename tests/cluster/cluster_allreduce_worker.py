@@ -8,6 +8,9 @@ Invoked exactly like ``run_msllm.py`` (``--config C --run_mode M [extra]``) by
 * ``--fail_rank R``: the worker whose ``RANK_ID`` is R exits with status 3 before joining,
   after ``--fail_delay`` seconds (default 0; the other ranks are then inside ``init()``).
 * ``--env_only``: write the environment and exit without touching MindSpore.
+* ``--gather_bytes N``: after the AllReduce, each rank all-gathers ``N + 7 * rank`` pseudo-random
+  bytes (seeded by its rank) with :func:`msllm.cluster.gather.all_gather_bytes` and records the
+  length and SHA-256 of every blob it received.
 """
 
 import argparse
@@ -27,6 +30,8 @@ def main() -> int:
     parser.add_argument("--fail_rank", type=int, default=-1)
     parser.add_argument("--fail_delay", type=float, default=0.0)
     parser.add_argument("--env_only", action="store_true")
+    parser.add_argument("--gather_bytes", type=int, default=0)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to stay alive after the AllReduce")
     args = parser.parse_args()
 
     role = os.environ.get("MS_ROLE", "")
@@ -59,7 +64,18 @@ def main() -> int:
     rank = get_rank()
     total = ops.AllReduce()(Tensor([float(rank)], ms.float32))
     info.update(rank=rank, group_size=get_group_size(), allreduce=float(total.asnumpy()[0]))
+    if args.gather_bytes:
+        import hashlib
+
+        import numpy as np
+
+        from msllm.cluster.gather import all_gather_bytes
+
+        mine = np.random.default_rng(rank).bytes(args.gather_bytes + 7 * rank)
+        got = all_gather_bytes(mine, get_group_size())
+        info["gathered"] = [[len(b), hashlib.sha256(b).hexdigest()] for b in got]
     _write(os.path.join(args.result_dir, f"rank_{rank}.json"), info)
+    time.sleep(args.sleep)
     print(f"rank {rank} allreduce {info['allreduce']}", flush=True)
     return 0
 

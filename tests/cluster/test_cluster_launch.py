@@ -421,3 +421,60 @@ def test_only_save_strategy_13b_on_two_servers_writes_each_ranks_own_file(tmp_pa
         lay = layouts["model.layers.3.self_attn.q_proj.weight"]
         assert (list(q.dev_matrix[0].dim), list(q.tensor_map[0].dim), q.opt_weight_shard_size) == \
             (list(lay.dev_matrix), list(lay.tensor_map), lay.opt_shard_size)
+
+
+def test_exact_all_gather_of_more_than_16_mib_per_rank(tmp_path, cfg):
+    """Two CPU ranks all-gather 17 MiB (+7 bytes on rank 1) each with msllm.cluster.gather: beyond
+    2^24 bytes, where a float32 byte count would round. Every rank receives every blob bit-exact."""
+    import hashlib
+
+    import numpy as np
+
+    table = write_table(tmp_path / "t.json", [("127.0.0.1", [0, 1])])
+    size = 17 * 2 ** 20 + 1   # odd: the last 16-bit word is half padding
+    res_dir = tmp_path / "res"
+    res = run_launcher([table, cfg, "[0,2]", "train", "2", "--result_dir", res_dir, "--gather_bytes", size],
+                       tmp_path, launcher_env(), timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    expect = [[size + 7 * r, hashlib.sha256(np.random.default_rng(r).bytes(size + 7 * r)).hexdigest()]
+              for r in range(2)]
+    for r in range(2):
+        assert json.loads((res_dir / f"rank_{r}.json").read_text())["gathered"] == expect
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"   # a zombie has exited
+    except OSError:
+        return False
+
+
+def test_ranks_end_with_a_launcher_killed_outright_and_a_second_launch_is_refused_meanwhile(tmp_path, cfg):
+    """SIGKILL to the launcher (as the OOM killer sends it) must not leave its ranks running
+    unsupervised: they get SIGTERM from the parent-death signal. While they still run, a second
+    launch into the same output is refused with one error naming their pids."""
+    table = write_table(tmp_path / "t.json", [("127.0.0.1", [0, 1])])
+    res_dir = tmp_path / "res"
+    args = [table, cfg, "[0,2]", "train", "2", "--result_dir", res_dir, "--sleep", "600"]
+    proc = start_launcher(args, tmp_path, launcher_env(), "first")
+    pid_file = tmp_path / "output" / "log" / "pids_0_2.txt"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not all((res_dir / f"rank_{r}.json").exists() for r in range(2)):
+        assert proc.poll() is None, (tmp_path / "first.err").read_text()
+        time.sleep(1)
+    rows = read_pid_file(pid_file)
+    pids = [pid for _, _, pid, _ in rows]
+    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    # a second launch while the first one's processes run: refused before starting anything
+    second = run_launcher(args, tmp_path, launcher_env(), timeout=60)
+    assert second.returncode == 2
+    assert "the previous launch of these ranks still runs" in second.stderr and str(pids[1]) in second.stderr
+    # the launcher (python, the parent of the ranks) killed outright
+    launcher = int(open(f"/proc/{pids[1]}/stat").read().split(")")[-1].split()[1])
+    os.kill(launcher, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in pids), "ranks outlived their launcher"
+    proc.wait(timeout=60)
