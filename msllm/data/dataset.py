@@ -86,6 +86,7 @@ class TrainData:
     num_parallel_workers: int = 1
     read_labels: bool = True
     pad_token_id: int = 0
+    vocab_size: int | None = None   # ids and labels are checked against it as batches are read
 
     @property
     def samples_per_rank(self) -> int:
@@ -118,7 +119,28 @@ class TrainData:
             data = data.map(operations=lambda ids, _labels: (ids, labels_from_input_ids(ids, pad)),
                             input_columns=list(COLUMNS), output_columns=list(COLUMNS))
         data = data.batch(self.batch_size, drop_remainder=self.drop_remainder)
-        return data.create_tuple_iterator(num_epochs=1)
+        batches = data.create_tuple_iterator(num_epochs=1)
+        if self.vocab_size is None:
+            return batches
+        return (check_batch_ids(ids, labels, self.vocab_size, self.files, epoch, start_step + k)
+                for k, (ids, labels) in enumerate(batches))
+
+
+def check_batch_ids(input_ids, labels, vocab_size: int, files, epoch: int, batch: int):
+    """``(input_ids, labels)`` unchanged if every id is in ``[0, vocab_size)`` and every label is
+    too or is ``IGNORE_INDEX``; else MsllmError naming the files, the epoch and batch, and the
+    value (an embedding row or a loss target that does not exist: MindSpore's gather would read
+    out of bounds and the fused loss would silently skip the target)."""
+    ids, lab = input_ids.asnumpy(), labels.asnumpy()
+    bad_ids = (ids < 0) | (ids >= vocab_size)
+    bad_lab = ((lab < 0) | (lab >= vocab_size)) & (lab != IGNORE_INDEX)
+    if bad_ids.any() or bad_lab.any():
+        what, arr, mask = ("input_ids", ids, bad_ids) if bad_ids.any() else ("labels", lab, bad_lab)
+        raise MsllmError(f"{', '.join(files)}: epoch {epoch + 1}, batch {batch + 1} holds {what} value "
+                         f"{int(arr[mask][0])}, outside [0, {vocab_size}) (the model's vocab_size"
+                         f"{'' if what == 'input_ids' else f'; or {IGNORE_INDEX}, ignored'}): the data were "
+                         "tokenized for another model; preprocess them with this model's tokenizer")
+    return input_ids, labels
 
 
 def usable_workers() -> int:
@@ -139,7 +161,7 @@ def count_samples(files: list) -> int:
 def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle: bool,
                      drop_remainder: bool, rank: int, world_size: int, seed: int = 0,
                      num_parallel_workers: int = 1, prefetch_size: int = 4,
-                     input_columns=COLUMNS, pad_token_id: int = 0) -> TrainData:
+                     input_columns=COLUMNS, pad_token_id: int = 0, vocab_size: int | None = None) -> TrainData:
     """This rank's :class:`TrainData` over ``dataset_dir`` (a .mindrecord file, one shard of a
     ``--file_partition`` group, or a directory: :func:`msllm.data.mindrecord.resolve_mindrecord_files`).
 
@@ -147,6 +169,7 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
         batch_size: samples per step on this rank (micro batch x accumulation steps).
         input_columns: ``["input_ids", "labels"]`` or ``["input_ids"]`` (:func:`check_input_columns`).
         pad_token_id: the padding id (``model_config.pad_token_id``), for ``["input_ids"]``.
+        vocab_size: the model's; every batch read is checked against it (:func:`check_batch_ids`).
 
     Raises:
         MsllmError: empty path, missing/invalid files, seq_length mismatch (``check_dataset``),
@@ -170,7 +193,7 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
     data = TrainData(files=files, num_samples=count_samples(files), rank=rank, world_size=world_size,
                      batch_size=batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
                      num_parallel_workers=num_parallel_workers, read_labels=read_labels,
-                     pad_token_id=pad_token_id)
+                     pad_token_id=pad_token_id, vocab_size=vocab_size)
     if data.steps_per_epoch < 1:
         raise MsllmError(f"train_dataset {dataset_dir!r}: {data.num_samples} samples over {world_size} "
                          f"rank(s) give {data.samples_per_rank} per rank, fewer than one batch of "

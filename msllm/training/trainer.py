@@ -104,6 +104,22 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
     return path
 
 
+def finished_run(out: str, rank: int, checkpoint: str, step: int, total_steps: int) -> dict:
+    """A resume whose newest checkpoint is already the run's last step (a job scheduler re-running
+    a finished launch, or a kill after the final checkpoint): nothing to do. Nothing is written: the
+    run's summary, curves and checkpoints stay as they are. Returns the run's summary (its
+    ``train_summary_rank_{rank}.json``, {} if it has none)."""
+    import json
+
+    log.info("resume_training: %s is at step %d, the run's last (total steps %d): nothing left to do; the "
+             "summary, curves and checkpoints are left as they are", checkpoint, step, total_steps)
+    path = os.path.join(out, f"train_summary_rank_{rank}.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    return {}
+
+
 def train(cfg: RunConfig) -> dict:
     """Train per ``cfg``; returns the run summary (also written to ``output_dir``).
 
@@ -142,7 +158,7 @@ def train(cfg: RunConfig) -> dict:
                             cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, data_rank,
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
-                            pad_token_id=mc.pad_token_id)
+                            pad_token_id=mc.pad_token_id, vocab_size=mc.vocab_size)
     from msllm.data.mindrecord import read_mindrecord_meta
 
     meta = read_mindrecord_meta(data.files[0])
@@ -212,6 +228,9 @@ def train(cfg: RunConfig) -> dict:
         path = ckpt.resolve_checkpoint(cfg.load_checkpoint, rt.rank)
         ckpt.load_into(network, ckpt.load_params(path), path)
         log.info("loaded weights from %s", path)
+
+    if resumed is not None and start_step >= total_steps:
+        return finished_run(out, rt.rank, resumed[0], start_step, total_steps)
 
     peak, how = peak_tflops(cfg)
     log.info("MFU peak: %s", how)

@@ -122,3 +122,31 @@ def test_sigterm_saves_on_every_rank_then_resume_matches_uninterrupted(setup, un
     rc, text = launch(setup, out, ["--resume_training=True"])
     assert rc == 0, text[-3000:]
     check_resumed_equals_uninterrupted(out, uninterrupted, steps[0])
+
+
+def _tree_digest(root):
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "log" not in p.relative_to(root).parts
+            and p.name != "msllm_config.yaml"}
+
+
+@pytest.mark.parametrize("summaries", ["kept", "lost"])
+def test_resuming_a_finished_run_does_nothing_and_exits_0(setup, uninterrupted, tmp_path, summaries):
+    """A job scheduler re-runs a finished launch with --resume_training=True ("kept"), or a whole-job
+    SIGKILL landed after the last step's checkpoint, before the summaries were written ("lost"):
+    exit 0, say so, and leave summaries, curves and checkpoints exactly as they were."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted, out)
+    if summaries == "lost":
+        for f in list(out.glob("train_summary_rank_*.json")) + list(out.glob("loss_curve_*.png")):
+            f.unlink()
+    before = _tree_digest(out)
+    rc, text = launch(setup, out, ["--resume_training=True"])
+    assert rc == 0, text[-3000:]
+    for rank in (0, 1):
+        assert f"is at step {STEPS}, the run's last (total steps {STEPS}): nothing left to do" in rank_log(out, rank)
+    assert _tree_digest(out) == before
