@@ -104,13 +104,96 @@ def run_harness(task, hf_dir, seq, out, batch):
     return [dt], {"tokens": n, "mean_nll": nll / n}
 
 
+def real_msllm(hf_dir, seq, out, batch, limit, config, passes):
+    """A real model as the user runs it: ``tools/evaluate.py --config CONFIG --load_checkpoint HF_DIR
+    --task mmlu --num_fewshot 5 --limit N --model.model_config.seq_length=SEQ`` (the model's own
+    tokenizer.json), the loaded model then scored ``passes`` times: cold (first, graphs compiled)
+    and warm."""
+    phases = {}
+    t = time.perf_counter()
+    from msllm.config import load_config
+    from msllm.eval.runner import _load, _setup, evaluate
+
+    phases["import_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    cfg = load_config(os.path.join(ROOT, config), [f"--load_checkpoint={hf_dir}", "--run_mode=eval",
+                                                   f"--model.model_config.seq_length={seq}",
+                                                   f"--output_dir={os.path.dirname(out)}"])
+    rank, world = _setup(cfg)
+    net, mc, tok, _ = _load(cfg, None, None, rank)
+    phases["load_s"] = time.perf_counter() - t
+    times, payload = [], None
+    for _ in range(passes):
+        t = time.perf_counter()
+        payload = evaluate(cfg, "mmlu", MMLU, 5, limit, batch, model=(net, mc, tok, rank, world))
+        times.append(time.perf_counter() - t)
+    r = payload["results"]
+    return times, {"acc": r.get("acc"), "n": r.get("n", r.get("count")), "add_bos_token": payload["add_bos_token"],
+                   "tokenizer": getattr(tok, "kind", None), **phases}
+
+
+def real_harness(hf_dir, seq, out, batch, limit, passes):
+    """lm-eval's HFLM on the HF directory itself (its tokenizer, ``add_bos_token`` default, fp32,
+    torch 2 threads) over the same (context, continuation) requests as msllm's MMLU reader."""
+    phases = {}
+    t = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(2)
+    from evaltest_helpers import instances
+    from lm_eval.models.huggingface import HFLM
+
+    from msllm.eval.tasks import mmlu
+
+    phases["import_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    lm = HFLM(pretrained=hf_dir, dtype="float32", max_length=seq, batch_size=batch, device="cpu")
+    phases["load_s"] = time.perf_counter() - t
+    spec = mmlu.load(MMLU, 5, limit)
+    pairs = [(d.context, c) for d in spec.docs for c in d.continuations]
+    times, correct = [], 0
+    for _ in range(passes):
+        t = time.perf_counter()
+        res = lm.loglikelihood(instances(pairs), disable_tqdm=True)
+        times.append(time.perf_counter() - t)
+        correct, k = 0, 0
+        for d in spec.docs:
+            lls = [res[k + c][0] for c in range(len(d.continuations))]
+            k += len(d.continuations)
+            correct += int(max(range(len(lls)), key=lambda c: (lls[c], -c)) == d.gold)
+    return times, {"acc": correct / len(spec.docs), "n": len(spec.docs), "add_bos_token": lm.add_bos_token,
+                   "threads": torch.get_num_threads(), **phases}
+
+
 def main():
-    who, task, hf_dir, seq, out = sys.argv[1:6]
-    batch = int(sys.argv[6]) if len(sys.argv) > 6 else 8
-    fn = run_msllm if who == "msllm" else run_harness
-    times, results = fn(task, hf_dir, int(seq), out, batch)
-    with open(out, "w") as fh:
-        json.dump({"who": who, "task": task, "seconds": times, "results": results, "batch_size": batch}, fh)
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("who", choices=["msllm", "harness"])
+    ap.add_argument("task", choices=["mmlu", "ppl"])
+    ap.add_argument("hf_dir")
+    ap.add_argument("seq", type=int)
+    ap.add_argument("out")
+    ap.add_argument("batch", type=int, nargs="?", default=8)
+    ap.add_argument("--real_config", help="a real model: its run YAML (msllm) / the HF directory itself (HFLM)")
+    ap.add_argument("--limit", type=int, help="MMLU questions per subject")
+    ap.add_argument("--passes", type=int, default=2)
+    a = ap.parse_args()
+    t0 = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
+    extra = {}
+    if a.real_config:
+        if a.who == "msllm":
+            times, results = real_msllm(a.hf_dir, a.seq, a.out, a.batch, a.limit, a.real_config, a.passes)
+        else:
+            times, results = real_harness(a.hf_dir, a.seq, a.out, a.batch, a.limit, a.passes)
+        extra = {"spawn_to_first_pass_end_s": time.time() - t0 - sum(times[1:]), "limit": a.limit,
+                 "seq_length": a.seq}
+    else:
+        fn = run_msllm if a.who == "msllm" else run_harness
+        times, results = fn(a.task, a.hf_dir, a.seq, a.out, a.batch)
+    with open(a.out, "w") as fh:
+        json.dump({"who": a.who, "task": a.task, "seconds": times, "results": results, "batch_size": a.batch,
+                   **extra}, fh)
 
 
 if __name__ == "__main__":

@@ -289,7 +289,9 @@ def preprocess_to_mindrecord(
     )
 
     items: list = []
+    origins: list[tuple[int, str]] = []   # (first item index, file) per input file, for error messages
     for path in files:
+        origins.append((len(items), path))
         if dataset_type == "qa":
             items.extend(load_conversation_file(path))
         else:
@@ -306,7 +308,13 @@ def preprocess_to_mindrecord(
     bar = tqdm(total=len(items), desc="tokenize", unit="rec", disable=not progress)
     try:
         if dataset_type == "qa":
-            for res in ordered_map(_qa_task, items, num_workers, initargs):
+            results = ordered_map(_qa_task, items, num_workers, initargs)
+            for i in range(len(items)):
+                try:
+                    res = next(results)
+                except MsllmError as exc:   # e.g. a chat template refusing this conversation
+                    first, path = max(o for o in origins if o[0] <= i)
+                    raise MsllmError(f"{path}: conversation {i - first}: {exc}") from None
                 bar.update(1)
                 summary.truncated += int(res.truncated and res.skip_reason is None)
                 if res.skip_reason is not None:
