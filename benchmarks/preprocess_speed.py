@@ -74,14 +74,15 @@ def read_records(path: str, limit: int | None = None) -> tuple[list[dict], int]:
     return records, i
 
 
-def run_msllm(src: str, out_dir: str, seq_length: int, workers: int, name: str = "sharegpt") -> dict:
+def run_msllm(src: str, out_dir: str, seq_length: int, workers: int, name: str = "sharegpt",
+              model_file: str = TOKENIZER) -> dict:
     """One ``data_preprocess/llama_preprocess.py`` command on conversation file ``src`` into
     ``{out_dir}/{name}.mindrecord``: its wall time (interpreter start to exit) and the numbers of
     the summary it prints (records, rows, tokens; total, tokenize, MindSpore import and write
     seconds)."""
     out = os.path.join(out_dir, f"{name}.mindrecord")
     cmd = [common.MAIN_PY, os.path.join(common.ROOT, "data_preprocess", "llama_preprocess.py"),
-           "--input_glob", src, "--dataset_type", "qa", "--model_file", TOKENIZER,
+           "--input_glob", src, "--dataset_type", "qa", "--model_file", model_file,
            "--seq_length", str(seq_length), "--repeat", "1", "--shuffle", "1",
            "--output_file", out, "--num_workers", str(workers), "--no_progress"]
     env = dict(os.environ, GLOG_v="3")
@@ -141,8 +142,89 @@ def run_mf(src: str, out_dir: str, seq_length: int) -> dict:
     return r
 
 
+def run_hf_encode(hf_dir: str, src: str, batch: int) -> dict:
+    """transformers' batched ``apply_chat_template`` over ``src`` (workers/hf_chat_encode_worker.py),
+    its command wall time and in-process numbers."""
+    cmd = [common.MAIN_PY, os.path.join(HERE, "workers", "hf_chat_encode_worker.py"), hf_dir, src, str(batch)]
+    load = common.loadavg()
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    r = common.parse_result(p.stdout)
+    if r is None:
+        raise RuntimeError(p.stdout[-2000:] + p.stderr[-3000:])
+    r.update(tool=f"transformers apply_chat_template (batch {batch})", wall_s=wall, load=load, load_after=common.loadavg(),
+             cmd=harness.show_cmd(cmd), tokenize_s=r["encode_s"])
+    return r
+
+
+def main_real(a) -> None:
+    """A real model's BPE tokenizer (issue #19): the 999 bundled Alpaca conversations with SmolLM2's
+    tokenizer.json and chat template; msllm's llama_preprocess (qa, 1 and 2 workers, seq_length
+    ``--seq_length``) vs transformers' batched apply_chat_template, ``--rounds`` alternating rounds."""
+    from msllm.convert.real_model import ensure_smollm2
+
+    hf_dir = ensure_smollm2()
+    src = common.alpaca_conversation()
+    info = common.machine()
+    print(f"# {info}\n# {hf_dir}; {src}; load {common.loadavg()}", flush=True)
+    runs, load0, t0 = [], common.loadavg(), time.time()
+    with tempfile.TemporaryDirectory(prefix="prep_bench_") as tmp:
+        for rnd in range(a.rounds):
+            for w in (1, 2):
+                d = os.path.join(tmp, f"r{rnd}_w{w}")
+                os.makedirs(d)
+                r = run_msllm(src, d, a.seq_length, w, "alpaca_smollm2", model_file=hf_dir)
+                r.update(round=rnd, load_after=common.loadavg())
+                runs.append(r)
+                print(f"round {rnd} {r['tool']:44s} {r['wall_s']:6.2f} s wall {r['records'] / r['wall_s']:7.1f} rec/s  "
+                      f"(in-process {r['internal_total_s']} s, tokenize {r['tokenize_s']} s, import {r['import_s']} s, "
+                      f"write {r['write_s']} s)  load {r['load']} -> {r['load_after']}", flush=True)
+                r.pop("summary", None)
+            r = run_hf_encode(hf_dir, src, a.hf_batch)
+            r["round"] = rnd
+            runs.append(r)
+            print(f"round {rnd} {r['tool']:44s} {r['wall_s']:6.2f} s wall {r['records'] / r['wall_s']:7.1f} rec/s  "
+                  f"(in-process {r['in_process_s']:.2f} s, encode {r['encode_s']:.2f} s, import {r['import_s']:.2f} s, "
+                  f"load {r['load_s']:.2f} s)  load {r['load']} -> {r['load_after']}", flush=True)
+    table = {}
+    for t in dict.fromkeys(r["tool"] for r in runs):
+        rs = [r for r in runs if r["tool"] == t]
+        n = rs[0]["records"]
+        row = {"records": n, "tokens": rs[0]["tokens"]}
+        for key, field in (("wall", "wall_s"), ("tokenize", "tokenize_s")):
+            rps = [n / r[field] for r in rs]
+            row[f"records_per_s_{key}"] = {"median": common.median(rps), "min": min(rps), "max": max(rps), "rounds": rps}
+        table[t] = row
+    hf = next(v for k, v in table.items() if k.startswith("transformers"))
+    for t, row in table.items():
+        row["x_transformers_wall"] = row["records_per_s_wall"]["median"] / hf["records_per_s_wall"]["median"]
+        row["x_transformers_tokenize"] = row["records_per_s_tokenize"]["median"] / hf["records_per_s_tokenize"]["median"]
+    import importlib.metadata as md
+
+    summary = {"machine": info, "command": harness.command_line(), "model": hf_dir, "input": src,
+               "seq_length": a.seq_length, "hf_batch": a.hf_batch, "load_at_start": load0, "load_at_end": common.loadavg(),
+               "versions": {k: md.version(k) for k in ("mindspore", "transformers", "tokenizers")},
+               "total_seconds": time.time() - t0, "table": table, "runs": runs,
+               "note": "msllm's command also writes the MindRecord (padded rows of seq_length + 1, labels masked "
+                       "by the chat template's roles); transformers only returns the token ids"}
+    harness.write_json(a.out, summary)
+    print("\n| tool | records | tokens | records/s command wall median (min-max) | x transformers | "
+          "records/s tokenize only median (min-max) | x transformers |")
+    print("|---|---|---|---|---|---|---|")
+    for t, r in table.items():
+        w, k = r["records_per_s_wall"], r["records_per_s_tokenize"]
+        print(f"| {t} | {r['records']:.0f} | {r['tokens']:.0f} | {w['median']:.0f} ({w['min']:.0f}-{w['max']:.0f}) "
+              f"| {r['x_transformers_wall']:.2f} | {k['median']:.0f} ({k['min']:.0f}-{k['max']:.0f}) "
+              f"| {r['x_transformers_tokenize']:.2f} |")
+    print(f"\nresults in {a.out}")
+
+
 def main(argv=None):
     p = harness.arg_parser(__doc__)
+    p.add_argument("--real", choices=["smollm2"], help="SmolLM2's BPE tokenizer on the bundled Alpaca records vs "
+                                                       "transformers' apply_chat_template (main_real)")
+    p.add_argument("--hf_batch", type=int, default=64, help="--real: conversations per apply_chat_template call")
     p.add_argument("--seq_length", type=int, default=2048)
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     p.add_argument("--rounds", type=int, default=1)
@@ -150,6 +232,13 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(HERE, "results", "preprocess_speed.json"))
     a = p.parse_args(argv)
     os.makedirs(common.CACHE, exist_ok=True)
+    if a.real:
+        common.use_repo()
+        if a.out == os.path.join(HERE, "results", "preprocess_speed.json"):
+            a.out = os.path.join(HERE, "results", f"preprocess_speed_{a.real}.json")
+        if "--seq_length" not in " ".join(sys.argv):
+            a.seq_length = 256
+        return main_real(a)
     info = common.machine()
     print(f"# {info}", flush=True)
     src_file = sharegpt_file()

@@ -94,7 +94,10 @@ def cpu_peak(cpuinfo: str, allowed_cpus: Optional[set] = None, base_khz: Optiona
       Optimization Guide for the AMD Zen4 Microarchitecture", pub. 57647, section 2.11, and
       ``benchmarks/cpu_peak.py`` measures one such FMA per cycle per core); 2 on AMD family 1Ah
       and later (Zen 5, 512-bit data paths); 1 on other cores (client cores). 2 with ``avx2`` +
-      ``fma`` (Haswell and later, Zen 2 and later); 1 without FMA (a multiply and an add port).
+      ``fma`` (Haswell and later, Zen 2 and later), except 1 on AMD Zen / Zen+ (family 17h, models
+      below 30h: two 128-bit FMA pipes, a 256-bit FMA issues as two halves; AMD, "Software
+      Optimization Guide for AMD Family 17h Processors", pub. 55723, section 2.11); 1 without
+      FMA (a multiply and an add port).
     * clock: the base clock in the model name (``@ 2.30GHz``), else ``base_khz``
       (``/sys/devices/system/cpu/cpu0/cpufreq/base_frequency``), else ``cpu MHz``.
 
@@ -121,6 +124,9 @@ def cpu_peak(cpuinfo: str, allowed_cpus: Optional[set] = None, base_khz: Optiona
             units, why = 2, "AMD Zen 5 or later: two 512-bit FMA pipes per core"
         else:
             units, why = 1, "assumes 1 AVX-512 FMA unit per core (client core)"
+    elif "avx2" in flags and "fma" in flags and amd_family == 0x17 and int(first.get("model", "0") or 0) < 0x30:
+        lanes, isa, units, why = 8, "avx2+fma", 1, ("AMD Zen / Zen+ (family 17h, model < 30h): two 128-bit FMA "
+                                                     "pipes = one 256-bit FMA per cycle per core")
     elif "avx2" in flags and "fma" in flags:
         lanes, isa, units, why = 8, "avx2+fma", 2, "assumes 2 FMA units per core (Haswell and later)"
     elif "avx" in flags:

@@ -73,11 +73,24 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
     return step
 
 
-def peak_tflops(cfg: RunConfig) -> tuple[float | None, str]:
+def peak_tflops(cfg: RunConfig, world_size: int) -> tuple[float | None, str]:
     """(peak TFLOP/s of one device, how it was obtained): ``context.peak_tflops`` if set, else the
     device's documented (Ascend) or computed (CPU: cores x FMA units x SIMD lanes x 2 x clock)
-    peak, the same on every rank (:func:`msllm.training.throughput.device_peak_tflops`)."""
-    return device_peak_tflops(cfg.context.device_target, cfg.context.peak_tflops)
+    peak, the same on every rank (:func:`msllm.training.throughput.device_peak_tflops`). On CPU the
+    host's peak is shared by the ranks on this host: ``DEVICE_NUM`` (set by run_distribute.sh),
+    checked against the communication group's size ``world_size``, else ``world_size``.
+
+    Raises MsllmError: ``DEVICE_NUM`` is not an integer in [1, world_size] (a stale value would
+    multiply every MFU by it)."""
+    raw = os.environ.get("DEVICE_NUM")
+    local = world_size
+    if cfg.context.device_target == "CPU" and raw:
+        if not raw.isdigit() or not 1 <= int(raw) <= world_size:
+            raise MsllmError(f"environment DEVICE_NUM={raw!r} does not fit this job of {world_size} rank(s) (expected "
+                             f"1..{world_size}: the ranks started on this host); unset it or launch with "
+                             "scripts/run_distribute.sh, which sets it")
+        local = int(raw)
+    return device_peak_tflops(cfg.context.device_target, cfg.context.peak_tflops, ranks_on_host=local)
 
 
 def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, data) -> str:
@@ -232,7 +245,7 @@ def train(cfg: RunConfig) -> dict:
     if resumed is not None and start_step >= total_steps:
         return finished_run(out, rt.rank, resumed[0], start_step, total_steps)
 
-    peak, how = peak_tflops(cfg)
+    peak, how = peak_tflops(cfg, rt.world_size)
     log.info("MFU peak: %s", how)
     # LoRA: the frozen base gets no weight gradients (matrices only; norms and the embedding
     # lookup are not in 6N anyway); adapters are in neither N nor here, a < 1% undercount

@@ -158,3 +158,58 @@ def test_the_compact_loss_counts_the_head_only_at_target_positions():
     # (B, T+1) labels: targets are labels[:, 1:]; 3 of the 8 target positions are ignored
     labels = np.array([[7, -100, 5, 6, 9], [-100, -100, -100, 3, 4]], np.int32)
     assert target_count(labels, -100) == (5, 8)
+
+
+def test_cpu_peak_share_follows_the_group_size_and_refuses_a_stale_device_num(monkeypatch):
+    """A stale DEVICE_NUM=8 in a 1-rank job would divide the peak by 8 and multiply MFU by 8: refused.
+    Without DEVICE_NUM the host's peak is shared by the group's ranks."""
+    from helpers import TINY_YAML
+    from msllm.config import load_config
+    from msllm.errors import MsllmError
+    from msllm.training.throughput import host_cpu_peak
+    from msllm.training.trainer import peak_tflops
+
+    cfg = load_config(TINY_YAML, [])
+    host = host_cpu_peak().tflops
+    monkeypatch.setenv("DEVICE_NUM", "8")
+    with pytest.raises(MsllmError, match="DEVICE_NUM='8' does not fit this job of 1 rank"):
+        peak_tflops(cfg, 1)
+    monkeypatch.setenv("DEVICE_NUM", "2")
+    assert peak_tflops(cfg, 4)[0] == pytest.approx(host / 2)
+    monkeypatch.delenv("DEVICE_NUM")
+    assert peak_tflops(cfg, 1)[0] == pytest.approx(host)
+    assert peak_tflops(cfg, 2)[0] == pytest.approx(host / 2)
+
+
+def test_host_peak_bounds_the_fastest_gemm_measurable_here():
+    """No GEMM on this machine may beat the peak MFU divides by: numpy's sgemm (OpenBLAS, all
+    cores) at 2048^3, best of 5 runs, must not exceed it."""
+    import time
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2048, 2048), dtype=np.float32)
+    b = rng.standard_normal((2048, 2048), dtype=np.float32)
+    best = min(_timed(lambda: a @ b) for _ in range(5))
+    rate = 2 * 2048 ** 3 / best / 1e12
+    peak = host_cpu_peak()
+    print(f"numpy sgemm {rate * 1000:.1f} GFLOP/s = {100 * rate / peak.tflops:.0f}% of peak {peak.describe()}")
+    assert 0 < rate <= peak.tflops
+
+
+def _timed(fn) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def test_cpu_peak_of_amd_zen1_cores():
+    """Zen / Zen+ (family 17h, model < 30h, e.g. EPYC 7001 'Naples', model 1) run a 256-bit FMA as
+    two 128-bit halves: one per cycle per core. Zen 2 (model 31h, 'Rome') has two 256-bit pipes."""
+    zen1 = cpu_peak(cpuinfo(2, "AMD EPYC", "fpu avx avx2 fma", mhz="1996.249", vendor="AuthenticAMD",
+                            family=23).replace("model name", "model\t\t: 1\nmodel name"))
+    assert (zen1.fma_units, zen1.lanes) == (1, 8) and zen1.tflops == pytest.approx(2 * 1 * 8 * 2 * 1.996249 / 1000)
+    zen2 = cpu_peak(cpuinfo(2, "AMD EPYC 7B12", "fpu avx avx2 fma", mhz="2250.000", vendor="AuthenticAMD",
+                            family=23).replace("model name", "model\t\t: 49\nmodel name"))
+    assert zen2.fma_units == 2
