@@ -140,7 +140,7 @@ def real_harness(hf_dir, seq, out, batch, limit, passes):
     import torch
 
     torch.set_num_threads(2)
-    from evaltest_helpers import instances
+    from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
     from msllm.eval.tasks import mmlu
@@ -154,7 +154,8 @@ def real_harness(hf_dir, seq, out, batch, limit, passes):
     times, correct = [], 0
     for _ in range(passes):
         t = time.perf_counter()
-        res = lm.loglikelihood(instances(pairs), disable_tqdm=True)
+        reqs = [Instance(request_type="loglikelihood", doc={}, arguments=p, idx=i) for i, p in enumerate(pairs)]
+        res = lm.loglikelihood(reqs, disable_tqdm=True)
         times.append(time.perf_counter() - t)
         correct, k = 0, 0
         for d in spec.docs:

@@ -1,6 +1,6 @@
 """What the training loop needs besides the model and the step: stopping on a signal between
 steps, agreeing with the other data-parallel ranks (the stop vote, the resume step), the
-profiler, and the count of positions with a target (for the compact loss's MFU)."""
+profiler, and the count of positions with a target (for the compact loss's HFU)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ throughput appended::
 
     Epoch:[  1/  2], step:[   10/  248], loss:[10.123/10.234], time:812.300 ms, lr:[1.0e-04],
     overflow cond: False, loss_scale: 65536.0, grad_norm: 0.930, tgs: 1260.5 tokens/s/device,
-    TFLOPs: 0.039, MFU: 5.3%
+    TFLOPs: 0.039, MFU: 5.30%, HFU: 4.12%
+
+MFU counts model FLOPs (PaLM's 6N + 12LHDT), HFU the FLOPs the step executes
+(:class:`msllm.training.throughput.Throughput`).
 
 ``loss:[current/average]``: this step's loss and the mean of the logged losses so far.
 """
@@ -49,26 +52,27 @@ class LossMonitor:
     records: list = field(default_factory=list)
     warned_peak: bool = False
 
-    def _mfu_text(self, seconds: float, head_fraction: float) -> str:
-        mfu = self.throughput.mfu(seconds, head_fraction)
+    def _util_text(self, seconds: float, head_fraction: float) -> str:
+        mfu, hfu = self.throughput.mfu(seconds), self.throughput.hfu(seconds, head_fraction)
         if mfu is None:
-            return "n/a (set context.peak_tflops)"
-        if mfu > 1.0 and not self.warned_peak:
-            # cannot happen with a true peak: the peak in use is below what this device just did
+            return "MFU: n/a, HFU: n/a (set context.peak_tflops)"
+        if max(mfu, hfu) > 1.0 and not self.warned_peak:
+            # HFU cannot pass 100% with a true peak: the peak in use is below what this device just did
             self.warned_peak = True
-            log.warning("MFU %.1f%% is above 100%%: the peak in use (%.4g TFLOP/s per device) is lower than what "
-                        "this device achieved; set context.peak_tflops to the device's documented peak",
-                        mfu * 100, self.throughput.peak_tflops)
-        return f"{mfu * 100:.2f}%"
+            log.warning("%s %.1f%% is above 100%%: %s", "HFU" if hfu > 1.0 else "MFU", max(mfu, hfu) * 100,
+                        "the peak in use (%.4g TFLOP/s per device) is lower than what this device executed; set "
+                        "context.peak_tflops to the device's documented peak" % self.throughput.peak_tflops
+                        if hfu > 1.0 else "the model FLOPs count work the step skips (causal attention blocks, "
+                        "the output head off target positions); HFU is the hardware figure")
+        return f"MFU: {mfu * 100:.2f}%, HFU: {hfu * 100:.2f}%"
 
     def format(self, r: StepRecord) -> str:
         avg = sum(x.loss for x in self.records) / len(self.records)
-        mfu_text = self._mfu_text(r.seconds, r.head_fraction)
         return (f"Epoch:[{r.epoch:3d}/{self.epochs:3d}], step:[{r.step:5d}/{self.total_steps:5d}], "
                 f"loss:[{r.loss:.3f}/{avg:.3f}], time:{r.seconds * 1000:.3f} ms, lr:[{r.lr:.4e}], "
                 f"overflow cond: {r.overflow}, loss_scale: {r.loss_scale}, grad_norm: {r.grad_norm:.3f}, "
                 f"tgs: {self.throughput.tgs(r.seconds):.1f} tokens/s/device, "
-                f"TFLOPs: {self.throughput.tflops(r.seconds, r.head_fraction):.4f}, MFU: {mfu_text}")
+                f"TFLOPs: {self.throughput.tflops(r.seconds):.4f}, {self._util_text(r.seconds, r.head_fraction)}")
 
     def add(self, r: StepRecord) -> None:
         self.records.append(r)
@@ -91,10 +95,12 @@ class LossMonitor:
             "compile_first_step_seconds": self.records[0].seconds if self.records else None,
             "mean_step_seconds": mean_s,
             "tgs": self.throughput.tgs(mean_s) if timed else None,
-            "tflops": self.throughput.tflops(mean_s, head) if timed else None,
-            "mfu": self.throughput.mfu(mean_s, head) if timed else None,
+            "tflops": self.throughput.tflops(mean_s) if timed else None,
+            "mfu": self.throughput.mfu(mean_s) if timed else None,
+            "hfu": self.throughput.hfu(mean_s, head) if timed else None,
             "peak_tflops": self.throughput.peak_tflops,
-            "flops_per_token": self.throughput.flops_per_token_at(head),
+            "flops_per_token": self.throughput.flops_per_token,
+            "executed_flops_per_token": self.throughput.executed_flops_per_token(head),
             "head_fraction": head,
             "data_wait_share": (sum(r.data_seconds for r in self.records[1:])
                                 / max(1e-12, sum(r.data_seconds + r.seconds for r in self.records[1:])))

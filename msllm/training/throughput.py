@@ -1,9 +1,11 @@
-"""Throughput accounting: tokens/s/device (tgs), achieved TFLOPs and MFU, and the device peak.
+"""Throughput accounting: tokens/s/device (tgs), achieved TFLOPs, MFU and HFU, and the device peak.
 
-MFU (model FLOPs utilisation, PaLM: Chowdhery et al. 2022, appendix B) =
-``tgs * flops_per_token / peak_flops_per_device``, with ``flops_per_token = 6N + 12 L H D T``
-(:meth:`msllm.models.llama.config.LlamaConfig.train_flops_per_token`). Recomputation is not
-counted (that would be hardware FLOPs utilisation, HFU).
+MFU (model FLOPs utilisation, PaLM: Chowdhery et al. 2022, appendix B; Megatron reports the same)
+= ``tgs * flops_per_token / peak_flops_per_device``, with ``flops_per_token = 6N + 12 L H D T``
+(:meth:`msllm.models.llama.config.LlamaConfig.train_flops_per_token`): comparable across
+implementations, it is not the work a step does. HFU (hardware FLOPs utilisation) counts the FLOPs
+the step executes: causal attention blocks as the kernel runs them, the output head where the
+compact loss runs it, recompute (:class:`Throughput`). Closeness to the peak is HFU.
 
 The peak is a documented or computed hardware figure, never a measured matmul rate (that
 differs per rank and per moment, and MFU against it can exceed 100%); the only measurement in it
@@ -257,19 +259,34 @@ def measure_cpu_peak_tflops(n: int = 2048, repeats: int = 3) -> float:
 
 @dataclass
 class Throughput:
-    """Per-step throughput numbers for one device.
+    """Per-step throughput numbers for one device: tokens/s/device, model TFLOPs, MFU and HFU.
 
-    tokens_per_step: tokens one model replica (one data-parallel rank's share) processes per
-        optimizer step (batch x accum x micro batches x seq_length).
-    flops_per_token: model FLOPs per trained token with the output head at every position.
-    peak_tflops: the device's peak in TFLOP/s, or None (then MFU is not reported).
-    devices_per_replica: devices one replica occupies (model_parallel x pipeline_stage); its
-        tokens are shared among them, so tokens/s/device divides by it.
-    head_flops_per_token: the output head's share of ``flops_per_token`` (6 x vocab x hidden: one
-        forward and two backward matmuls; 4 x when the head is frozen). With the compact loss
-        (:class:`msllm.models.llama.model.LlamaForCausalLM`) the head runs only at the positions
-        that have a target, so only that ``head_fraction`` of it is counted: MFU then measures the
-        FLOPs the step needs, and stays below 100% with a true peak.
+    Two utilisation figures, both against the same device peak:
+
+    * **MFU** (model FLOPs utilisation, the PaLM / Megatron convention peers report, comparable
+      across implementations): ``tgs * flops_per_token / peak`` with ``flops_per_token = 6N + 12
+      L H D T`` (Chowdhery et al. 2022, appendix B): every weight's three matmuls at every position
+      (the output head too), the full T x T attention score and value matmuls, no recompute.
+    * **HFU** (hardware FLOPs utilisation: the FLOPs the step actually executes): the output head
+      only at ``head_fraction`` of the positions (msllm's compact loss runs it where a target is),
+      the attention matmuls as the kernel runs them (``attention_executed_factor`` x the model's
+      12 L H D T: msllm's CPU flash kernel computes only the causal query-block x key prefix and
+      recomputes the scores in the backward pass), plus the recomputed forward
+      (``recompute_flops_per_token``). Closeness to the hardware's peak is HFU.
+
+    Attributes:
+        tokens_per_step: tokens one model replica (one data-parallel rank's share) processes per
+            optimizer step (batch x accum x micro batches x seq_length).
+        flops_per_token: model FLOPs per trained token (``6N + 12LHDT``, minus ``2 x`` the frozen
+            LoRA base: weights without a gradient skip one of their three matmuls).
+        peak_tflops: the device's peak in TFLOP/s, or None (then MFU and HFU are not reported).
+        devices_per_replica: devices one replica occupies (model_parallel x pipeline_stage); its
+            tokens are shared among them, so tokens/s/device divides by it.
+        head_flops_per_token: the output head's share of ``flops_per_token`` (6 x vocab x hidden;
+            4 x when the head is frozen).
+        attention_flops_per_token: the ``12 L H D T`` term.
+        attention_executed_factor: executed / model attention FLOPs (1.0: the composed T x T path).
+        recompute_flops_per_token: FLOPs of the forward pass run again by recompute.
     """
 
     tokens_per_step: int
@@ -277,42 +294,84 @@ class Throughput:
     peak_tflops: Optional[float]
     devices_per_replica: int = 1
     head_flops_per_token: float = 0.0
+    attention_flops_per_token: float = 0.0
+    attention_executed_factor: float = 1.0
+    recompute_flops_per_token: float = 0.0
 
     def tgs(self, step_seconds: float) -> float:
         """Tokens per second per device."""
         return self.tokens_per_step / self.devices_per_replica / step_seconds
 
-    def flops_per_token_at(self, head_fraction: float = 1.0) -> float:
-        """Model FLOPs per token when the output head runs at ``head_fraction`` of the positions."""
-        return self.flops_per_token - self.head_flops_per_token * (1.0 - head_fraction)
+    def executed_flops_per_token(self, head_fraction: float = 1.0) -> float:
+        """FLOPs the step executes per token (HFU's numerator, see the class doc)."""
+        return (self.flops_per_token - self.head_flops_per_token * (1.0 - head_fraction)
+                + self.attention_flops_per_token * (self.attention_executed_factor - 1.0)
+                + self.recompute_flops_per_token)
 
-    def tflops(self, step_seconds: float, head_fraction: float = 1.0) -> float:
-        """Achieved model TFLOP/s per device."""
-        return self.tgs(step_seconds) * self.flops_per_token_at(head_fraction) / 1e12
+    def tflops(self, step_seconds: float) -> float:
+        """Achieved model TFLOP/s per device (MFU's numerator)."""
+        return self.tgs(step_seconds) * self.flops_per_token / 1e12
 
-    def mfu(self, step_seconds: float, head_fraction: float = 1.0) -> Optional[float]:
+    def mfu(self, step_seconds: float) -> Optional[float]:
         """Model FLOPs utilisation (1.0 = the peak), or None without a peak."""
         if not self.peak_tflops:
             return None
-        return self.tflops(step_seconds, head_fraction) / self.peak_tflops
+        return self.tflops(step_seconds) / self.peak_tflops
+
+    def hfu(self, step_seconds: float, head_fraction: float = 1.0) -> Optional[float]:
+        """Hardware FLOPs utilisation: executed FLOPs over the peak, or None without a peak."""
+        if not self.peak_tflops:
+            return None
+        return self.tgs(step_seconds) * self.executed_flops_per_token(head_fraction) / 1e12 / self.peak_tflops
+
+
+def causal_block_fraction(seq_length: int, block_rows: int) -> float:
+    """Share of the T x T score matrix msllm's CPU flash kernel computes: query block i (of
+    ``block_rows`` rows) against keys 0 .. end of block i (``msllm/kernels/csrc/attention.cc``),
+    so ``sum_i rows_i * end_i / T^2`` (= (n + 1) / 2n for n equal blocks: 56% at T = 512)."""
+    t, b = seq_length, block_rows
+    return sum(min(b, t - q0) * min(q0 + b, t) for q0 in range(0, t, b)) / float(t * t)
+
+
+def flash_block_rows(seq_length: int) -> int:
+    """Query rows per block of the CPU flash kernel (``block_rows`` in ``attention.cc``)."""
+    return 128 if seq_length >= 768 else 64
+
+
+# The CPU flash kernel's attention matmuls, per head and query-key pair, in units of T^2 D: forward
+# Q K^T and P V (4), backward with the scores recomputed from the saved log-sum-exp: S again, dP =
+# dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q (10): 14, against the model count's 12 (4 + 8).
+FLASH_EXECUTED_PER_MODEL = 14.0 / 12.0
 
 
 def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: int = 0,
-                       head_frozen: bool = False) -> Throughput:
+                       head_frozen: bool = False, flash_attention: bool = False) -> Throughput:
     """:class:`Throughput` of a run: tokens per replica per step = batch_size x
     gradient_accumulation_steps x micro_batch_num (when pipelined) x seq_length, shared by
     model_parallel x pipeline_stage devices.
 
     ``frozen_params``: matmul weights that get no gradient (LoRA's frozen base): their weight
     gradient (2 of the 6 FLOPs per parameter and token) is not computed, so the model FLOPs per
-    token are ``6N + 12LHDT - 2 * frozen_params``; ``head_frozen``: the output head is among them."""
+    token are ``6N + 12LHDT - 2 * frozen_params``; ``head_frozen``: the output head is among them.
+    ``flash_attention``: the attention runs msllm's CPU flash kernel (causal blocks, scores
+    recomputed in the backward pass: :func:`causal_block_fraction`, :data:`FLASH_EXECUTED_PER_MODEL`).
+    Recompute (``recompute_config.recompute``) adds the forward pass of the decoder layers again."""
     rc, pc, mc = run_config.runner_config, run_config.parallel_config, run_config.model_config
     micro = pc.micro_batch_num if pc.pipeline_stage > 1 else 1
-    tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * mc.seq_length
+    t = mc.seq_length
+    tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * t
     flops = mc.train_flops_per_token() - 2.0 * frozen_params
     head = (4.0 if head_frozen else 6.0) * mc.vocab_size * mc.hidden_size
-    return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage, head)
+    attention = 12.0 * mc.num_layers * mc.num_heads * mc.head_dim * t
+    factor = FLASH_EXECUTED_PER_MODEL * causal_block_fraction(t, flash_block_rows(t)) if flash_attention else 1.0
+    recompute = 0.0
+    if getattr(run_config.recompute_config, "recompute", False):
+        # the decoder layers' forward again: 2 x their matmul weights + the attention forward
+        body = mc.matmul_params() - mc.vocab_size * mc.hidden_size
+        recompute = 2.0 * body + attention / 3.0 * factor
+    return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage, head, attention, factor,
+                      recompute)
 
 
 __all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",
-           "measure_cpu_peak_tflops", "Throughput", "throughput_for_run"]
+           "measure_cpu_peak_tflops", "Throughput", "throughput_for_run", "causal_block_fraction", "flash_block_rows"]

@@ -252,16 +252,24 @@ def train(cfg: RunConfig) -> dict:
     frozen_names = {p.name for p in network.get_parameters() if not p.requires_grad and p.ndim >= 2
                     and "embed_tokens" not in p.name} if lora else set()
     frozen = sum(p.size for p in network.get_parameters() if p.name in frozen_names)
-    throughput = throughput_for_run(cfg, peak, frozen, head_frozen=any("lm_head" in n for n in frozen_names))
+    from msllm.kernels.select import CPU_FLASH
+
+    flash = getattr(getattr(network, "kernels", None), "attention", None) == CPU_FLASH
+    throughput = throughput_for_run(cfg, peak, frozen, head_frozen=any("lm_head" in n for n in frozen_names),
+                                    flash_attention=flash)
     monitor = LossMonitor(epochs=epochs, total_steps=total_steps, throughput=throughput,
                           per_print_times=cfg.callbacks.loss_monitor.per_print_times)
-    # the compact loss runs the output head only at positions with a target: count those
+    # the compact loss runs the output head only at positions with a target: HFU counts those
     compact = bool(getattr(network, "compact_loss", False))
-    log.info("MFU = tgs x %.4g FLOPs/token (6N + 12LHDT, PaLM app. B%s%s) / peak %s TFLOPs",
+    log.info("MFU (model FLOPs, PaLM app. B / Megatron convention) = tgs x %.4g FLOPs/token (6N + 12LHDT%s) / peak %s "
+             "TFLOPs; HFU (FLOPs executed) counts %s, %s%s",
              throughput.flops_per_token, ", minus 2 x the frozen LoRA base" if lora else "",
-             f"; the output head's {throughput.head_flops_per_token:.4g} counted only at the positions with a "
-             "target, where the compact loss runs it" if compact else "",
-             f"{throughput.peak_tflops:.4f}" if throughput.peak_tflops else "unknown")
+             f"{throughput.peak_tflops:.4f}" if throughput.peak_tflops else "unknown",
+             "the output head only at the positions with a target (the compact loss)" if compact
+             else "the output head at every position",
+             f"the attention as the CPU flash kernel runs it ({throughput.attention_executed_factor:.3f} x 12LHDT: "
+             "causal blocks, scores recomputed in the backward pass)" if flash else "the full T x T attention",
+             ", and the recomputed forward" if throughput.recompute_flops_per_token else "")
 
     cc = cfg.callbacks.checkpoint
     ckpt_dir = ckpt.rank_dir(out, rt.rank)
@@ -341,7 +349,7 @@ def train(cfg: RunConfig) -> dict:
                     step += 1
                     overflow_v = bool(overflow.asnumpy())
                     # one AllReduce per step: the stop vote (SIGTERM on any rank) and, for the
-                    # compact loss's MFU, the global step's target positions (same MFU on every rank)
+                    # compact loss's HFU, the global step's target positions (same HFU on every rank)
                     targets = target_count(labels, mc.ignore_token_id) if compact else (1, 1)
                     stop_votes, n_targets, n_positions = agree.sums([float(bool(stop.signum)), *targets])
                     monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),

@@ -28,10 +28,12 @@ import torch
 
 from evaltest_helpers import DATA, EVAL_DATA, REPO, instances
 
+pytestmark = pytest.mark.slow   # minutes on 2 CPU cores; still run in CI
+
 CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
 TOL = 1e-4
 PPL_LENGTH = 256     # ppl: windows of 256 tokens (the first 3000 characters make three)
-MMLU_LENGTH = 1024   # mmlu: the 5-shot prompts (~400-700 tokens) fit
+MMLU_LENGTH = 1024   # mmlu: the 5-shot requests (375-594 tokens) fit
 SUBJECTS = ("astronomy", "high_school_geography")
 
 

@@ -2,7 +2,7 @@
 Hugging Face directory) equals transformers' greedy ``generate`` token for token.
 
 * ``run_msllm.py --run_mode predict`` on the directory itself, with the model's own Jinja chat
-  template: six prompts (English and Chinese, 31 to 53 tokens, one with a system message) decoded
+  template: six prompts (English and Chinese, 32 to 53 tokens, one with a system message) decoded
   in ONE batch of 6, 32 new tokens each, on the CPU fast path with msllm's kernels and with
   ``cpu_kernels=False`` (MindSpore's composed operators);
 * the layout path (the model built with ``fast_paths=False``, the shapes of the Ascend layouts)
@@ -26,13 +26,15 @@ import pytest
 
 from gentest_helpers import ROOT, hf_generate, hf_new_tokens
 
+pytestmark = pytest.mark.slow   # minutes on 2 CPU cores; still run in CI
+
 CONFIG = os.path.join(ROOT, "configs", "smollm2", "run_smollm2_135m.yaml")
 SEQ_LENGTH = 1024
 NEW = 32
 EOS = 2
 SEED = 0  # greedy decoding is deterministic; the seed is fixed (and printed) anyway
 SYSTEM = "You are a geography teacher. Answer in one short sentence."
-# five user prompts and one system + user conversation: English and Chinese, 31 to 53 tokens
+# five user prompts and one system + user conversation: English and Chinese, 32 to 53 tokens
 # with the template (SmolLM2's template adds its default system prompt when none is given)
 RECORDS = ["What is the capital of France?",
            "Write a short poem about the sea.",

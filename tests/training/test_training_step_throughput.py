@@ -133,28 +133,42 @@ def test_an_mfu_above_100_percent_is_printed_and_warned_about_once(caplog):
     with caplog.at_level(logging.WARNING, logger="msllm"):
         for step in (1, 2):
             monitor.records.append(StepRecord(step, 1, 2.0, 1.0, 1e-3, False, 1.0, 0.5))
-            assert "MFU: 200.00%" in monitor.format(monitor.records[-1])
+            assert "MFU: 200.00%, HFU: 200.00%" in monitor.format(monitor.records[-1])
     warnings = [r for r in caplog.records if "above 100%" in r.getMessage()]
     assert len(warnings) == 1 and "context.peak_tflops" in warnings[0].getMessage()
     ok = LossMonitor(epochs=1, total_steps=1, throughput=Throughput(1000, 1.0e9, 2.0))
     ok.records.append(StepRecord(1, 1, 2.0, 1.0, 1e-3, False, 1.0, 0.5))
-    assert "MFU: 50.00%" in ok.format(ok.records[-1]) and not ok.warned_peak
+    assert "MFU: 50.00%, HFU: 50.00%" in ok.format(ok.records[-1]) and not ok.warned_peak
 
 
-def test_the_compact_loss_counts_the_head_only_at_target_positions():
-    """With the compact loss the output head runs at the target positions only; MFU counts its
-    6 x V x C FLOPs per token there and nowhere else (4 x when LoRA freezes the head)."""
+def test_mfu_counts_model_flops_and_hfu_the_flops_executed():
+    """MFU: PaLM's 6N + 12LHDT (head at every position, full T x T attention), comparable across
+    implementations. HFU: the head only at target positions (compact loss), the attention as the CPU
+    flash kernel runs it (causal query blocks, scores recomputed backward: 14/12 of the model's
+    matmuls on the computed share), the recomputed forward. Hand-checked numbers."""
     from msllm.training.control import target_count
+    from msllm.training.throughput import causal_block_fraction
 
     cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"))
-    mc = cfg.model_config
-    run = throughput_for_run(cfg, 1.0)
+    mc = cfg.model_config                       # seq 256: 4 query blocks of 64 rows
+    assert causal_block_fraction(256, 64) == (1 + 2 + 3 + 4) / 16
+    assert causal_block_fraction(512, 64) == 36 / 64 and causal_block_fraction(1024, 128) == 36 / 64
+    # 300 = 4 x 64 + 44: sum rows_i x end_i = 64(64 + 128 + 192 + 256) + 44 x 300
+    assert causal_block_fraction(300, 64) == pytest.approx((64 * (64 + 128 + 192 + 256) + 44 * 300) / 300 ** 2)
+    run = throughput_for_run(cfg, 1.0, flash_attention=True)
     head = 6.0 * mc.vocab_size * mc.hidden_size
+    attn = 12.0 * mc.num_layers * mc.num_heads * mc.head_dim * mc.seq_length
     assert run.head_flops_per_token == head and run.flops_per_token == mc.train_flops_per_token()
-    assert run.flops_per_token_at(1.0) == run.flops_per_token
-    assert run.flops_per_token_at(0.25) == pytest.approx(mc.train_flops_per_token() - 0.75 * head)
-    assert run.mfu(1.0, 0.25) == pytest.approx(run.mfu(1.0) * run.flops_per_token_at(0.25) / run.flops_per_token)
+    assert run.mfu(1.0) == pytest.approx(run.tgs(1.0) * mc.train_flops_per_token() / 1e12)   # peak 1 TFLOP/s
+    executed = mc.train_flops_per_token() - 0.75 * head + attn * (14 / 12 * 10 / 16 - 1)
+    assert run.executed_flops_per_token(0.25) == pytest.approx(executed)
+    assert run.hfu(1.0, 0.25) == pytest.approx(run.tgs(1.0) * executed / 1e12)
+    composed = throughput_for_run(cfg, 1.0)       # the composed attention computes all of T x T
+    assert composed.executed_flops_per_token(1.0) == composed.flops_per_token
     assert throughput_for_run(cfg, 1.0, head_frozen=True).head_flops_per_token == 4.0 * mc.vocab_size * mc.hidden_size
+    cfg.recompute_config.recompute = True
+    body = mc.matmul_params() - mc.vocab_size * mc.hidden_size
+    assert throughput_for_run(cfg, 1.0).recompute_flops_per_token == pytest.approx(2 * body + attn / 3)
     # (B, T+1) labels: targets are labels[:, 1:]; 3 of the 8 target positions are ignored
     labels = np.array([[7, -100, 5, 6, 9], [-100, -100, -100, 3, 4]], np.int32)
     assert target_count(labels, -100) == (5, 8)
