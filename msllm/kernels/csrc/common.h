@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -83,7 +85,15 @@ inline int kernel_id(const char *name) {  // a fixed slot per kernel name (assig
                                                              void *, void *) {                              \
     static const int id = msllm::kernel_id(#name);                                                          \
     msllm::ScopedTimer timer(#name, id);                                                                    \
-    return name##_body(nparam, params, ndims, shapes, dtypes);                                              \
+    try {                                                                                                   \
+      return name##_body(nparam, params, ndims, shapes, dtypes);                                            \
+    } catch (const std::bad_alloc &) {                                                                      \
+      std::fprintf(stderr, "msllm kernel %s: out of memory for its scratch buffers\n", #name);              \
+      return 90;                                                                                            \
+    } catch (...) {                                                                                         \
+      std::fprintf(stderr, "msllm kernel %s: unexpected C++ exception\n", #name);                           \
+      return 91;                                                                                            \
+    }                                                                                                       \
   }                                                                                                         \
   static int name##_body(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes)
 
@@ -124,17 +134,23 @@ class Pool {
   int size() const { return n_; }
 
   // Calls fn(i) for every i in [0, ntasks), tasks handed out dynamically; returns when all ran.
-  // A call from inside a task runs its tasks inline (no nesting).
+  // A call from inside a task runs its tasks inline (no nesting). Re-entrant: the pool's one
+  // job/next/busy state belongs to one caller at a time (owner_); a second thread that launches a
+  // kernel meanwhile (MindSpore may run two CPU kernels at once) runs its tasks inline on its own
+  // thread instead of waiting. A task that throws (std::bad_alloc from scratch()) stops the hand-out;
+  // the exception is rethrown to the caller once every worker is back.
   template <class F>
   void run(int ntasks, F &&fn) {
     if (ntasks <= 0) return;
-    if (n_ == 1 || ntasks == 1 || in_pool()) {
+    std::unique_lock<std::mutex> owner(owner_, std::try_to_lock);
+    if (n_ == 1 || ntasks == 1 || in_pool() || !owner.owns_lock()) {
       for (int i = 0; i < ntasks; ++i) fn(i);
       return;
     }
     std::function<void(int)> job(fn);
     job_ = &job;
     ntasks_ = ntasks;
+    failed_.store(false, std::memory_order_relaxed);
     next_.store(0, std::memory_order_relaxed);
     busy_.store(n_ - 1, std::memory_order_relaxed);
     epoch_.fetch_add(1, std::memory_order_release);
@@ -144,6 +160,7 @@ class Pool {
     in_pool() = false;
     while (busy_.load(std::memory_order_acquire) != 0) cpu_relax();
     job_ = nullptr;
+    if (failed_.load(std::memory_order_acquire)) throw std::bad_alloc();
   }
 
  private:
@@ -171,7 +188,12 @@ class Pool {
     for (;;) {
       int i = next_.fetch_add(1, std::memory_order_relaxed);
       if (i >= ntasks_) break;
-      (*job_)(i);
+      try {
+        (*job_)(i);
+      } catch (...) {  // no exception may leave a worker thread: record it, hand out no more tasks
+        failed_.store(true, std::memory_order_release);
+        next_.store(ntasks_, std::memory_order_relaxed);
+      }
     }
   }
   void loop() {
@@ -195,7 +217,8 @@ class Pool {
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> epoch_{0};
   std::atomic<int> next_{0}, busy_{0};
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false}, failed_{false};
+  std::mutex owner_;
   std::function<void(int)> *job_ = nullptr;
   int ntasks_ = 0;
 };
@@ -213,7 +236,8 @@ inline float *scratch(int slot, int64_t n) {
     std::free(b.p);
     int64_t bytes = ((n * 4 + 63) / 64) * 64;
     b.p = static_cast<float *>(std::aligned_alloc(64, bytes));
-    b.n = n;
+    b.n = b.p ? n : 0;
+    if (!b.p) throw std::bad_alloc();  // caught by MSLLM_AOT: the kernel returns an error code
   }
   return b.p;
 }

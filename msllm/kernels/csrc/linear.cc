@@ -73,7 +73,9 @@ extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *b
   for (int i = 0; i < msllm::kMaxKernels; ++i) {
     msllm::KernelStats &s = msllm::stats_table()[i];
     if (!s.name) continue;
-    len += std::snprintf(buf + len, len < cap ? cap - len : 0, "%s %lld %lld\n", s.name, (long long)s.calls.load(),
+    // never form a pointer past the buffer: once it is full, only count the length
+    char *dst = len < cap ? buf + len : nullptr;
+    len += std::snprintf(dst, len < cap ? cap - len : 0, "%s %lld %lld\n", s.name, (long long)s.calls.load(),
                          (long long)s.nanos.load());
     if (reset) {
       s.calls = 0;

@@ -1,0 +1,89 @@
+"""The kernels' thread pool is safe when two threads launch kernels at once (MindSpore 2.10 runs
+CPU kernels one at a time today; a later version or another caller may not), and the statistics
+call never writes past its buffer. The kernels are called directly through ctypes, which releases
+the GIL, so the two launches really overlap."""
+
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+from msllm.kernels import build as kernel_build
+
+N = 1 << 21          # 2 Mi floats: many 4096-element tasks per launch
+ROUNDS = 40
+
+
+def _lib():
+    assert kernel_build.problem_with_build() is None, kernel_build.problem_with_build()
+    return ctypes.CDLL(os.path.join(kernel_build.build_dir(), kernel_build.LIB_NAME))
+
+
+def _swiglu(lib, g, u):
+    """msllm_swiglu(g, u) -> silu(g) * u through the aot calling convention."""
+    out = np.empty_like(g)
+    arrays = [g, u, out]
+    params = (ctypes.c_void_p * 3)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * 3)(1, 1, 1)
+    shape = (ctypes.c_int64 * 1)(g.size)
+    shapes = (ctypes.POINTER(ctypes.c_int64) * 3)(shape, shape, shape)
+    dtypes = (ctypes.c_char_p * 3)(b"float32", b"float32", b"float32")
+    rc = lib.msllm_swiglu(3, params, ndims, shapes, dtypes, None, None)
+    assert rc == 0
+    return out
+
+
+def test_two_threads_launching_kernels_at_once_get_their_own_results():
+    lib = _lib()
+    rng = np.random.default_rng(5)
+    print("seed 5")
+    inputs = [(rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32))
+              for _ in range(2)]
+    refs = [_swiglu(lib, g, u) for g, u in inputs]           # one at a time
+    for (g, u), ref in zip(inputs, refs):
+        np.testing.assert_allclose(ref, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
+    errors = []
+
+    def worker(k):
+        g, u = inputs[k]
+        for _ in range(ROUNDS):
+            if not np.array_equal(_swiglu(lib, g, u), refs[k]):
+                errors.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a launch hung"
+    assert errors == []
+
+
+def test_kernel_stats_stay_inside_their_buffer():
+    """With MSLLM_KERNEL_PROFILE=1 (read once per process: a fresh interpreter) the statistics text
+    is cut at the buffer's size; nothing is written past it."""
+    import subprocess
+    import sys
+
+    code = f"""
+import ctypes, sys
+import numpy as np
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_kernels_concurrency import _lib, _swiglu
+lib = _lib()
+g = np.ones(8192, np.float32)
+_swiglu(lib, g, g)
+full = lib.msllm_kernel_stats(None, 0, 0)
+buf = ctypes.create_string_buffer(b"\\xAA" * 64, 64)
+n = lib.msllm_kernel_stats(buf, 16, 0)
+raw = buf.raw
+print(full, n, raw[15], raw[16:] == b"\\xAA" * 48, raw[:15].decode())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, MSLLM_KERNEL_PROFILE="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    full, n, last, untouched, head = r.stdout.split(maxsplit=4)
+    assert int(full) > 16 and int(n) == int(full)      # the whole length is reported ...
+    assert last == "0" and untouched == "True"         # ... but only 15 bytes + NUL were written
+    assert head.startswith("msllm_swiglu")
