@@ -68,4 +68,21 @@ def kernel_stats(reset: bool = False) -> dict:
     return out
 
 
-__all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats"]
+def gemm_path() -> str:
+    """The parallel GEMM the kernels run, for the start-up line: oneDNN 3.10's threadpool interop,
+    or the "slabs" fallback (row or column slabs, one single-threaded sgemm each) when the oneDNN
+    that MindSpore ships is another version (the interop's hand-copied interface layout is 3.10's:
+    a mismatch fails closed to slabs) or ``MSLLM_GEMM=slabs`` is set."""
+    import ctypes
+
+    lib = ctypes.CDLL(library_path())
+    major, minor, patch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    interop = lib.msllm_gemm_interop(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
+    found = f"oneDNN {major.value}.{minor.value}.{patch.value}"
+    if interop:
+        return f"{found} threadpool GEMM"
+    why = "MSLLM_GEMM=slabs" if os.environ.get("MSLLM_GEMM") == "slabs" else "not the 3.10 interface msllm copies"
+    return f"GEMM slabs ({found}: {why})"
+
+
+__all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats", "gemm_path"]

@@ -50,7 +50,12 @@ class KernelChoice:
     notes: tuple = ()
 
     def describe(self) -> str:
-        linear = "msllm CPU kernels (oneDNN sgemm)" if self.cpu is not None else "MindSpore MatMul"
+        if self.cpu is not None:
+            from msllm.kernels import gemm_path
+
+            linear = f"msllm CPU kernels ({gemm_path()})"
+        else:
+            linear = "MindSpore MatMul"
         text = f"model kernels: linear/SwiGLU/rotary: {linear}; attention: {self.attention}; RMSNorm: {self.norm}"
         return text + ("" if not self.notes else " (" + "; ".join(self.notes) + ")")
 

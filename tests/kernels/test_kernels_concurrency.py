@@ -87,3 +87,55 @@ print(full, n, raw[15], raw[16:] == b"\\xAA" * 48, raw[:15].decode())
     assert int(full) > 16 and int(n) == int(full)      # the whole length is reported ...
     assert last == "0" and untouched == "True"         # ... but only 15 bytes + NUL were written
     assert head.startswith("msllm_swiglu")
+
+
+def _linear(lib, x, w):
+    """msllm_linear: y = x W^T (W (out, in))."""
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    arrays = [x, w, y]
+    params = (ctypes.c_void_p * 3)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * 3)(2, 2, 2)
+    shapes = (ctypes.POINTER(ctypes.c_int64) * 3)(*[(ctypes.c_int64 * 2)(*a.shape) for a in arrays])
+    dtypes = (ctypes.c_char_p * 3)(b"float32", b"float32", b"float32")
+    assert lib.msllm_linear(3, params, ndims, shapes, dtypes, None, None) == 0
+    return y
+
+
+GEMM_CHECK = """
+import sys
+import numpy as np
+sys.path.insert(0, {here!r})
+from test_kernels_concurrency import _lib, _linear
+from msllm.kernels import gemm_path
+rng = np.random.default_rng(11)
+worst = 0.0
+for m, n, k in ((300, 1536, 576), (2048, 192, 576), (37, 4096, 130)):   # rows cut, columns cut, odd
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    y = _linear(_lib(), x, w)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+print(gemm_path(), "|", worst)
+"""
+
+
+def test_the_gemm_slabs_fallback_and_the_interop_compute_the_same_products():
+    """MSLLM_GEMM=slabs runs the fallback any other oneDNN version gets (fail closed: the interop's
+    interface layout is 3.10's): both paths equal a float64 product to float32 rounding, and the
+    start-up line names the path in use."""
+    import subprocess
+    import sys
+
+    code = GEMM_CHECK.format(here=os.path.dirname(os.path.abspath(__file__)))
+    seen = {}
+    for mode in ("default", "slabs"):
+        env = {k: v for k, v in os.environ.items() if k != "MSLLM_GEMM"}
+        if mode == "slabs":
+            env["MSLLM_GEMM"] = "slabs"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        path, worst = r.stdout.rsplit("|", 1)
+        seen[mode] = path.strip()
+        assert float(worst) < 1e-5, (mode, worst)
+    assert seen["slabs"].startswith("GEMM slabs") and "MSLLM_GEMM=slabs" in seen["slabs"]
+    assert seen["default"].endswith("threadpool GEMM") or "not the 3.10 interface" in seen["default"]

@@ -14,9 +14,10 @@ the bundled Alpaca samples with the directory's own tokenizer and chat template.
 
 Tolerance (``TOL`` = 3e-4, max |logit diff|): SmolLM2's logits reach |38| after 30 layers, and two
 float32 implementations differ there by ~1.3e-4 (measured: transformers float32 vs transformers
-float64 8.1e-5, msllm float32 vs float64 8.6e-5, msllm vs transformers 1.26e-4 (full) / 1.29e-4
-(LoRA), i.e. ~3e-6 relative). 1e-4 is below that float32 noise floor; 3e-4 keeps a ~2x margin and
-is still >1000x below what the fine-tunes change (LoRA ~5, full ~0.5-26).
+float64 8.1e-5, msllm float32 vs float64 8.6e-5; msllm vs transformers 1.17e-4 (full) / 1.29e-4
+(LoRA), ~3e-6 relative). 1e-4 is below that float32 noise floor; 3e-4 keeps a ~2x margin and is
+far below what the fine-tunes change (max 6.5 LoRA, 17 full) or what a wrong export would show
+(lora_alpha 9 instead of 8 in adapter_config.json: 0.69).
 """
 
 import json

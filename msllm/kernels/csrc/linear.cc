@@ -84,3 +84,14 @@ extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *b
   }
   return len;
 }
+
+// Which parallel GEMM the kernels run (Python: msllm.kernels.gemm_path): 1 = oneDNN's threadpool
+// interop (oneDNN 3.10, the layout common.h copies), 0 = the "slabs" fallback (any other oneDNN
+// version, or MSLLM_GEMM=slabs). The version found is written to major/minor/patch.
+extern "C" __attribute__((visibility("default"))) int msllm_gemm_interop(int *major, int *minor, int *patch) {
+  const dnnl_abi::version_t *v = dnnl_version();
+  *major = v ? v->major : -1;
+  *minor = v ? v->minor : -1;
+  *patch = v ? v->patch : -1;
+  return msllm::threadpool_gemm_ok() ? 1 : 0;
+}
