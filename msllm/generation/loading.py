@@ -89,6 +89,24 @@ def _compare_manifest(mc: LlamaConfig, saved: dict, path: str) -> None:
                          "(or override --model.model_config.KEY=VALUE)")
 
 
+def _names_no_model(mc: LlamaConfig) -> bool:
+    """True when ``mc`` leaves every shape and numeric field at :class:`LlamaConfig`'s default: a run
+    YAML that names no model (like ``configs/smollm2/run_smollm2_135m.yaml``, whose model comes from
+    an HF directory's config.json), so a checkpoint's manifest supplies the model."""
+    d = LlamaConfig()
+    return all(getattr(mc, k) == getattr(d, k) for k in SHAPE_FIELDS + NUMERIC_FIELDS + ("intermediate_size",))
+
+
+def _manifest_config(saved: dict, path: str) -> LlamaConfig:
+    from msllm.config_io import from_dict
+
+    try:
+        return from_dict(LlamaConfig, saved, "model_config")
+    except MsllmError as exc:
+        raise MsllmError(f"{path}: the manifest's model_config cannot be read ({exc}); pass the run YAML the "
+                         "checkpoint was trained with (--config)") from None
+
+
 def _inference_config(mc: LlamaConfig, shape_from: Optional[LlamaConfig] = None) -> LlamaConfig:
     """``shape_from`` (an HF config.json) merged with the run's keys
     (:func:`msllm.convert.configs.merge_run_config`; conflicts logged), else ``mc``."""
@@ -168,7 +186,10 @@ def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool, device:
                          f"load_checkpoint and this file as --adapter")
     saved = manifest.get("model_config")
     if isinstance(saved, dict):
-        _compare_manifest(mc, saved, ckpt)
+        if _names_no_model(mc):   # e.g. a run YAML for an HF model: the checkpoint's own shape, as for the HF dir
+            mc = _inference_config(mc, _manifest_config(saved, ckpt))
+        else:
+            _compare_manifest(mc, saved, ckpt)
     net = _build(mc, fast_paths, device)
     params = load_params(ckpt, mc)
     adapters = _adapter_modules(params)

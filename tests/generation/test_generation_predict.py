@@ -205,3 +205,22 @@ def test_python_api_text_and_streaming(model, tokenizer):
     text = mg.generate_text(net, tokenizer, prompt, mg.GenerationConfig(max_new_tokens=NEW))
     assert text == [tokenizer.decode([t for t in ref if t != 2])]
     assert "".join(pieces) == text[0]
+
+
+def test_a_run_yaml_that_names_no_model_takes_the_checkpoints_own(model):
+    """configs/smollm2/run_smollm2_135m.yaml leaves the model to the weights (an HF directory's
+    config.json): an msllm checkpoint fine-tuned from it loads with the same YAML, its shape read
+    from the checkpoint's manifest (a YAML that names a different model is still refused)."""
+    from msllm.config import load_config
+    from msllm.errors import MsllmError
+    from msllm.generation.loading import load_for_inference
+
+    cfg = load_config(os.path.join(ROOT, "configs", "smollm2", "run_smollm2_135m.yaml"),
+                      [f"--load_checkpoint={model['ckpt']}", "--model.model_config.seq_length=64"])
+    net, mc, info = load_for_inference(cfg)
+    assert (mc.vocab_size, mc.hidden_size, mc.num_layers, mc.ffn_size) == (32000, 32, 2, 37)
+    assert mc.seq_length == 64 and info.kind == "msllm"
+    wrong = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"),
+                        [f"--load_checkpoint={model['ckpt']}"])
+    with pytest.raises(MsllmError, match="was saved for a different model"):
+        load_for_inference(wrong)
