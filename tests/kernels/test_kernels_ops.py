@@ -129,8 +129,12 @@ def attention_composed(q, k, v):
 @pytest.mark.parametrize("b,tq,h,kv,d", [(2, 70, 4, 2, 16),   # GQA, two query blocks (64 + 6)
                                          (1, 130, 2, 2, 8),   # three blocks, multi-head
                                          (3, 1, 2, 1, 8),     # one token
-                                         (1, 800, 2, 1, 16)], # T >= 768: 128-row blocks, 7 of them
-                         ids=["gqa-2-blocks", "mha-3-blocks", "one-token", "mqa-128-row-blocks"])
+                                         (1, 800, 2, 1, 16),  # T >= 768: 128-row blocks, 7 of them
+                                         (1, 200, 6, 2, 64),  # real models' head_dim 64 (SmolLM2, Qwen), GQA 3:1
+                                         (1, 150, 4, 2, 128), # head_dim 128 (LLaMA, Mistral), GQA 2:1
+                                         (1, 900, 4, 2, 64)], # T >= 768 with GQA and head_dim 64
+                         ids=["gqa-2-blocks", "mha-3-blocks", "one-token", "mqa-128-row-blocks", "gqa-d64",
+                              "gqa-d128", "gqa-d64-128-row-blocks"])
 def test_flash_attention_matches_numpy_and_composed_gradients(kernels, pynative, b, tq, h, kv, d):
     r = rng()
     q, k, v = (r.standard_normal((b, tq, n, d)) for n in (h, kv, kv))
