@@ -253,9 +253,11 @@ class Generator:
 def generator_for(net, config=None) -> Generator:
     """The :class:`Generator` of ``net``, made on first use and kept on the network (attribute
     ``_msllm_generator``), so repeated calls reuse the compiled graphs; ``config`` defaults to
-    ``net.config``."""
+    ``net.config``. A ``config`` other than the cached generator's (another context length or
+    model settings) makes a new generator instead of being ignored."""
+    config = config or net.config
     gen = getattr(net, "_msllm_generator", None)
-    if gen is None:
-        gen = Generator(net, config or net.config)
+    if gen is None or gen.config != config:
+        gen = Generator(net, config)
         object.__setattr__(net, "_msllm_generator", gen)
     return gen
