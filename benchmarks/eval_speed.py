@@ -134,9 +134,9 @@ def main():
     ap.add_argument("--demo_config", default=os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"))
     ap.add_argument("--real", choices=["smollm2"], help="a real model instead of the random shapes (main_real)")
     ap.add_argument("--real_config", default="configs/smollm2/run_smollm2_135m.yaml")
-    ap.add_argument("--limit", type=int, default=5, help="--real: MMLU questions per subject")
+    ap.add_argument("--limit", type=int, default=1, help="--real: MMLU questions per subject")
     ap.add_argument("--seq_length", type=int, default=2048, help="--real: msllm seq_length / HFLM max_length")
-    ap.add_argument("--batch_size", type=int, default=8, help="--real: rows per forward pass, both sides")
+    ap.add_argument("--batch_size", type=int, default=4, help="--real: rows per forward pass, both sides")
     args = ap.parse_args()
     if args.real:
         if args.out == os.path.join(HERE, "results", "eval_speed.json"):

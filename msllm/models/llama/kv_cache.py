@@ -4,18 +4,19 @@ The cache is functional: each layer's keys and values live in two tensors (B, K,
 caller passes in and gets back updated, so one compiled graph serves every decode step (static
 shapes: S is the buffer length, fixed for a generation) and the training graph has no cache.
 
-Writing uses a one-hot matrix ``write`` (T, S): ``write[t, s] = 1`` puts new token t at cache slot
-s, so the same code serves prefill (T prompt tokens into slots 0..T-1) and decode (one token into
-slot s). Slots that no token is written to keep their value:
+Writing: ``write`` (T, S) is a one-hot matrix, ``write[t, s] = 1`` puts new token t at cache slot s.
 
-    cache' = cache * (1 - sum_t write[t, :]) + write^T @ new          # (B, K, S, D)
+* decode (T = 1): one token into slot s, a select over the cache,
+  ``cache' = where(write[0, s], new, cache)`` (the masked update MindFormers' ``KVCacheMgr`` uses
+  where no fused cache kernel exists, ``mindformers/modules/kvcache_mgr.py``);
+* prefill (T > 1): the prompt's T tokens go to slots 0..T-1, always (the generation loop's
+  contract, :meth:`msllm.generation.decode.Generator.prefill`), so the update is a concatenation,
+  ``cache' = concat(new, cache[:, :, T:])``: O(S K D) per layer, where a one-hot matmul
+  ``write^T @ new`` costs O(T S K D) (with chat's buffer of the whole context, 8192 slots for
+  SmolLM2, that was most of the time to the first token: ``benchmarks/ttft_prefill.py``).
 
-(for one new token, a select: ``where(write[0, s], new, cache)``).
-
-This is the masked-add update MindFormers' ``KVCacheMgr`` uses where no fused cache kernel exists
-(``mindformers/modules/kvcache_mgr.py``: ``key_past + key * valid_length_vector``), written for
-any number of new tokens. Slot s of the buffer is position ``s - pad`` of a row that was
-left-padded by ``pad`` slots; the attention mask, not the cache, hides the pad slots.
+Slot s of the buffer is position ``s - pad`` of a row that was left-padded by ``pad`` slots; the
+attention mask, not the cache, hides the pad slots.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ class KVCache(nn.Cell):
 
     ``construct(cache, new, write)``:
         cache (B, K, S, D), new (B, K, T, D) in the compute dtype, write (T, S) float32 one-hot
-        -> updated cache (B, K, S, D), same dtype as ``cache``.
+        (T > 1: slots 0..T-1, the prefill's; module doc) -> updated cache (B, K, S, D), same dtype
+        as ``cache``.
     """
 
     def __init__(self):
         super().__init__()
-        self.matmul = ops.MatMul(transpose_a=True)
-        self.reduce_sum = ops.ReduceSum(keep_dims=False)
         self.reshape = ops.Reshape()
-        self.transpose = ops.Transpose()
+        self.concat = ops.Concat(axis=2)
         self.cast = ops.Cast()
 
     def construct(self, cache, new, write):
@@ -48,13 +48,10 @@ class KVCache(nn.Cell):
             # (measured 23% faster decode at the medium shape, batch 1; benchmarks/decode_speed.py)
             hit = self.reshape(write, (1, 1, s, 1)) > 0.5
             return ops.where(hit, new, cache)
-        write = self.cast(write, cache.dtype)
-        keep = 1.0 - self.reduce_sum(write, 0)                                  # (S,)
-        # write^T @ new over the token axis: (T, S)^T x (T, B*K*D) -> (S, B*K*D)
-        flat = self.reshape(self.transpose(new, (2, 0, 1, 3)), (t, b * k * d))  # (T, B*K*D)
-        placed = self.reshape(self.matmul(write, flat), (s, b, k, d))            # (S, B, K, D)
-        placed = self.transpose(placed, (1, 2, 0, 3))                            # (B, K, S, D)
-        return cache * self.reshape(keep, (1, 1, s, 1)) + placed
+        new = self.cast(new, cache.dtype)
+        if t == s:
+            return new                                                           # (B, K, S, D)
+        return self.concat((new, cache[:, :, t:, :]))                            # slots 0..T-1, then the rest
 
 
 def empty_cache(batch: int, kv_heads: int, length: int, head_dim: int, num_layers: int, dtype=ms.float32):

@@ -303,6 +303,12 @@ class Attention(nn.Cell):
         q, k, v = self.project(x, cos, sin)
         k_cache = self.kv_cache(k_cache, k, write)
         v_cache = self.kv_cache(v_cache, v, write)
+        t, s = q.shape[2], k_cache.shape[2]
+        if 1 < t < s:
+            # prefill: the T prompt tokens fill slots 0..T-1 and every later slot is empty and masked
+            # (kv_cache.py), so attending over the new keys alone gives the same output at O(T^2),
+            # not O(T S): with chat's whole-context buffer that was most of the first token's time
+            return self.attend(q, k, v, mask[:, :, :, :t]), k_cache, v_cache
         return self.attend(q, k_cache, v_cache, mask), k_cache, v_cache
 
 
