@@ -42,7 +42,7 @@ def _previous_code():
         self.reduce_sum = ops.ReduceSum(keep_dims=False)
         self.transpose = ops.Transpose()
 
-    def construct(self, cache, new, write):
+    def construct(self, cache, new, write, fresh=False):
         b, k, s, d = cache.shape
         t = new.shape[2]
         if t == 1:
@@ -55,7 +55,7 @@ def _previous_code():
         placed = self.transpose(placed, (1, 2, 0, 3))
         return cache * self.reshape(keep, (1, 1, s, 1)) + placed
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write):
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write, fresh=False):
         q, k, v = self.project(x, cos, sin)
         k_cache = self.kv_cache(k_cache, k, write)
         v_cache = self.kv_cache(v_cache, v, write)

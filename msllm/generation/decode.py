@@ -52,14 +52,17 @@ def _cells():
     from mindspore import nn, ops
 
     class CachedStep(nn.Cell):
-        """``(ids, positions, mask, write, caches) -> (last-position logits (B, V), caches)``."""
+        """``(ids, positions, mask, write, caches) -> (last-position logits (B, V), caches)``;
+        ``fresh``: the prefill's cell (an empty cache filled at slots 0..T-1, a compile-time
+        constant of the model's ``forward_cached``)."""
 
-        def __init__(self, net):
+        def __init__(self, net, fresh: bool = False):
             super().__init__(auto_prefix=False)  # keep the network's parameter names
             self.net = net
+            self.fresh = fresh
 
         def construct(self, input_ids, positions, mask, write, caches):
-            return self.net.forward_cached(input_ids, positions, mask, write, caches, True)
+            return self.net.forward_cached(input_ids, positions, mask, write, caches, True, self.fresh)
 
     class ReorderedStep(nn.Cell):
         """As CachedStep after taking the cache rows ``beam_idx`` (B,) int32 (beam search)."""
@@ -122,6 +125,7 @@ class Generator:
         self.net, self.config = net, config
         self.context = config.max_positions
         self.step = CachedStep(net)
+        self.prefill_step = CachedStep(net, fresh=True)
         self.reordered_step = ReorderedStep(net)
         self.shapes: list = []   # (kind, B, T, S) in first-call order
         self.first_call_s: dict = {}
@@ -142,7 +146,9 @@ class Generator:
         new = key not in self.first_call_s
         t0 = time.perf_counter()
         args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(write), ms.mutable(caches))
-        if beam_idx is None:
+        if kind in ("prefill", "full"):        # a fresh cache filled at slots 0..T-1
+            logits, caches = self.prefill_step(*args)
+        elif beam_idx is None:
             logits, caches = self.step(*args)
         else:
             logits, caches = self.reordered_step(ms.Tensor(beam_idx.astype(np.int32)), *args)

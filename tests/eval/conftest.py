@@ -15,9 +15,11 @@ from evaltest_helpers import HF_CONFIG, MAX_LENGTH, TOKENIZER, hflm  # noqa: E40
 SEED = 1234
 
 
-@pytest.fixture(scope="session")
-def models(tmp_path_factory):
-    """(transformers model, msllm network, LlamaConfig, HF directory, msllm checkpoint)."""
+@pytest.fixture(scope="session", params=["fast", "layout"])
+def models(tmp_path_factory, request):
+    """(transformers model, msllm network, LlamaConfig, HF directory, msllm checkpoint), the network
+    on each model path: ``fast`` (the CPU fast path run_eval uses: msllm's kernels, compact views)
+    and ``layout`` (the shapes the Ascend layouts are written for); every parity test runs on both."""
     import mindspore as ms
 
     from msllm.convert.hf import convert_hf_to_msllm
@@ -32,7 +34,8 @@ def models(tmp_path_factory):
     hf = make_random_hf_model(str(d / "hf"), seed=SEED, **HF_CONFIG)
     path = str(d / "model.ckpt")
     cfg = dataclasses.replace(convert_hf_to_msllm(str(d / "hf"), path, progress=False).config, seq_length=MAX_LENGTH)
-    net = LlamaForCausalLM(cfg)
+    net = LlamaForCausalLM(cfg, fast_paths=request.param == "fast")
+    print("model path", request.param, net.kernels.describe())
     ckpt.load_into(net, ckpt.load_params(path), path)
     net.set_train(False)
     return hf, net, cfg, str(d / "hf"), path

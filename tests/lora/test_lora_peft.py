@@ -46,10 +46,23 @@ def hf_model(base):
     return load(base["hf"])
 
 
+FAST = {"on": False}
+
+
+@pytest.fixture(params=["layout", "fast"], autouse=True)
+def model_path(request):
+    """Every test on both model paths: the CPU fast path (msllm's kernels, what LoRA training and
+    inference run on CPU) and the layout path (the shapes of the Ascend layouts)."""
+    FAST["on"] = request.param == "fast"
+    print("model path", request.param)
+    yield request.param
+
+
 def msllm_net(base):
     from msllm.convert.verify import msllm_network
 
-    net = msllm_network(base["config"], base["ckpt"], T)  # PYNATIVE, weights as the trainer loads them
+    # PYNATIVE, weights as the trainer loads them, on the model path of this test's parameter
+    net = msllm_network(base["config"], base["ckpt"], T, fast_paths=FAST["on"])
     set_mode("pynative")
     return net
 
@@ -247,7 +260,7 @@ def test_hf_directory_works_as_the_base(base):
     from msllm.lora.base import base_identity, load_base_into
     from msllm.models.llama.model import LlamaForCausalLM
 
-    net = LlamaForCausalLM(base["config"])
+    net = LlamaForCausalLM(base["config"], fast_paths=FAST["on"])
     apply_lora(net, PetConfig(target_modules=".*wv"))
     ident = load_base_into(net, base["hf"])
     assert ident == base_identity(base["hf"]) and ident["kind"] == "hf_dir"

@@ -297,17 +297,18 @@ class Attention(nn.Cell):
         q, k, v = self.project(x, cos, sin)
         return self.attend(q, k, v, mask)                                              # causal mask (T, T)
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write):
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write, fresh=False):
         """x (B, T, C); cos/sin (B, 1, T, D); mask (B, 1, T, S); caches (B, K, S, D); write (T, S)
-        -> (out (B, T, C), k_cache, v_cache) with x's keys/values written to their slots."""
+        -> (out (B, T, C), k_cache, v_cache) with x's keys/values written to their slots.
+        ``fresh`` (a compile-time constant): the caches are empty and x fills slots 0..T-1 (a
+        prefill), so every later slot is masked and attending over x's own keys gives the same
+        output at O(T^2), not O(T S) (with chat's whole-context buffer that was most of the first
+        token's time: benchmarks/ttft_prefill.py)."""
         q, k, v = self.project(x, cos, sin)
-        k_cache = self.kv_cache(k_cache, k, write)
-        v_cache = self.kv_cache(v_cache, v, write)
+        k_cache = self.kv_cache(k_cache, k, write, fresh)
+        v_cache = self.kv_cache(v_cache, v, write, fresh)
         t, s = q.shape[2], k_cache.shape[2]
-        if 1 < t < s:
-            # prefill: the T prompt tokens fill slots 0..T-1 and every later slot is empty and masked
-            # (kv_cache.py), so attending over the new keys alone gives the same output at O(T^2),
-            # not O(T S): with chat's whole-context buffer that was most of the first token's time
+        if fresh and t < s:
             return self.attend(q, k, v, mask[:, :, :, :t]), k_cache, v_cache
         return self.attend(q, k_cache, v_cache, mask), k_cache, v_cache
 
@@ -364,10 +365,11 @@ class DecoderLayer(nn.Cell):
     def construct(self, x, cos, sin, mask):
         return self.feed_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write):
-        """As ``construct`` for new tokens x (B, T, C) over a cache; returns (x', k_cache, v_cache)."""
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write, fresh=False):
+        """As ``construct`` for new tokens x (B, T, C) over a cache; returns (x', k_cache, v_cache)
+        (``fresh``: :meth:`Attention.construct_cached`)."""
         a, k_cache, v_cache = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask,
-                                                              k_cache, v_cache, write)
+                                                              k_cache, v_cache, write, fresh)
         return self.feed_forward(x, a), k_cache, v_cache
 
 
@@ -412,13 +414,15 @@ class LlamaModel(nn.Cell):
             x = layer(x, cos, sin, mask)
         return self.norm(x)
 
-    def forward_cached(self, input_ids, positions, mask, write, caches):
+    def forward_cached(self, input_ids, positions, mask, write, caches, fresh=False):
         """New tokens over a cache -> (hidden (B, T, C), caches).
 
         input_ids / positions (B, T) int32 (each row's own positions, so left padding is
         invisible to the rotary embedding); mask (B, 1, T, S) additive float (0 = attend,
         -1e9 = not); write (T, S) float32 one-hot slots; caches: ``2 * num_layers`` tensors
-        (B, K, S, D), keys then values per layer (:func:`~msllm.models.llama.kv_cache.empty_cache`).
+        (B, K, S, D), keys then values per layer (:func:`~msllm.models.llama.kv_cache.empty_cache`);
+        ``fresh``: the caches are empty and the T tokens go to slots 0..T-1 (a prefill; a
+        compile-time constant, :meth:`Attention.construct_cached`).
         """
         b, t = input_ids.shape
         x = self.cast(self.embed_tokens(input_ids), self.compute_dtype)         # (B, T, C)
@@ -429,7 +433,8 @@ class LlamaModel(nn.Cell):
         new_caches = ()
         i = 0
         for layer in self.layers:
-            x, k_cache, v_cache = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], write)
+            x, k_cache, v_cache = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], write,
+                                                         fresh)
             new_caches = new_caches + (k_cache, v_cache)
             i += 1
         return self.norm(x), new_caches
@@ -504,11 +509,11 @@ class LlamaForCausalLM(nn.Cell):
         out = self.head(self.reshape(h, (b * t, self.config.hidden_size)))     # (B*T, V)
         return self.reshape(out, (b, t, self.config.vocab_size))
 
-    def forward_cached(self, input_ids, positions, mask, write, caches, last_only=False):
+    def forward_cached(self, input_ids, positions, mask, write, caches, last_only=False, fresh=False):
         """Generation step over a key/value cache; shapes in :meth:`LlamaModel.forward_cached`.
         Returns (logits (B, T, V) float32, or (B, V) of the last position with ``last_only``,
         updated caches)."""
-        h, caches = self.model.forward_cached(input_ids, positions, mask, write, caches)  # (B, T, C)
+        h, caches = self.model.forward_cached(input_ids, positions, mask, write, caches, fresh)  # (B, T, C)
         b, t, c = h.shape
         if last_only:
             return self.head(self.reshape(h[:, t - 1:t, :], (b, c))), caches            # (B, V)
