@@ -215,7 +215,8 @@ def resolve_template(name: str | None, tokenizer, default_to_chat: bool = True):
         :class:`Template`, :class:`~msllm.data.chat_template.ChatTemplate`, or None (plain text).
 
     Raises:
-        MsllmError: unknown name; ``chat_template`` for a tokenizer with none; a recorded digest
+        MsllmError: unknown name; ``chat_template`` for a tokenizer with none; ``chatml`` for a
+            tokenizer without ``<|im_start|>`` / ``<|im_end|>`` special tokens (LLaMA's SentencePiece); a recorded digest
             that differs from the tokenizer's template (the data were built with another template);
             a template that does not parse.
     """
@@ -227,6 +228,11 @@ def resolve_template(name: str | None, tokenizer, default_to_chat: bool = True):
             return ChatTemplate(tokenizer.chat_template, tokenizer)
         return None
     if name == "chatml":
+        missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in tokenizer.special_tokens]
+        if missing:  # they would be split into ordinary pieces, and no answer would end at <|im_end|>
+            raise MsllmError(f"prompt template 'chatml' writes {' and '.join(missing)}, which tokenizer "
+                             f"{tokenizer.model_file} does not have as special tokens: use the model's own "
+                             f"chat_template, one of {', '.join(TEMPLATE_NAMES)}, or none")
         return ChatTemplate(CHATML, tokenizer, name="chatml")
     if name.split(":")[0] == NAME_PREFIX:
         if not tokenizer.chat_template:

@@ -37,6 +37,16 @@ MMLU_LENGTH = 1024   # mmlu: the 5-shot requests (375-594 tokens) fit
 SUBJECTS = ("astronomy", "high_school_geography")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """transformers' side on one thread: on a shared 2-core machine (and beside MindSpore's own
+    threads) two OpenMP threads made the reference 3-5x slower (measured: 85 s vs 16 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def hf(smollm2_dir):
     """(transformers model in float32, AutoTokenizer) of the SmolLM2 directory, loaded once."""

@@ -121,7 +121,10 @@ BAD = {
     "unknown_record": ("prompts.json", '[{"prompt": "a"}, {"question": "b"}]', [], "record 1: unknown record"),
     "missing_file": (None, None, ["--predict_data", "nope.jsonl"], "nope.jsonl: file not found"),
     "no_predict_data": (None, None, [], "needs --predict_data"),
-    "unknown_template": ("prompts.txt", "hello\n", ["--template", "chatml"], "unknown prompt template 'chatml'"),
+    "unknown_template": ("prompts.txt", "hello\n", ["--template", "chatml2"], "unknown prompt template 'chatml2'"),
+    "chatml_without_its_tokens": ("prompts.txt", "hello\n", ["--template", "chatml"],
+                                  "'chatml' writes <\\|im_start\\|> and <\\|im_end\\|>, which tokenizer .*tokenizer.model "
+                                  "does not have"),
     "shape_mismatch": ("prompts.txt", "hello\n", ["--model.model_config.hidden_size=64"],
                        "hidden_size=32 \\(config: 64\\)"),
     "prompt_too_long": ("prompts.txt", "hi\n" + "word " * 200 + "\n", [], "record 1 of .*context window"),

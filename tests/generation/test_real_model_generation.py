@@ -54,6 +54,18 @@ def cut_at_eos(tokens: list[int]) -> list[int]:
     return tokens[:tokens.index(EOS) + 1] if EOS in tokens else tokens
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """transformers' side on one thread: on a shared 2-core machine (and beside MindSpore's own
+    threads) two OpenMP threads made the reference 3-5x slower (measured: 85 s vs 16 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def hf(smollm2_dir):
     """(transformers model in float32, AutoTokenizer) of the SmolLM2 directory, loaded once."""
