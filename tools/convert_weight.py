@@ -56,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify_tokens", type=int, default=5, help="--verify: greedy tokens to compare (default 5)")
     p.add_argument("--verify_mode", default="pynative", choices=["pynative", "graph"],
                    help="--verify: MindSpore execution mode of the msllm model (default pynative)")
-    p.add_argument("--tokenizer", default=None, help="--verify: SentencePiece model (default the bundled "
-                   "LLaMA examples/data/tokenizer.model)")
+    p.add_argument("--tokenizer", default=None, help="a tokenizer.model, tokenizer.json or HF directory: the "
+                   "--verify prompt's tokenizer (default the bundled LLaMA examples/data/tokenizer.model); with "
+                   "--reversed also copied into the HF directory, its bos/eos/pad ids written to config.json "
+                   "(default there: the tokenizer the checkpoint's manifest records, when it still exists)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
     return p
 
@@ -124,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             verify = make_verifier(args, None) if args.verify else None
             res = hf.convert_msllm_to_hf(args.mindspore_ckpt_path, args.torch_ckpt_dir, config_path=args.config,
                                          dtype=args.dtype, max_shard_size=args.max_shard_size,
-                                         progress=not args.no_progress, before_publish=verify)
+                                         progress=not args.no_progress, before_publish=verify,
+                                         tokenizer=args.tokenizer)
+            for note in res.notes or ("no tokenizer written (pass --tokenizer to add one)",):
+                print(note)
             print(f"wrote {res.output}: {res.tensors} tensors, {res.bytes / 1e6:.1f} MB "
                   f"({', '.join(res.dtypes)}) in {time.perf_counter() - t0:.1f}s")
         else:

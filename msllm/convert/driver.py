@@ -25,6 +25,7 @@ import numpy as np
 
 from msllm.convert.configs import msllm_config_to_hf
 from msllm.convert.sources import open_hf_source
+from msllm.convert.tokenizer_export import export_tokenizer, recorded_tokenizer
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_path, write_json_atomic
 from msllm.formats.dtypes import FLOAT_DTYPES, STORAGE, TensorRef, cast, normalize_dtype, tensor_nbytes
@@ -87,6 +88,7 @@ class ConversionResult:
     bytes: int
     dtypes: list
     source_kind: str
+    notes: tuple = ()
 
 
 def convert_hf_to_msllm(hf_dir: str, out_path: str, dtype: Optional[str] = None, progress: bool = True,
@@ -218,7 +220,8 @@ def msllm_weights(ckpt_path: str, cfg: LlamaConfig) -> dict[str, TensorRef]:
 
 def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str] = None,
                         dtype: Optional[str] = None, max_shard_size="2GB", progress: bool = True,
-                        before_publish: Optional[Callable[[str, LlamaConfig], None]] = None) -> ConversionResult:
+                        before_publish: Optional[Callable[[str, LlamaConfig], None]] = None,
+                        tokenizer: Optional[str] = None) -> ConversionResult:
     """msllm ``.ckpt`` -> HF directory loadable by ``AutoModelForCausalLM.from_pretrained``.
 
     Writes ``config.json`` (:func:`msllm_config_to_hf`) and ``model.safetensors``, or
@@ -226,6 +229,8 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
     ``max_shard_size`` (bytes or ``"2GB"``-style). Model config from the checkpoint manifest, else
     ``config_path`` (:func:`msllm_model_config`). ``dtype`` None keeps each tensor's dtype. Trainer
     entries (``adam_m.*``, ``global_step`` ...) are skipped; MindFormers names are accepted.
+    ``tokenizer`` (else the one the manifest records, if still there): copied beside the weights,
+    its BOS / EOS / pad ids written to the configs (:mod:`msllm.convert.tokenizer_export`).
 
     The directory is built as a hidden temporary directory beside ``out_dir`` and renamed onto it
     at the end (after ``before_publish(tmp_dir, config)``); ``out_dir`` must not exist or be empty.
@@ -274,6 +279,11 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
         if len(shards) > 1:
             write_json_atomic(os.path.join(tmp, "model.safetensors.index.json"),
                               {"metadata": {"total_size": total}, "weight_map": weight_map})
+        notes = ()
+        tokenizer = tokenizer or recorded_tokenizer(read_sidecar(ckpt_path))
+        if tokenizer:
+            cfg, note = export_tokenizer(tokenizer, tmp, cfg)
+            notes = (note,)
         write_json_atomic(os.path.join(tmp, "config.json"), msllm_config_to_hf(cfg, config_dtype))
         write_json_atomic(os.path.join(tmp, "generation_config.json"),
                           {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
@@ -286,7 +296,7 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ConversionResult(out_dir, cfg, len(weights), total, sorted(counts), "msllm")
+    return ConversionResult(out_dir, cfg, len(weights), total, sorted(counts), "msllm", notes)
 
 
 def read_hf_tensors(hf_dir: str) -> dict[str, np.ndarray]:

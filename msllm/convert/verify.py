@@ -2,7 +2,8 @@
 ``LlamaForCausalLM`` (MindSpore, CPU), both in float32.
 
 The ids are a real English sentence tokenized with the real LLaMA tokenizer
-(``examples/data/tokenizer.model`` via :class:`msllm.data.tokenizer.LlamaTokenizer`), BOS first;
+(``examples/data/tokenizer.model``), or the ``--tokenizer`` given (any kind
+:func:`msllm.data.tokenizer.load_tokenizer` reads), BOS first when the tokenizer has one;
 for a model whose vocabulary is smaller than the tokenizer's, ids are taken modulo the vocabulary.
 The check reports ``max |logit_hf - logit_msllm|`` over every position and vocabulary entry and
 both models' greedy continuations (argmax, a few tokens). It passes when the difference is at
@@ -78,10 +79,10 @@ def sentence_ids(vocab_size: int, tokenizer_path: Optional[str] = None, text: st
                  max_len: Optional[int] = None) -> tuple[list[int], bool]:
     """``([bos] + tokenize(text), modulo)``: ids < ``vocab_size`` (mod when the tokenizer's
     vocabulary is larger; ``modulo`` tells), at most ``max_len`` of them."""
-    from msllm.data.tokenizer import LlamaTokenizer
+    from msllm.data.tokenizer import load_tokenizer
 
-    tok = LlamaTokenizer(tokenizer_path or DEFAULT_TOKENIZER)
-    ids = [tok.bos_id] + tok.encode(text)
+    tok = load_tokenizer(tokenizer_path or DEFAULT_TOKENIZER)
+    ids = ([tok.bos_id] if tok.bos_id is not None and tok.bos_id >= 0 else []) + tok.encode(text)
     modulo = vocab_size < tok.vocab_size
     if modulo:
         ids = [i % vocab_size for i in ids]
@@ -214,7 +215,7 @@ def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None,
     afterwards. Does not raise on a mismatch (see :meth:`ParityReport.ok`); raises MsllmError for
     bad inputs.
     """
-    from msllm.data.tokenizer import LlamaTokenizer
+    from msllm.data.tokenizer import load_tokenizer
 
     import mindspore as ms
 
@@ -233,7 +234,7 @@ def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None,
         hf_next, ms_next = greedy(hf_fn, ids, n_new), greedy(ms_fn, ids, n_new)
     finally:
         ms.set_context(mode=previous_mode)  # leave the process's execution mode as it was
-    tok = LlamaTokenizer(tokenizer_path or DEFAULT_TOKENIZER)
+    tok = load_tokenizer(tokenizer_path or DEFAULT_TOKENIZER)
 
     def text(next_ids):
         return tok.decode([i for i in next_ids if i < tok.vocab_size])

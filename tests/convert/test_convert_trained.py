@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from msllm.convert import hf
+from msllm.data.tokenizer import load_tokenizer
 from msllm.training import checkpoint as ckpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,6 +58,14 @@ def test_trained_checkpoint_exports_to_hf_with_logits_parity(trained, tmp_path):
     files = sorted(os.listdir(hf_dir))
     assert "model.safetensors.index.json" in files and "config.json" in files
     assert sum(f.endswith(".safetensors") for f in files) == 3  # 35.7 MB in <= 10 MB shards (+ a 16 MB one)
+    # the data's tokenizer (recorded in the checkpoint's manifest) is written beside the weights, and
+    # transformers' AutoTokenizer reads it as the LLaMA tokenizer it is
+    assert "tokenizer.model" in files
+    import transformers
+
+    text = "Give three tips for staying healthy. Ça va? 123"
+    sp = load_tokenizer(os.path.join(EX, "tokenizer.model"))
+    assert transformers.AutoTokenizer.from_pretrained(str(hf_dir))(text)["input_ids"] == [sp.bos_id] + sp.encode(text)
 
     cfg = hf.msllm_model_config(last, None)  # from the manifest the trainer wrote
     report = check_parity(cfg, last, hf_dir=str(hf_dir), n_new=3)  # transformers.from_pretrained(hf_dir)

@@ -215,9 +215,20 @@ def test_full_finetune_converts_to_hf_with_msllm_logits(full_run, smollm2_dir, r
     r = run([CONVERT, "--reversed", "--mindspore_ckpt_path", ckpt, "--torch_ckpt_dir", str(hf_dir), "--no_progress"],
             tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert sorted(os.listdir(hf_dir)) == ["config.json", "generation_config.json", "model.safetensors"]
+    # the tokenizer the training data was built with (recorded in the manifest) is written beside the
+    # weights, and the configs carry its token ids, as the original directory does
+    assert sorted(os.listdir(hf_dir)) == ["chat_template.jinja", "config.json", "generation_config.json",
+                                          "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     config = json.loads((hf_dir / "config.json").read_text())
+    original = json.loads(open(os.path.join(smollm2_dir, "config.json")).read())
     assert config["tie_word_embeddings"] is True and config["vocab_size"] == 49152
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert config[key] == original[key], key
+    text = "Fine-tuned 模型 answers 🙂"
+    assert (transformers.AutoTokenizer.from_pretrained(str(hf_dir)).apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False) ==
+        transformers.AutoTokenizer.from_pretrained(smollm2_dir).apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False))
     with safe_open(str(hf_dir / "model.safetensors"), "np") as f, \
             safe_open(os.path.join(smollm2_dir, "model.safetensors"), "np") as g:
         keys = set(f.keys())
