@@ -92,7 +92,7 @@ def child(name: str, steps: int) -> dict:
     from msllm.cluster.context import Runtime
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.parallel.apply import apply_layout
-    from msllm.training.trainer import build_optimizer, build_train_step
+    from msllm.training.setup import build_optimizer, build_train_step
 
     cfg = run_config(name)
     mc = cfg.model_config

@@ -45,7 +45,7 @@ def worker(shape: str, variant: str, steps: int) -> dict:
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.parallel.apply import apply_recompute
     from msllm.training.step import TrainStep
-    from msllm.training.trainer import build_optimizer
+    from msllm.training.setup import build_optimizer
 
     c, layers, heads, ffn, seq, batch = SHAPES[shape]
     cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"), [

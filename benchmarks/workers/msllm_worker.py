@@ -28,7 +28,7 @@ def main():
     common.use_repo()
     from msllm.cluster.context import setup_runtime
     from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.training.trainer import build_optimizer, build_train_step
+    from msllm.training.setup import build_optimizer, build_train_step
     phases.mark("import")
 
     overrides = []

@@ -172,7 +172,7 @@ def test_mindformers_qkv_concat_checkpoint_predicts_trains_and_exports(tmp_path,
     # train: weights and moments into the train step
     from msllm.config import RunConfig
     from msllm.training.step import TrainStep
-    from msllm.training.trainer import build_optimizer  # the trainer's own AdamW grouping
+    from msllm.training.setup import build_optimizer  # the trainer's own AdamW grouping
 
     run = RunConfig()
     net2 = LlamaForCausalLM(cfg)

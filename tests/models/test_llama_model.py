@@ -1,8 +1,11 @@
 """The LLaMA network: parameter names and shapes, causality, GQA, loss masking.
 
-Every test runs on both model paths: ``fast_paths=True`` (the CPU shapes: 2-D norm/softmax views,
-loss over target positions only) and ``fast_paths=False`` (the shapes Ascend and the parallel
-layouts use), so the path CPU training does not take is still executed and checked."""
+Every test runs on three models: the layout path (``fast_paths=False``: the shapes Ascend and the
+parallel layouts use) and the CPU fast path (2-D norm/softmax views, loss over target positions
+only) once with msllm's CPU kernels (``cpu_kernels=True``: built first, so a missing build is a
+failure, not a silent switch) and once with MindSpore's composed operators (``cpu_kernels=False``,
+the documented fallback without a compiler). Each test means the same whether or not
+``msllm/kernels/_build`` existed before the run."""
 
 import numpy as np
 import pytest
@@ -23,23 +26,50 @@ def small(**kw):
     return LlamaConfig(**base)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["ascend_path", "cpu_fast_path"])
-def fast(request):
+PATHS = {"ascend_path": (False, None), "cpu_kernels": (True, True), "cpu_composed": (True, False)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_kernels():
+    """msllm's CPU kernels built (a no-op when up to date), so ``cpu_kernels=True`` can be asked for."""
+    from msllm.kernels import build
+
+    build.build(verbose=False)
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def path(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def model(fast):
+def fast(path):
+    return PATHS[path][0]
+
+
+def build_model(path, **kw):
+    fast_paths, cpu_kernels = PATHS[path]
+    return LlamaForCausalLM(small(cpu_kernels=cpu_kernels, **kw), fast_paths=fast_paths)
+
+
+@pytest.fixture(scope="module")
+def model(path):
     ms.set_seed(1)
-    return LlamaForCausalLM(small(), fast_paths=fast)
+    return build_model(path)
 
 
-def test_both_paths_compute_the_same_function():
+@pytest.mark.parametrize("fast_path", ["cpu_kernels", "cpu_composed"])
+def test_both_paths_compute_the_same_function(fast_path):
+    from msllm.kernels.select import COMPOSED, CPU_FLASH, CPU_NORM
+
     ms.set_seed(3)
-    a = LlamaForCausalLM(small(), fast_paths=False)
-    b = LlamaForCausalLM(small(), fast_paths=True)
+    a = build_model("ascend_path")
+    b = build_model(fast_path)
     ms.load_param_into_net(b, {p.name: p for p in a.trainable_params()})
     assert a.compact_loss is False and b.compact_loss is True and b.model.norm.flat
+    kernels = fast_path == "cpu_kernels"
+    assert (b.kernels.cpu is not None) == kernels
+    assert (b.kernels.attention, b.kernels.norm) == ((CPU_FLASH, CPU_NORM) if kernels else (COMPOSED, COMPOSED))
     rng = np.random.default_rng(4)
     ids = rng.integers(3, 97, (2, 9)).astype(np.int32)
     labels = ids.copy()
@@ -96,10 +126,10 @@ def test_loss_ignores_masked_targets_and_matches_numpy(model):
     assert float(model(ms.Tensor(ids), ms.Tensor(none)).asnumpy()) == 0.0
 
 
-def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(fast):
+def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(path):
     ms.set_seed(2)
-    gqa = LlamaForCausalLM(small(n_kv_heads=2), fast_paths=fast)
-    mha = LlamaForCausalLM(small(n_kv_heads=4), fast_paths=fast)
+    gqa = build_model(path, n_kv_heads=2)
+    mha = build_model(path, n_kv_heads=4)
     d = 8
     src = {p.name: p.asnumpy() for p in gqa.trainable_params()}
     for p in mha.trainable_params():
@@ -111,8 +141,8 @@ def test_grouped_query_attention_equals_mha_with_repeated_kv_heads(fast):
     np.testing.assert_allclose(gqa(ids).asnumpy(), mha(ids).asnumpy(), atol=1e-5)
 
 
-def test_tied_embeddings_share_the_table(fast):
-    m = LlamaForCausalLM(small(tie_word_embeddings=True), fast_paths=fast)
+def test_tied_embeddings_share_the_table(path):
+    m = build_model(path, tie_word_embeddings=True)
     names = [p.name for p in m.trainable_params()]
     assert "lm_head.weight" not in names
     assert sum(p.size for p in m.trainable_params()) == small(tie_word_embeddings=True).num_params()

@@ -35,7 +35,7 @@ def save_full_train_checkpoint(mc, path, seed):
     ms.set_device("CPU")
     from msllm.cluster.context import Runtime
     from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.training.trainer import build_optimizer, build_train_step
+    from msllm.training.setup import build_optimizer, build_train_step
 
     ms.set_seed(seed)
     cfg = RunConfig()

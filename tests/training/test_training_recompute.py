@@ -13,7 +13,7 @@ from msllm.config import RecomputeConfig, load_config
 from msllm.models.llama.model import LlamaForCausalLM
 from msllm.parallel.apply import apply_recompute
 from msllm.training.step import TrainStep
-from msllm.training.trainer import build_optimizer
+from msllm.training.setup import build_optimizer
 
 SEED = 11
 TINY = "configs/llama/run_llama_tiny.yaml"

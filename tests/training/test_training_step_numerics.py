@@ -17,7 +17,7 @@ from msllm.config import RunConfig
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.model import LlamaForCausalLM
 from msllm.training.step import TrainStep
-from msllm.training.trainer import build_optimizer
+from msllm.training.setup import build_optimizer
 
 SEED = 20240613
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=48,

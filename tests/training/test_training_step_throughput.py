@@ -181,7 +181,7 @@ def test_cpu_peak_share_follows_the_group_size_and_refuses_a_stale_device_num(mo
     from msllm.config import load_config
     from msllm.errors import MsllmError
     from msllm.training.throughput import host_cpu_peak
-    from msllm.training.trainer import peak_tflops
+    from msllm.training.setup import peak_tflops
 
     cfg = load_config(TINY_YAML, [])
     host = host_cpu_peak().tflops
