@@ -20,16 +20,19 @@ import harness
 
 
 def measure(seconds: float = 2.0) -> dict:
-    from msllm import kernels
-    from msllm.kernels.build import measure_fma_loop
+    import tempfile
+
+    from msllm.kernels.clock_probe import compile_probe, measure_fma_loop
 
     peak = common.cpu_fp32_peak()
     out = {"peak": peak, "load_before": common.loadavg()}
     per_cycle = peak["fma_units"] * peak["lanes"] * 2
-    for nt in sorted({1, peak["cores"]}):
-        r = measure_fma_loop(kernels.library_path(), threads=nt, seconds=seconds)
-        out[f"fma_loop_gflops_{nt}_threads"] = r["gflops"]
-        out[f"implied_clock_ghz_{nt}_threads"] = r["gflops"] / nt / per_cycle
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = compile_probe(tmp)
+        for nt in sorted({1, peak["cores"]}):
+            r = measure_fma_loop(lib, threads=nt, seconds=seconds)
+            out[f"fma_loop_gflops_{nt}_threads"] = r["gflops"]
+            out[f"implied_clock_ghz_{nt}_threads"] = r["gflops"] / nt / per_cycle
     out["load_after"] = common.loadavg()
     return out
 

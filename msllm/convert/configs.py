@@ -15,7 +15,7 @@ import os
 from typing import Optional
 
 from msllm.errors import MsllmError
-from msllm.models.llama.config import LlamaConfig
+from msllm.models.llama.config import LlamaConfig, check_rope_scaling
 
 
 def read_json(path: str, what: str) -> object:
@@ -43,11 +43,8 @@ def _hf_rope(hf: dict, where: str) -> tuple[float, Optional[dict]]:
     kind = spec.get("rope_type", spec.get("type", "default"))
     if kind in (None, "default"):
         return float(theta), None
-    if kind == "linear" and "factor" in spec:
-        return float(theta), {"type": "linear", "factor": float(spec["factor"])}
     key = "rope_scaling" if scaling is not None else "rope_parameters"
-    raise MsllmError(f"{where}: {key} {spec!r} is not supported (msllm implements default and "
-                     "linear rotary scaling only)")
+    return float(theta), check_rope_scaling(spec, f"{where}: {key}")
 
 
 def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
@@ -118,9 +115,10 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
     scaling = None
     rope_parameters = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     if cfg.rope_scaling is not None:
-        factor = float(cfg.rope_scaling["factor"])
-        scaling = {"type": "linear", "rope_type": "linear", "factor": factor}
-        rope_parameters = {"rope_type": "linear", "rope_theta": float(cfg.rope_theta), "factor": factor}
+        spec = check_rope_scaling(cfg.rope_scaling, "model_config.rope_scaling")
+        kind, keys = spec.pop("type"), spec
+        scaling = {"type": kind, "rope_type": kind, **keys}
+        rope_parameters = {"rope_type": kind, "rope_theta": float(cfg.rope_theta), **keys}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -50,7 +50,8 @@ def build_dir() -> str:
 
 
 def sources() -> list[str]:
-    return sorted(os.path.join(CSRC, f) for f in os.listdir(CSRC) if f.endswith((".cc", ".h")))
+    """The library's C++ sources (``peak.cc`` is the clock probe's, built alone: :mod:`msllm.kernels.clock_probe`)."""
+    return sorted(os.path.join(CSRC, f) for f in os.listdir(CSRC) if f.endswith((".cc", ".h")) and f != "peak.cc")
 
 
 def source_digest() -> str:
@@ -147,25 +148,14 @@ def problem_with_build(directory: str | None = None) -> str | None:
     return None
 
 
-def measure_fma_loop(lib: str, threads: int | None = None, repeats: int = 3, seconds: float = 0.3) -> dict:
-    """What a register-only FMA loop (``csrc/peak.cc``) reaches on ``threads`` threads at once
-    (default: every core of this process's affinity), best of ``repeats`` runs of about ``seconds``
-    each: ``{"threads", "lanes", "gflops"}``. Recorded in build_info.json; :func:`msllm.training.throughput.host_cpu_peak` derives
-    the clock the cores run vector FMAs at from it (above the described clock when they turbo)."""
-    import ctypes
-
-    so = ctypes.CDLL(lib)
-    so.msllm_fma_gflops.restype, so.msllm_fma_gflops.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_double]
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    lanes = int(so.msllm_fma_lanes())
-    best = max(so.msllm_fma_gflops(threads, seconds) for _ in range(repeats))
-    return {"threads": threads, "lanes": lanes, "gflops": round(best, 3)}
-
-
 def build(force: bool = False, verbose: bool = True) -> str:
     """Compile the kernels if missing or stale; returns the library path. Raises MsllmError
     (no compiler, no oneDNN, a compile error) naming what to fix."""
+    from msllm.kernels.clock_probe import ensure_clock_probe
+
+    # the clock behind the CPU peak (MFU / HFU), measured apart from the library: the peak must not
+    # depend on whether the library builds or is used
+    ensure_clock_probe(force=force, verbose=verbose)
     d = build_dir()
     lib = os.path.join(d, LIB_NAME)
     if not force and problem_with_build(d) is None:
@@ -187,16 +177,13 @@ def build(force: bool = False, verbose: bool = True) -> str:
         raise MsllmError(f"msllm kernels: compiling {CSRC} failed ({version}):\n{p.stderr[-4000:]}")
     os.replace(tmp, lib)
     info = {"digest": source_digest(), "compiler": version, "flags": CXXFLAGS, "mindspore": mindspore_version(),
-            "mindspore_lib": ms_lib, "isa": isa_of_build(cxx), "sources": [os.path.basename(s) for s in sources()],
-            "fma_loop": measure_fma_loop(lib)}
+            "mindspore_lib": ms_lib, "isa": isa_of_build(cxx), "sources": [os.path.basename(s) for s in sources()]}
     fd, tmp = tempfile.mkstemp(prefix=".build_info.", suffix=".json", dir=d)
     with os.fdopen(fd, "w") as fh:
         json.dump(info, fh, indent=1)
     os.replace(tmp, os.path.join(d, INFO_NAME))
     if verbose:
-        fl = info["fma_loop"]
-        print(f"msllm kernels: built {lib} (instruction sets: {', '.join(info['isa']) or 'baseline'}; "
-              f"FMA loop {fl['gflops']:.1f} GFLOP/s on {fl['threads']} core(s))")
+        print(f"msllm kernels: built {lib} (instruction sets: {', '.join(info['isa']) or 'baseline'})")
     return lib
 
 

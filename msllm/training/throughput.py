@@ -9,14 +9,15 @@ compact loss runs it, recompute (:class:`Throughput`). Closeness to the peak is 
 
 The peak is a documented or computed hardware figure, never a measured matmul rate (that
 differs per rank and per moment, and MFU against it can exceed 100%); the only measurement in it
-is the CPU's vector clock, taken once per build for the whole host:
+is the CPU's vector clock, taken once per machine for the whole host by a probe of its own
+(:mod:`msllm.kernels.clock_probe`), the same whether msllm's kernels are built or used:
 
 * ``context.peak_tflops`` when set (any device);
 * Ascend: :data:`ASCEND_PEAK_TFLOPS`, the vendor's published dense FP16 peak per chip;
 * CPU: cores x FMA units x SIMD fp32 lanes x 2 (multiply + add) x clock, read from the CPU's
-  own description (:func:`cpu_peak`), at the clock a register-only FMA loop measured when the
-  kernels were built if that is higher (:func:`with_measured_clock`: the cores turbo above a
-  described base or TSC clock), divided among the ranks sharing the host;
+  own description (:func:`cpu_peak`), at the clock the probe's register-only FMA loop measured
+  if that is higher (:func:`with_measured_clock`: the cores turbo above a described base or TSC
+  clock), divided among the ranks sharing the host; unknown when the probe never ran (no g++);
 * otherwise unknown: MFU is not reported (better than a guessed number).
 """
 
@@ -153,7 +154,7 @@ def with_measured_clock(peak: CpuPeak, fma_loop: Optional[dict]) -> CpuPeak:
     GEMM could then reach more than the described peak, i.e. MFU over 100%).
 
     ``fma_loop``: ``{"threads", "lanes", "gflops"}`` of a register-only FMA loop on every core
-    (:func:`msllm.kernels.build.measure_fma_loop`, recorded when the kernels are built); its clock
+    (:func:`msllm.kernels.clock_probe.measure_fma_loop`, recorded by the clock probe); its clock
     is gflops / threads / (fma_units x lanes x 2). Ignored when None or measured with other lanes.
     """
     if not fma_loop or fma_loop.get("lanes") != peak.lanes or not fma_loop.get("threads"):
@@ -162,17 +163,16 @@ def with_measured_clock(peak: CpuPeak, fma_loop: Optional[dict]) -> CpuPeak:
     if ghz <= peak.ghz:
         return peak
     return dataclasses.replace(peak, ghz=ghz, clock_source=(
-        f"a register-only FMA loop at kernel build ({float(fma_loop['gflops']):.1f} GFLOP/s on "
+        f"a register-only FMA loop (msllm's clock probe: {float(fma_loop['gflops']):.1f} GFLOP/s on "
         f"{fma_loop['threads']} cores), above {peak.ghz:.3f} GHz from {peak.clock_source}"))
 
 
-def _kernel_build_fma_loop() -> Optional[dict]:
-    """The FMA loop measured when msllm's kernels were built for this CPU, or None."""
-    from msllm.kernels import build as kernel_build
+def measured_fma_loop() -> Optional[dict]:
+    """The FMA loop measured on this CPU by msllm's clock probe (:mod:`msllm.kernels.clock_probe`,
+    independent of the kernel library), or None when it was never measured here."""
+    from msllm.kernels.clock_probe import read_clock_probe
 
-    if kernel_build.problem_with_build() is not None:
-        return None
-    return (kernel_build.read_info() or {}).get("fma_loop")
+    return read_clock_probe()
 
 
 def host_cpu_peak() -> CpuPeak:
@@ -187,7 +187,7 @@ def host_cpu_peak() -> CpuPeak:
     except (OSError, ValueError):
         pass
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    return with_measured_clock(cpu_peak(text, allowed, base), _kernel_build_fma_loop())
+    return with_measured_clock(cpu_peak(text, allowed, base), measured_fma_loop())
 
 
 def ascend_soc_name() -> Optional[str]:
@@ -228,6 +228,10 @@ def device_peak_tflops(device_target: str, override: Optional[float] = None, asc
     if device_target == "CPU":
         if ranks_on_host is None:
             ranks_on_host = int(os.environ.get("DEVICE_NUM", "1") or 1)
+        if measured_fma_loop() is None:   # the described clock would overstate MFU on a turbo core
+            return None, ("CPU peak unknown: the clock this CPU's cores run vector FMAs at was never measured "
+                          "here (`python -m msllm.kernels.build` measures it, needs g++; make install runs it); "
+                          "MFU and HFU are not reported (set context.peak_tflops to give a peak)")
         peak = host_cpu_peak()
         share = peak.tflops / max(1, ranks_on_host)
         how = f"CPU peak {peak.describe()}"

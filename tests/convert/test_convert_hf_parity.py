@@ -38,6 +38,12 @@ CASES = {
     "mqa_bin_sharded_bf16": (dict(vocab_size=700, hidden_size=32, intermediate_size=50, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=1, rms_norm_eps=1e-5,
                                   max_position_embeddings=64), "bin", "sharded", "bfloat16"),
+    # Llama 3.1+ rotary scaling (rope_type llama3: kept, blended and divided frequencies at head_dim 16)
+    "gqa_llama3_rope": (dict(vocab_size=600, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+                             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+                             max_position_embeddings=512), "safetensors", None, "float32"),
 }
 
 
@@ -60,7 +66,10 @@ def test_hf_to_msllm_logits_parity(tmp_path, case):
         cfg_kw["num_attention_heads"], cfg_kw["num_key_value_heads"], cfg_kw["intermediate_size"])
     assert c.tie_word_embeddings == cfg_kw.get("tie_word_embeddings", False)
     assert c.rope_theta == cfg_kw.get("rope_theta", 10000.0)
-    assert c.rope_scaling == ({"type": "linear", "factor": 2.0} if "rope_scaling" in cfg_kw else None)
+    expected_scaling = {"gqa_linear_rope_bin": {"type": "linear", "factor": 2.0},
+                        "gqa_llama3_rope": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+    assert c.rope_scaling == expected_scaling.get(case)
     assert res.dtypes == [dtype]
     # the manifest carries the model config, so the checkpoint is self-describing
     assert read_sidecar(out)["model_config"]["hidden_size"] == cfg_kw["hidden_size"]

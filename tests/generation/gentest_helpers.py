@@ -13,7 +13,7 @@ SENTENCES = ["I love Beijing, because",
 
 # The model configs of tests/convert/test_convert_hf_parity.py (transformers LlamaConfig fields,
 # file format, stored dtype): MHA, GQA + tied embeddings + rope_theta 5e5, GQA + linear rope
-# scaling, MQA in bf16.
+# scaling, GQA + Llama 3.1 rope scaling, MQA in bf16.
 CASES = {
     "mha_untied_vocab32000": (dict(vocab_size=32000, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128),
@@ -25,6 +25,13 @@ CASES = {
                              num_attention_heads=6, num_key_value_heads=3, rope_theta=1e6,
                              rope_scaling={"rope_type": "linear", "factor": 2.0}, max_position_embeddings=256),
                         "bin", "float32"),
+    # Llama 3.1's rotary scaling: head_dim 16 at theta 5e5 has wavelengths below 64 (kept), between
+    # 64 and 256 (blended) and above 256 (divided by 8)
+    "gqa_llama3_rope": (dict(vocab_size=600, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+                             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+                             max_position_embeddings=512), "safetensors", "float32"),
     "mqa_bf16": (dict(vocab_size=700, hidden_size=32, intermediate_size=50, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64),
                  "safetensors", "bfloat16"),

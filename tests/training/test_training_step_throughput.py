@@ -70,15 +70,38 @@ def test_a_measured_vector_clock_above_the_described_one_raises_the_peak():
     assert with_measured_clock(zen4, {"threads": 1, "lanes": 16, "gflops": 115.0}).tflops == pytest.approx(0.230)
 
 
-def test_host_peak_bounds_the_fma_loop_of_the_kernel_build():
-    """The built kernels' FMA loop is the fastest fp32 code this CPU runs: the peak covers it."""
-    from msllm.kernels import build as kernel_build
+def test_host_peak_bounds_the_fma_loop_of_the_clock_probe():
+    """The probe's FMA loop is the fastest fp32 code this CPU runs: the peak covers it."""
+    from msllm.kernels.clock_probe import ensure_clock_probe
 
-    assert kernel_build.problem_with_build() is None, kernel_build.problem_with_build()
-    loop = kernel_build.read_info()["fma_loop"]
+    loop = ensure_clock_probe(verbose=False)
     peak = host_cpu_peak()
     print(f"FMA loop {loop}, peak {peak.describe()}")
     assert loop["gflops"] / loop["threads"] * peak.cores <= peak.tflops * 1000 * (1 + 1e-9)
+
+
+def test_cpu_peak_is_the_same_without_the_kernel_library_and_unknown_without_a_measured_clock(tmp_path,
+                                                                                               monkeypatch):
+    """The peak behind MFU / HFU depends on the clock probe only, never on whether msllm's kernel
+    library exists (issue #21): a build directory holding only the probe's record gives the same
+    peak as the full build; one without it gives no peak (no MFU) rather than the described clock."""
+    import shutil
+
+    from msllm.kernels import build as kernel_build
+    from msllm.kernels.clock_probe import PROBE_INFO, ensure_clock_probe
+
+    ensure_clock_probe(verbose=False)
+    full = device_peak_tflops("CPU", ranks_on_host=1)
+    assert full[0] is not None, full[1]
+    only_probe = tmp_path / "only_probe"
+    only_probe.mkdir()
+    shutil.copy(os.path.join(kernel_build.build_dir(), PROBE_INFO), only_probe / PROBE_INFO)
+    monkeypatch.setenv("MSLLM_KERNELS_DIR", str(only_probe))
+    assert kernel_build.problem_with_build() is not None          # no library here ...
+    assert device_peak_tflops("CPU", ranks_on_host=1) == full     # ... the same peak
+    monkeypatch.setenv("MSLLM_KERNELS_DIR", str(tmp_path / "empty"))
+    value, how = device_peak_tflops("CPU", ranks_on_host=1)
+    assert value is None and "never measured" in how and "not reported" in how
 
 
 def test_device_peak_is_documented_shared_per_rank_and_overridable():

@@ -2,7 +2,8 @@
 // on every thread (no loads, no stores), so its rate divided by the FLOPs one core can issue per
 // cycle is the clock. msllm's CPU peak (msllm/training/throughput.py) uses it when it is above the
 // clock the CPU describes (a KVM guest's /proc/cpuinfo gives the TSC rate, below the turbo clock),
-// so that MFU cannot exceed 100%. Measured once, by ``python -m msllm.kernels.build``.
+// so that MFU cannot exceed 100%. Built alone (not part of libmsllm_kernels.so) and measured once by
+// msllm/kernels/clock_probe.py, which ``python -m msllm.kernels.build`` runs first.
 #include <chrono>
 #include <thread>
 #include <vector>

@@ -31,6 +31,34 @@ def llama_intermediate_size(hidden_size: int, multiple_of: int, ffn_dim_multipli
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+# rotary scaling kinds msllm implements (:func:`msllm.models.llama.model.rotary_tables`) and the
+# keys each needs, as transformers' ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` reads them
+ROPE_SCALING_KEYS = {"linear": ("factor",),
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def check_rope_scaling(spec, where: str) -> dict:
+    """``spec`` (HF ``rope_scaling`` / ``rope_parameters`` or msllm's) as msllm keeps it:
+    ``{"type": KIND, key: value ...}`` with :data:`ROPE_SCALING_KEYS`'s keys for KIND.
+
+    Raises:
+        MsllmError: not a dict, a kind msllm does not implement (named), or a missing key.
+    """
+    if not isinstance(spec, dict):
+        raise MsllmError(f"{where}: expected an object with rope_type, got {spec!r}")
+    kind = spec.get("rope_type", spec.get("type"))
+    if kind not in ROPE_SCALING_KEYS:
+        raise MsllmError(f"{where}: rotary scaling {kind!r} is not implemented (msllm has default, "
+                         f"{', '.join(ROPE_SCALING_KEYS)}); got {spec!r}")
+    missing = [k for k in ROPE_SCALING_KEYS[kind] if spec.get(k) is None]
+    if missing:
+        raise MsllmError(f"{where}: rotary scaling {kind!r} needs {', '.join(missing)}; got {spec!r}")
+    out = {"type": kind}
+    for k in ROPE_SCALING_KEYS[kind]:
+        out[k] = int(spec[k]) if k == "original_max_position_embeddings" else float(spec[k])
+    return out
+
+
 @dataclass
 class PetConfig:
     """``model.model_config.pet_config``: parameter-efficient fine-tuning (MindFormers' keys,
@@ -73,8 +101,9 @@ class LlamaConfig:
         max_position_embeddings: longest position the rotary tables cover (>= seq_length).
         rms_norm_eps: epsilon inside RMSNorm.
         rope_theta: rotary base (10000 for LLaMA-1/2, 500000 for LLaMA-3, 1e6 CodeLlama).
-        rope_scaling: HF ``rope_scaling`` dict; only ``{"type"/"rope_type": "linear", "factor": f}``
-            is implemented, others are rejected.
+        rope_scaling: HF ``rope_scaling`` dict, ``{"type"/"rope_type": KIND, ...}`` with the keys
+            :data:`ROPE_SCALING_KEYS` lists for KIND (``linear``; ``llama3``, Llama 3.1+); other
+            kinds are refused naming the kind.
         tie_word_embeddings: share the embedding table with the output head.
         bos_token_id / eos_token_id / pad_token_id: special ids (LLaMA: 1 / 2 / 0, pad = unk).
         ignore_token_id: label value excluded from the loss (-100, the HF/PyTorch convention).
@@ -174,10 +203,7 @@ class LlamaConfig:
             if getattr(self, key) not in DTYPES:
                 raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: expected one of {DTYPES}")
         if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind != "linear" or "factor" not in self.rope_scaling:
-                raise MsllmError(f"{where}.rope_scaling={self.rope_scaling!r}: only "
-                                 "{'type': 'linear', 'factor': F} is supported")
+            check_rope_scaling(self.rope_scaling, f"{where}.rope_scaling")
 
     # ---- sizes ---------------------------------------------------------------------
     def num_params(self) -> int:

@@ -149,14 +149,28 @@ def rotary_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables, each (max_positions, D) float32, HF "rotate_half" layout.
 
     ``inv_freq[i] = theta^(-2i/D)`` (Su et al. 2021, RoFormer eq. 15); angles ``pos * inv_freq``
-    are duplicated along the last axis as in HF ``LlamaRotaryEmbedding``. Linear ``rope_scaling``
-    divides positions by ``factor`` (HF ``_compute_linear_scaling_rope_parameters``).
+    are duplicated along the last axis as in HF ``LlamaRotaryEmbedding``. ``rope_scaling``:
+    ``linear`` divides positions by ``factor`` (HF ``_compute_linear_scaling_rope_parameters``);
+    ``llama3`` (Llama 3.1+) divides the frequencies whose wavelength ``2 pi / inv_freq`` exceeds
+    ``original_max_position_embeddings / low_freq_factor`` by ``factor``, keeps those below
+    ``original / high_freq_factor``, and blends linearly in between (Meta's
+    ``apply_scaling`` in llama-models ``reference_impl/model.py``; HF ``_compute_llama3_parameters``).
     """
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))   # (D/2,)
     pos = np.arange(config.max_positions, dtype=np.float64)
-    if config.rope_scaling is not None:
-        pos = pos / float(config.rope_scaling["factor"])
+    spec = config.rope_scaling or {}
+    kind = spec.get("rope_type", spec.get("type"))
+    if kind == "linear":
+        pos = pos / float(spec["factor"])
+    elif kind == "llama3":
+        factor, low, high = float(spec["factor"]), float(spec["low_freq_factor"]), float(spec["high_freq_factor"])
+        old = float(spec["original_max_position_embeddings"])
+        wavelen = 2 * np.pi / inv_freq
+        scaled = np.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     angles = np.outer(pos, inv_freq)                              # (P, D/2)
     angles = np.concatenate([angles, angles], axis=-1)            # (P, D)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
