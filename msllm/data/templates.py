@@ -53,6 +53,8 @@ import json
 import os
 from typing import Callable, Sequence
 
+import numpy as np
+
 from msllm.data.conversation import GPT, HUMAN
 from msllm.data.tokenizer import common_prefix_len
 from msllm.errors import MsllmError
@@ -284,7 +286,13 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
 
     if hasattr(tokenizer, "encode_with_offsets"):   # HF tokenizers: the whole text, labels by offsets
         ids, starts = tokenizer.encode_with_offsets(text)
-        return ids, [i if flag_at(s) else ignore_index for i, s in zip(ids, starts)]
+        if not ids:
+            return ids, []
+        # flag_at for every token at once: the segment of offset s is the first whose end is > s
+        ends = np.fromiter((end for end, _ in bounds), np.int64, len(bounds))
+        flags = np.fromiter((target for _, target in bounds), bool, len(bounds))
+        seg = np.minimum(np.searchsorted(ends, np.asarray(starts, np.int64), side="right"), len(bounds) - 1)
+        return ids, np.where(flags[seg], np.asarray(ids, np.int64), ignore_index).tolist()
 
     ids: list[int] = []
     labels: list[int] = []
