@@ -175,6 +175,12 @@ class HFTokenizer:
         enc = self._tok.encode(text, add_special_tokens=False)
         return enc.ids, [s for s, _ in enc.offsets]
 
+    def encode_batch_with_offsets(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """:meth:`encode_with_offsets` of several texts at once (the library's batch encoder, which
+        spreads the texts over its thread pool: ``TOKENIZERS_PARALLELISM``, as transformers' batch
+        calls do)."""
+        return [(e.ids, [s for s, _ in e.offsets]) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
     def encode_with_special(self, text: str) -> list[int]:
         """Ids as ``AutoTokenizer(text)["input_ids"]``: BOS / EOS added per ``add_bos`` / ``add_eos``."""
         return ([self.bos_id] if self.add_bos else []) + self.encode(text) + ([self.eos_id] if self.add_eos else [])

@@ -32,7 +32,8 @@ times and, if ``shuffle``, permuted with ``numpy.random.default_rng(seed)``; Min
 script does not shuffle (``--shuffle 0`` writes its row order).
 
 Tokenization can run in ``num_workers`` processes (``spawn`` start method, ordered
-``Pool.imap``; the tokenizer is loaded once per worker by the pool initializer); the result is
+``Pool.imap`` over chunks of 64 conversations, each encoded in one batch call of an HF tokenizer;
+the tokenizer is loaded once per worker by the pool initializer); the result is
 identical for any number of workers.
 """
 
@@ -51,7 +52,7 @@ from tqdm import tqdm
 from msllm.data.conversation import load_conversation_file
 from msllm.data.mindrecord import DB_SUFFIX, SIDECAR_FORMAT, SIDECAR_SUFFIX, shard_paths, write_mindrecord
 from msllm.data.samples import (LIBRARY_TEMPLATE, SKIP_NO_RESPONSE, BlockPacker, QAResult,  # noqa: F401 (re-exported)
-                                build_qa_sample, pack_documents, pad_sample, sample_order)
+                                build_qa_sample, build_qa_samples, pack_documents, pad_sample, sample_order)
 from msllm.data.templates import IGNORE_INDEX, resolve_template  # noqa: F401 (IGNORE_INDEX re-exported)
 from msllm.data.tokenizer import load_tokenizer
 from msllm.data.wiki import read_wiki_documents, read_wiki_file  # noqa: F401  (re-exported)
@@ -91,8 +92,11 @@ def _init_worker(model_file: str, pad_token_id: int, seq_length: int, template: 
     _WORKER["template"] = resolve_template(template, _WORKER["tokenizer"])
 
 
-def _qa_task(turns: list[tuple[str, str]]) -> QAResult:
-    return build_qa_sample(_WORKER["tokenizer"], turns, _WORKER["seq_length"], _WORKER["template"])
+QA_CHUNK = 64   # conversations per task: one batch call of the HF tokenizer (its thread pool)
+
+
+def _qa_chunk_task(chunk: list[list[tuple[str, str]]]) -> list:
+    return build_qa_samples(_WORKER["tokenizer"], chunk, _WORKER["seq_length"], _WORKER["template"])
 
 
 def _wiki_task(text: str) -> np.ndarray:
@@ -308,13 +312,14 @@ def preprocess_to_mindrecord(
     bar = tqdm(total=len(items), desc="tokenize", unit="rec", disable=not progress)
     try:
         if dataset_type == "qa":
-            results = ordered_map(_qa_task, items, num_workers, initargs)
+            chunks = [items[k:k + QA_CHUNK] for k in range(0, len(items), QA_CHUNK)]
+            results = (r for chunk in ordered_map(_qa_chunk_task, chunks, num_workers, initargs, chunksize=1)
+                       for r in chunk)
             for i in range(len(items)):
-                try:
-                    res = next(results)
-                except MsllmError as exc:   # e.g. a chat template refusing this conversation
+                res = next(results)
+                if isinstance(res, MsllmError):   # e.g. a chat template refusing this conversation
                     first, path = max(o for o in origins if o[0] <= i)
-                    raise MsllmError(f"{path}: conversation {i - first}: {exc}") from None
+                    raise MsllmError(f"{path}: conversation {i - first}: {res}") from None
                 bar.update(1)
                 summary.truncated += int(res.truncated and res.skip_reason is None)
                 if res.skip_reason is not None:

@@ -12,7 +12,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from msllm.data.conversation import HUMAN, conversation_skip_reason
-from msllm.data.templates import IGNORE_INDEX, Template, encode_segments, get_template
+from msllm.data.templates import IGNORE_INDEX, Template, encode_segments, encode_segments_batch, get_template
+from msllm.errors import MsllmError
 
 LIBRARY_TEMPLATE = "alpaca"
 """Template of :func:`build_qa_sample` / :func:`msllm.data.preprocess.preprocess_to_mindrecord`
@@ -61,6 +62,41 @@ def build_qa_sample(tokenizer, turns: Sequence[tuple[str, str]], seq_length: int
     if reason is not None:
         return QAResult(None, None, skip_reason=reason)
     ids, labels = encode_segments(tokenizer, template.segments(turns))
+    return _cut(ids, labels, seq_length)
+
+
+def build_qa_samples(tokenizer, conversations: Sequence[Sequence[tuple[str, str]]], seq_length: int,
+                     template: Template | str = LIBRARY_TEMPLATE) -> list[QAResult | MsllmError]:
+    """:func:`build_qa_sample` of several conversations, their texts encoded in one batch call
+    (:func:`~msllm.data.templates.encode_segments_batch`); equal to calling it on each. A
+    conversation the template refuses gets its :class:`MsllmError` in its place (the caller names
+    the file and conversation), the others are built.
+    """
+    if isinstance(template, str):
+        template = get_template(template)
+    out: list = []
+    pending: list[tuple[int, object]] = []   # (index in out, segments)
+    for turns in conversations:
+        turns = list(turns)
+        if turns and turns[0][0] != HUMAN:
+            turns = turns[1:]
+        reason = conversation_skip_reason(turns)
+        if reason is not None:
+            out.append(QAResult(None, None, skip_reason=reason))
+            continue
+        try:
+            pending.append((len(out), template.segments(turns)))
+            out.append(None)
+        except MsllmError as exc:
+            out.append(exc)
+    encoded = encode_segments_batch(tokenizer, [seg for _, seg in pending])
+    for (k, _), (ids, labels) in zip(pending, encoded):
+        out[k] = _cut(ids, labels, seq_length)
+    return out
+
+
+def _cut(ids: list[int], labels: list[int], seq_length: int) -> QAResult:
+    """A sample of at most ``seq_length + 1`` tokens, or the no-response skip."""
     limit = seq_length + 1
     truncated = len(ids) > limit
     if truncated:

@@ -256,6 +256,30 @@ def resolve_template(name: str | None, tokenizer, default_to_chat: bool = True):
 
 # ---- tokenisation -------------------------------------------------------------------------------
 
+def labels_by_offsets(ids: list[int], starts: list[int], segments: Segments,
+                      ignore_index: int = IGNORE_INDEX) -> list[int]:
+    """Labels of tokens ``ids`` starting at character offsets ``starts`` of ``"".join(segments)``:
+    the id where the segment holding the token's first character is a target, else ``ignore_index``
+    (a token past the last segment follows the last one)."""
+    if not ids:
+        return []
+    ends = np.cumsum([len(t) for t, _ in segments], dtype=np.int64)
+    flags = np.fromiter((target for _, target in segments), bool, len(segments))
+    # the segment of offset s is the first whose end is > s
+    seg = np.minimum(np.searchsorted(ends, np.asarray(starts, np.int64), side="right"), len(segments) - 1)
+    return np.where(flags[seg], np.asarray(ids, np.int64), ignore_index).tolist()
+
+
+def encode_segments_batch(tokenizer, samples: Sequence[Segments],
+                          ignore_index: int = IGNORE_INDEX) -> list[tuple[list[int], list[int]]]:
+    """:func:`encode_segments` of several samples; an HF tokenizer encodes their texts in one batch
+    call (its thread pool), a SentencePiece one sample by sample. Results equal the one-by-one ones."""
+    if not hasattr(tokenizer, "encode_batch_with_offsets"):
+        return [encode_segments(tokenizer, s, ignore_index) for s in samples]
+    encoded = tokenizer.encode_batch_with_offsets(["".join(t for t, _ in s) for s in samples])
+    return [(ids, labels_by_offsets(ids, starts, s, ignore_index)) for (ids, starts), s in zip(encoded, samples)]
+
+
 def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_INDEX) -> tuple[list[int], list[int]]:
     """Token ids and labels of a sample given as ``(text, is_target)`` segments.
 
@@ -286,13 +310,7 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
 
     if hasattr(tokenizer, "encode_with_offsets"):   # HF tokenizers: the whole text, labels by offsets
         ids, starts = tokenizer.encode_with_offsets(text)
-        if not ids:
-            return ids, []
-        # flag_at for every token at once: the segment of offset s is the first whose end is > s
-        ends = np.fromiter((end for end, _ in bounds), np.int64, len(bounds))
-        flags = np.fromiter((target for _, target in bounds), bool, len(bounds))
-        seg = np.minimum(np.searchsorted(ends, np.asarray(starts, np.int64), side="right"), len(bounds) - 1)
-        return ids, np.where(flags[seg], np.asarray(ids, np.int64), ignore_index).tolist()
+        return ids, labels_by_offsets(ids, starts, segments, ignore_index)
 
     ids: list[int] = []
     labels: list[int] = []
