@@ -75,9 +75,10 @@ def versions() -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-500:]}
 
 
-def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float) -> dict:
+def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float, kernel_stats: bool = False) -> dict:
     script, pet = VARIANTS[name]
-    args = {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet, "name": name}
+    args = {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet, "name": name,
+            "kernel_stats": kernel_stats and script == "lora_msllm_worker.py"}
     if shape in common.REAL_SHAPES:
         args.update(hf_dir=common.hf_dir(shape), config=REAL_CONFIG[shape][0], clip_grad_norm=REAL_CONFIG[shape][1])
     return harness.run_worker(name, script, args, timeout)
@@ -159,6 +160,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--out", default=None)
+    p.add_argument("--kernel_stats", action="store_true", help="msllm variants: also ms per step in each msllm "
+                   "kernel (a profile: the timing slows the step)")
     a = p.parse_args(argv)
     steps, warmup = DEFAULT_STEPS[a.shape]
     steps, warmup = a.steps or steps, a.warmup if a.warmup is not None else warmup
@@ -183,7 +186,11 @@ def main(argv=None):
     t0, runs, load0 = time.time(), [], common.loadavg()
     for rnd in range(a.rounds):
         for n in names:
-            r = run_worker(n, a.shape, steps, warmup, a.timeout)
+            r = run_worker(n, a.shape, steps, warmup, a.timeout, a.kernel_stats)
+            if r.get("kernel_ms_per_step"):
+                ks = r["kernel_ms_per_step"]
+                print(f"  {n}: {sum(ks.values()):.0f} ms of {1e3 * r['step_s_median']:.0f} ms per step in msllm kernels: "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in sorted(ks.items(), key=lambda kv: -kv[1])), flush=True)
             r["round"] = rnd
             harness.log_run(runs, r, f"round {rnd} {n:20s}", lambda r: (
                 f"{r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s  first "

@@ -11,7 +11,9 @@ Usage: python lora_msllm_worker.py '{"shape": "medium", "steps": 4, "warmup": 2,
         "pet": {"lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ".*wq|.*wk|.*wv|.*wo"}
                | null, "name": "...", "spawn_time": ...}'
 Prints one ``BENCH_RESULT {json}`` line: tokens/s, step times, RSS after import / build / first
-step / peak (before the checkpoint save), parameter counts and the saved checkpoint's size.
+step / peak (before the checkpoint save), parameter counts and the saved checkpoint's size; with
+``"kernel_stats": true`` also the milliseconds per step in each of msllm's CPU kernels
+(``MSLLM_KERNEL_PROFILE=1``; the timing itself slows the step, so such a run is a profile, not a speed).
 """
 
 import os
@@ -24,6 +26,8 @@ common = wc.common
 
 def main():
     args, s, steps, warmup = wc.train_args()
+    if args.get("kernel_stats"):   # time every msllm kernel call (read when the library loads)
+        os.environ["MSLLM_KERNEL_PROFILE"] = "1"
     pet = args.get("pet")
     phases = wc.Phases()
     import mindspore as ms
@@ -76,6 +80,11 @@ def main():
                             lambda a, b: float(step(a, b)[0].asnumpy()), warmup, s["batch_size"] * s["seq_length"],
                             wc.spawn_time(args), phases.rss)
     peak = common.peak_rss_mib()  # before the checkpoint save, which copies what it writes
+    kernel_ms = None
+    if args.get("kernel_stats"):  # per step over every step run (no kernel runs while compiling)
+        from msllm.kernels import kernel_stats
+
+        kernel_ms = {k: 1e3 * sec / (warmup + steps) for k, (_, sec) in kernel_stats().items()}
     with tempfile.TemporaryDirectory(prefix="lora_bench_") as d:
         path = os.path.join(d, "checkpoint_0-1_1.ckpt")
         if pet:
@@ -93,7 +102,7 @@ def main():
         **phases.fields(), **timing,
         "peak_rss_mib": peak, "checkpoint_bytes": ckpt_bytes, "base_params": total,
         "trainable_params": trainable, "optimizer_state_elements": moments,
-        "lora_modules": len(info.modules) if info else 0, "hf_dir": hf_dir,
+        "lora_modules": len(info.modules) if info else 0, "hf_dir": hf_dir, "kernel_ms_per_step": kernel_ms,
         "model": {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads, "kv_heads": mc.kv_heads,
                   "vocab": mc.vocab_size, "seq_length": mc.seq_length},
         "runner_wrapper": {k: getattr(cfg.runner_wrapper, k, None) for k in ("loss_scale", "use_clip_grad",
