@@ -10,7 +10,9 @@ Per shape (random LLaMA, tiny: hidden 256, 4 layers, 4 heads, FFN 688; medium: h
 * perplexity tokens per second over 60 kB of the bundled Wikipedia text, disjoint windows of
   1024 tokens (msllm --stride 1024 vs a direct transformers loop).
 Runs alternate msllm / harness ``--repeats`` times, each in a fresh process
-(benchmarks/workers/eval_worker.py). ``--demo_ckpt``: also the MMLU accuracy of that checkpoint
+(benchmarks/workers/eval_worker.py) that runs the task twice: cold = process start to the end of
+the first pass (imports, model load, msllm's graph compilation), warm = the second pass; the
+summary gives median (min-max) of both over the rounds and the ratios of the medians. ``--demo_ckpt``: also the MMLU accuracy of that checkpoint
 (the demo model; chance level, 25%, is expected of models this small). Raw JSON to ``--out``.
 """
 
@@ -57,6 +59,11 @@ def run(who, task, hf_dir, out_dir, seq=SEQ, extra=()):
         r = json.load(fh)
     r["cmd"] = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd)
     return r
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 def loadavg():
@@ -145,25 +152,32 @@ def main():
     cache = os.path.join(HERE, ".cache")
     os.makedirs(cache, exist_ok=True)
     report = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
-              "note": "shared 2-core machine; other jobs were running (numbers are noisy)",
-              "seq_length": SEQ, "runs": [], "summary": {}}
+              "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
+              "seq_length": SEQ, "repeats": args.repeats, "load_at_start": loadavg(), "runs": [], "summary": {}}
     for shape in args.shapes:
         hf_dir = make_model(shape, cache)
         for task in args.tasks:
             for _ in range(args.repeats):
                 for who in ("msllm", "harness"):
+                    before = loadavg()
                     r = run(who, task, hf_dir, cache)
-                    r["shape"] = shape
+                    r.update(shape=shape, load_before=before, load_after=loadavg())
                     report["runs"].append(r)
                     print(shape, task, who, r["seconds"], r["results"], flush=True)
-            best = {}
+            # cold = process start to the end of the first pass (imports, load, msllm's compilation);
+            # warm = the second pass; median (min, max) over the rounds, ratios of the medians
+            row = {}
             for who in ("msllm", "harness"):
                 rs = [r for r in report["runs"] if (r["shape"], r["task"], r["who"]) == (shape, task, who)]
-                secs = min(r["seconds"][-1] for r in rs)
                 units = QUESTIONS if task == "mmlu" else rs[0]["results"]["tokens"]
-                best[who] = units / secs
+                for kind, secs in (("cold", [r["spawn_to_first_pass_end_s"] for r in rs]),
+                                   ("warm", [r["seconds"][-1] for r in rs])):
+                    rates = [units / s for s in secs]
+                    row[f"{who}_{kind}"] = {"median": median(rates), "min": min(rates), "max": max(rates), "rounds": rates}
             key = "questions_per_s" if task == "mmlu" else "tokens_per_s"
-            report["summary"][f"{shape}_{task}"] = {key: best, "speedup": best["msllm"] / best["harness"]}
+            report["summary"][f"{shape}_{task}"] = {
+                key: row, "speedup_cold": row["msllm_cold"]["median"] / row["harness_cold"]["median"],
+                "speedup_warm": row["msllm_warm"]["median"] / row["harness_warm"]["median"]}
             print(shape, task, report["summary"][f"{shape}_{task}"], flush=True)
     if args.demo_ckpt:
         out_dir = os.path.join(cache, "demo_eval")

@@ -1,8 +1,8 @@
 """Where msllm's qa preprocessing with an HF tokenizer and its chat template spends its tokenize
 time (issue #19): the bundled 999 Alpaca conversations, SmolLM2-135M-Instruct's tokenizer.json and
 chat template, one process: per-phase seconds (Jinja renders of ``ChatTemplate.segments``, the
-Rust encode with offsets, the Python label loop) and the top cProfile entries of
-``build_qa_sample``, beside transformers' batched ``apply_chat_template`` on the same conversations
+Rust encode with offsets one by one and in batches, the labels) and the top cProfile entries of
+``build_qa_samples`` (chunks of 64, as preprocessing runs it), beside transformers' batched ``apply_chat_template`` on the same conversations
 (render once + ``encode_batch``).
 
     .venv/bin/python benchmarks/profile_preprocess_chat.py [--out benchmarks/results/profile_preprocess_smollm2.json]
@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "profile_preprocess_smollm2.json"))
     a = ap.parse_args()
     from msllm.convert.real_model import ensure_smollm2
-    from msllm.data.samples import build_qa_sample
+    from msllm.data.samples import build_qa_sample, build_qa_samples
     from msllm.data.templates import encode_segments, resolve_template
     from msllm.data.tokenizer import load_tokenizer
 
@@ -61,11 +61,24 @@ def main():
     t = time.perf_counter()
     for c in convs:
         build_qa_sample(tok, c, 256, tmpl)
-    ph["build_qa_sample_total_s"] = time.perf_counter() - t
+    ph["build_qa_sample_total_s (one by one)"] = time.perf_counter() - t
+    texts = ["".join(x for x, _ in s) for s in segs]
+    t = time.perf_counter()
+    for i in range(0, len(texts), 64):
+        tok.encode_batch_with_offsets(texts[i:i + 64])
+    ph["encode_batch_with_offsets_s (chunks of 64, what preprocessing runs)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for i in range(0, len(texts), 64):
+        tok._tok.encode_batch_fast(texts[i:i + 64], add_special_tokens=False)
+    ph["rust_encode_batch_fast_s (ids only, no offsets: what transformers runs)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for i in range(0, len(convs), 64):
+        build_qa_samples(tok, convs[i:i + 64], 256, tmpl)
+    ph["build_qa_samples_total_s (chunks of 64, what preprocessing runs)"] = time.perf_counter() - t
     prof = cProfile.Profile()
     prof.enable()
-    for c in convs:
-        build_qa_sample(tok, c, 256, tmpl)
+    for i in range(0, len(convs), 64):
+        build_qa_samples(tok, convs[i:i + 64], 256, tmpl)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(18)

@@ -41,16 +41,25 @@ def probe_digest() -> str:
 
 
 def cpu_signature() -> str:
-    """This CPU's model name and the vector instruction sets the probe may use."""
+    """This CPU's vendor, family, model and model name (the first processor's ``/proc/cpuinfo``
+    entries; a KVM guest's model name alone, "AMD EPYC", names several generations) and the vector
+    instruction sets the probe may use."""
     from msllm.kernels.build import ISA_MACROS, cpu_flags
 
-    model = ""
+    keys = ("vendor_id", "cpu family", "model", "model name")
+    seen: dict = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in keys and key not in seen:
+                    seen[key] = value.strip()
+                if not line.strip() and seen:
+                    break
     except OSError:
         pass
-    return f"{model} [{' '.join(sorted(set(ISA_MACROS.values()) & cpu_flags()))}]"
+    return f"{' / '.join(seen.get(k, '?') for k in keys)} [{' '.join(sorted(set(ISA_MACROS.values()) & cpu_flags()))}]"
 
 
 def read_clock_probe(directory: Optional[str] = None) -> Optional[dict]:
