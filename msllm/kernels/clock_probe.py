@@ -2,7 +2,7 @@
 
 ``csrc/peak.cc`` (a register-only FMA loop, no loads or stores) is compiled alone, without
 oneDNN or the rest of msllm's kernels, run on every core this process may use, and the result
-written to ``<build dir>/clock_probe.json`` (:func:`msllm.kernels.build.build_dir`); the
+written to ``<build dir>/clock_probe.json`` (:func:`msllm.kernels.toolchain.build_dir`); the
 library is deleted after measuring. :func:`msllm.training.throughput.host_cpu_peak` derives
 the CPU peak's clock from it, so the peak behind MFU and HFU is the same whether msllm's
 kernels are built, disabled (``cpu_kernels: False``) or unusable (another oneDNN): it depends
@@ -32,7 +32,7 @@ PEAK_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "
 
 def probe_digest() -> str:
     """SHA-256 of the probe's source and the compiler flags."""
-    from msllm.kernels.build import CXXFLAGS
+    from msllm.kernels.toolchain import CXXFLAGS
 
     h = hashlib.sha256(" ".join(CXXFLAGS).encode())
     with open(PEAK_SOURCE, "rb") as fh:
@@ -44,7 +44,7 @@ def cpu_signature() -> str:
     """This CPU's vendor, family, model and model name (the first processor's ``/proc/cpuinfo``
     entries; a KVM guest's model name alone, "AMD EPYC", names several generations) and the vector
     instruction sets the probe may use."""
-    from msllm.kernels.build import ISA_MACROS, cpu_flags
+    from msllm.kernels.toolchain import ISA_MACROS, cpu_flags
 
     keys = ("vendor_id", "cpu family", "model", "model name")
     seen: dict = {}
@@ -64,7 +64,7 @@ def cpu_signature() -> str:
 
 def read_clock_probe(directory: Optional[str] = None) -> Optional[dict]:
     """``{"threads", "lanes", "gflops"}`` measured on this CPU with the current probe, else None."""
-    from msllm.kernels.build import build_dir
+    from msllm.kernels.toolchain import build_dir
 
     try:
         with open(os.path.join(directory or build_dir(), PROBE_INFO), encoding="utf-8") as fh:
@@ -97,7 +97,7 @@ def compile_probe(directory: str) -> str:
     Raises:
         MsllmError: no C++ compiler, or the probe does not compile.
     """
-    from msllm.kernels.build import CXXFLAGS, compiler
+    from msllm.kernels.toolchain import CXXFLAGS, compiler
 
     cxx, _, version = compiler()
     lib = os.path.join(directory, "libmsllm_clock_probe.so")
@@ -111,9 +111,9 @@ def ensure_clock_probe(force: bool = False, verbose: bool = True) -> dict:
     """Measure the clock unless a current record exists; returns the ``fma_loop`` record.
 
     Raises:
-        MsllmError: no C++ compiler (:func:`msllm.kernels.build.compiler`), or the probe does not compile.
+        MsllmError: no C++ compiler (:func:`msllm.kernels.toolchain.compiler`), or the probe does not compile.
     """
-    from msllm.kernels.build import build_dir, compiler
+    from msllm.kernels.toolchain import build_dir, compiler
 
     d = build_dir()
     have = None if force else read_clock_probe(d)
