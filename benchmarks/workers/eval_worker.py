@@ -21,6 +21,7 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "eval"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))   # tests/helpers.py, which evaltest_helpers imports
 
 MMLU = os.path.join(ROOT, "examples", "data", "eval", "mmlu")
 WIKI = os.path.join(ROOT, "examples", "data", "wiki_demo.txt")
