@@ -60,3 +60,16 @@ def smollm2_dir() -> str:
     from msllm.convert.real_model import ensure_smollm2
 
     return ensure_smollm2()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """transformers' side of a module on one thread (``pytest.mark.usefixtures``): on a shared
+    2-core machine, beside MindSpore's own threads, two OpenMP threads made the reference 3-5x
+    slower (measured: 85 s vs 16 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -19,7 +19,6 @@ import os
 import shutil
 from typing import Optional
 
-from msllm.errors import MsllmError
 from msllm.fileio import write_json_atomic
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -32,13 +31,11 @@ def recorded_tokenizer(manifest: Optional[dict]) -> Optional[str]:
     path, md5 = (rec.get("file"), rec.get("md5")) if isinstance(rec, dict) else (rec, None)
     if not isinstance(path, str) or not os.path.isfile(path):
         return None
-    from msllm.data.tokenizer import load_tokenizer
+    from msllm.data.tokenizer import file_md5
 
-    try:
-        tok = load_tokenizer(path)
-    except MsllmError:
-        return None
-    return path if md5 is None or tok.md5() == md5 else None
+    # the recorded file is the tokenizer's own (``tokenizer.model_file``), whose MD5 ``md5()`` gives:
+    # hash it without loading it, which export_tokenizer does once
+    return path if md5 is None or file_md5(path) == md5 else None
 
 
 def tokenizer_files(source: str) -> list[str]:

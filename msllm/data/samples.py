@@ -55,13 +55,10 @@ def build_qa_sample(tokenizer, turns: Sequence[tuple[str, str]], seq_length: int
     """
     if isinstance(template, str):
         template = get_template(template)
-    turns = list(turns)
-    if turns and turns[0][0] != HUMAN:
-        turns = turns[1:]
-    reason = conversation_skip_reason(turns)
-    if reason is not None:
-        return QAResult(None, None, skip_reason=reason)
-    ids, labels = encode_segments(tokenizer, template.segments(turns))
+    segments = _segments_or_skip(turns, template)
+    if isinstance(segments, QAResult):
+        return segments
+    ids, labels = encode_segments(tokenizer, segments)
     return _cut(ids, labels, seq_length)
 
 
@@ -77,22 +74,31 @@ def build_qa_samples(tokenizer, conversations: Sequence[Sequence[tuple[str, str]
     out: list = []
     pending: list[tuple[int, object]] = []   # (index in out, segments)
     for turns in conversations:
-        turns = list(turns)
-        if turns and turns[0][0] != HUMAN:
-            turns = turns[1:]
-        reason = conversation_skip_reason(turns)
-        if reason is not None:
-            out.append(QAResult(None, None, skip_reason=reason))
-            continue
         try:
-            pending.append((len(out), template.segments(turns)))
-            out.append(None)
+            segments = _segments_or_skip(turns, template)
         except MsllmError as exc:
             out.append(exc)
+            continue
+        if not isinstance(segments, QAResult):
+            pending.append((len(out), segments))
+        out.append(segments)   # segments are replaced by the sample below
     encoded = encode_segments_batch(tokenizer, [seg for _, seg in pending])
     for (k, _), (ids, labels) in zip(pending, encoded):
         out[k] = _cut(ids, labels, seq_length)
     return out
+
+
+def _segments_or_skip(turns: Sequence[tuple[str, str]], template):
+    """The template's segments of a conversation, or its skip :class:`QAResult`: one leading
+    non-human turn dropped, then :func:`~msllm.data.conversation.conversation_skip_reason`.
+    Raises MsllmError when the template refuses the conversation."""
+    turns = list(turns)
+    if turns and turns[0][0] != HUMAN:
+        turns = turns[1:]
+    reason = conversation_skip_reason(turns)
+    if reason is not None:
+        return QAResult(None, None, skip_reason=reason)
+    return template.segments(turns)
 
 
 def _cut(ids: list[int], labels: list[int], seq_length: int) -> QAResult:

@@ -296,6 +296,10 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
         prefix up to each segment boundary once more to find where the boundary falls.
     """
     text = "".join(t for t, _ in segments)
+    if hasattr(tokenizer, "encode_with_offsets"):   # HF tokenizers: the whole text, labels by offsets
+        ids, starts = tokenizer.encode_with_offsets(text)
+        return ids, labels_by_offsets(ids, starts, segments, ignore_index)
+
     bounds: list[tuple[int, bool]] = []  # (end offset, is_target) per segment
     pos = 0
     for t, target in segments:
@@ -307,10 +311,6 @@ def encode_segments(tokenizer, segments: Segments, ignore_index: int = IGNORE_IN
             if offset < end:
                 return target
         return bounds[-1][1]
-
-    if hasattr(tokenizer, "encode_with_offsets"):   # HF tokenizers: the whole text, labels by offsets
-        ids, starts = tokenizer.encode_with_offsets(text)
-        return ids, labels_by_offsets(ids, starts, segments, ignore_index)
 
     ids: list[int] = []
     labels: list[int] = []

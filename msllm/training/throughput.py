@@ -175,9 +175,10 @@ def measured_fma_loop() -> Optional[dict]:
     return read_clock_probe()
 
 
-def host_cpu_peak() -> CpuPeak:
+def host_cpu_peak(fma_loop: Optional[dict] = None) -> CpuPeak:
     """:func:`cpu_peak` of this machine, for the CPUs this process may run on, at the clock the
-    cores were measured running FMAs at when that is higher (:func:`with_measured_clock`)."""
+    cores were measured running FMAs at when that is higher (:func:`with_measured_clock`);
+    ``fma_loop``: the clock probe's record, read with :func:`measured_fma_loop` when not given."""
     with open("/proc/cpuinfo", encoding="utf-8") as fh:
         text = fh.read()
     base = None
@@ -187,7 +188,7 @@ def host_cpu_peak() -> CpuPeak:
     except (OSError, ValueError):
         pass
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    return with_measured_clock(cpu_peak(text, allowed, base), measured_fma_loop())
+    return with_measured_clock(cpu_peak(text, allowed, base), fma_loop or measured_fma_loop())
 
 
 def ascend_soc_name() -> Optional[str]:
@@ -228,11 +229,12 @@ def device_peak_tflops(device_target: str, override: Optional[float] = None, asc
     if device_target == "CPU":
         if ranks_on_host is None:
             ranks_on_host = int(os.environ.get("DEVICE_NUM", "1") or 1)
-        if measured_fma_loop() is None:   # the described clock would overstate MFU on a turbo core
+        fma_loop = measured_fma_loop()
+        if fma_loop is None:   # the described clock would overstate MFU on a turbo core
             return None, ("CPU peak unknown: the clock this CPU's cores run vector FMAs at was never measured "
                           "here (`python -m msllm.kernels.build` measures it, needs g++; make install runs it); "
                           "MFU and HFU are not reported (set context.peak_tflops to give a peak)")
-        peak = host_cpu_peak()
+        peak = host_cpu_peak(fma_loop)
         share = peak.tflops / max(1, ranks_on_host)
         how = f"CPU peak {peak.describe()}"
         if ranks_on_host > 1:

@@ -28,23 +28,14 @@ import torch
 
 from evaltest_helpers import DATA, EVAL_DATA, REPO, instances
 
-pytestmark = pytest.mark.slow   # minutes on 2 CPU cores; still run in CI
+pytestmark = [pytest.mark.slow,   # minutes on 2 CPU cores; still run in CI
+              pytest.mark.usefixtures("one_torch_thread")]
 
 CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
 TOL = 1e-4
 PPL_LENGTH = 256     # ppl: windows of 256 tokens (the first 3000 characters make three)
 MMLU_LENGTH = 1024   # mmlu: the 5-shot requests (375-594 tokens) fit
 SUBJECTS = ("astronomy", "high_school_geography")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """transformers' side on one thread: on a shared 2-core machine (and beside MindSpore's own
-    threads) two OpenMP threads made the reference 3-5x slower (measured: 85 s vs 16 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ import pytest
 
 from gentest_helpers import ROOT, hf_generate, hf_new_tokens
 
-pytestmark = pytest.mark.slow   # minutes on 2 CPU cores; still run in CI
+pytestmark = [pytest.mark.slow,   # minutes on 2 CPU cores; still run in CI
+              pytest.mark.usefixtures("one_torch_thread")]
 
 CONFIG = os.path.join(ROOT, "configs", "smollm2", "run_smollm2_135m.yaml")
 SEQ_LENGTH = 1024
@@ -52,18 +53,6 @@ def messages_of(record) -> list[dict]:
 
 def cut_at_eos(tokens: list[int]) -> list[int]:
     return tokens[:tokens.index(EOS) + 1] if EOS in tokens else tokens
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """transformers' side on one thread: on a shared 2-core machine (and beside MindSpore's own
-    threads) two OpenMP threads made the reference 3-5x slower (measured: 85 s vs 16 s)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
