@@ -71,10 +71,15 @@ def split_overrides(argv: list[str]) -> list[str]:
 
 def show(cfg) -> None:
     """Print the model shapes and sizes of ``cfg``."""
+    from msllm.models.llama.families import SWITCH_DEFAULTS
+
     mc = cfg.model_config
-    print(f"model: LLaMA, {mc.num_layers} layers, hidden {mc.hidden_size}, heads {mc.num_heads} "
-          f"({mc.kv_heads} kv), head_dim {mc.head_dim}, ffn {mc.ffn_size}, vocab {mc.vocab_size}, "
+    print(f"model: {mc.model_type} (LLaMA family), {mc.num_layers} layers, hidden {mc.hidden_size}, heads "
+          f"{mc.num_heads} ({mc.kv_heads} kv), head_dim {mc.head_dim}, ffn {mc.ffn_size}, vocab {mc.vocab_size}, "
           f"seq_length {mc.seq_length}, rope_theta {mc.rope_theta:g}")
+    switches = {k: getattr(mc, k) for k in SWITCH_DEFAULTS if getattr(mc, k) != SWITCH_DEFAULTS[k]}
+    if switches:
+        print("family switches: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
     print(f"parameters: {mc.num_params():,} ({mc.num_params() / 1e9:.3f}B)")
     print(f"train FLOPs per token (6N + 12LHDT): {mc.train_flops_per_token():.4g}")
     pc = cfg.parallel_config

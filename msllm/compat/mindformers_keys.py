@@ -129,8 +129,6 @@ NEUTRAL: dict[str, tuple[tuple, str, str]] = {
                                "msllm's cosine schedule is one half cosine (num_cycles 0.5)"),
     "lr_schedule.warmup_lr_init": ((0, 0.0), "0: warmup starts from 0 as in msllm",
                                    "msllm's warmup starts from 0"),
-    "model.model_config.qkv_has_bias": ((False,), "LLaMA has no q/k/v bias",
-                                        "msllm's LLaMA attention has no q/k/v bias"),
     "model.model_config.quant": (("", None), "no quantization", "quantized models are not supported"),
     "model.model_config.quantization_config": ((None, {}), "no quantization",
                                                "quantized models are not supported"),

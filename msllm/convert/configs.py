@@ -1,7 +1,7 @@
 """Model configs: Hugging Face ``config.json`` and Meta ``params.json`` <-> msllm :class:`LlamaConfig`,
 and the ``model_config`` block of a run YAML.
 
-Sources: ``transformers/models/llama/configuration_llama.py`` (``LlamaConfig`` fields; rope
+Sources: ``transformers/models/{llama,qwen2,qwen3,mistral,gemma}/configuration_*.py`` (fields; rope
 settings as legacy ``rope_theta``/``rope_scaling`` or transformers-5 ``rope_parameters``),
 ``facebookresearch/llama`` ``params.json`` (``dim``, ``n_layers``, ``n_heads``, ``n_kv_heads``,
 ``norm_eps``, ``rope_theta``, ``vocab_size`` -1 in LLaMA-1/2) and HF
@@ -16,6 +16,7 @@ from typing import Optional
 
 from msllm.errors import MsllmError
 from msllm.models.llama.config import LlamaConfig, check_rope_scaling
+from msllm.models.llama.families import FAMILIES, SWITCH_DEFAULTS, UNSUPPORTED_KEYS, check_representable
 
 
 def read_json(path: str, what: str) -> object:
@@ -47,24 +48,47 @@ def _hf_rope(hf: dict, where: str) -> tuple[float, Optional[dict]]:
     return float(theta), check_rope_scaling(spec, f"{where}: {key}")
 
 
+def _check_unsupported(hf: dict, where: str) -> None:
+    """Refuse, naming the key, any HF feature msllm does not implement
+    (:data:`msllm.models.llama.families.UNSUPPORTED_KEYS`; ``layer_types`` with a non-full layer)."""
+    for key, off in UNSUPPORTED_KEYS.items():
+        value = hf.get(key, off)
+        if value is not None and value != off and not (off is None and value is False):
+            raise MsllmError(f"{where}: {key}={value!r} is not supported by msllm (a feature its LLaMA "
+                             f"family does not implement); expected {off!r} or no such key")
+    kinds = set(hf.get("layer_types") or ())
+    if kinds - {"full_attention"}:
+        raise MsllmError(f"{where}: layer_types={sorted(kinds)!r}: msllm runs every layer with the same "
+                         f"attention (full, or sliding_window on all layers); per-layer kinds are not supported")
+
+
 def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
-    """HF ``LlamaConfig`` dict (``config.json``) -> msllm :class:`LlamaConfig`.
+    """HF ``config.json`` of a LLaMA-family model -> msllm :class:`LlamaConfig`.
 
-    Field mapping: num_hidden_layers -> num_layers, num_attention_heads -> num_heads,
-    num_key_value_heads -> n_kv_heads, rope_theta / rope_parameters.rope_theta -> rope_theta,
-    rope_scaling (linear only) -> rope_scaling; ``seq_length`` is set to max_position_embeddings
-    (a run YAML sets its own). ``eos_token_id`` lists keep their first id; ``pad_token_id`` null -> 0.
+    Families (``model_type`` / ``architectures``, :data:`msllm.models.llama.families.FAMILIES`):
+    llama / ``LlamaForCausalLM``, qwen2 / ``Qwen2ForCausalLM``, qwen3 / ``Qwen3ForCausalLM``, mistral /
+    ``MistralForCausalLM``, gemma / ``GemmaForCausalLM``. Field mapping: num_hidden_layers ->
+    num_layers, num_attention_heads -> num_heads, num_key_value_heads -> n_kv_heads, head_dim,
+    rope_theta / rope_parameters.rope_theta -> rope_theta, rope_scaling / rope_parameters (linear,
+    llama3, yarn) -> rope_scaling, plus the family's switches (fixed ones from the table, settable
+    ones by the same key: attention_bias, sliding_window); ``seq_length`` is set to
+    max_position_embeddings (a run YAML sets its own). ``eos_token_id`` lists keep their first id;
+    ``pad_token_id`` null -> 0.
 
-    Raises MsllmError naming ``where`` and the key: not ``model_type: llama`` /
-    ``LlamaForCausalLM``, a missing or non-integer size, biases, an activation other than silu,
-    ``head_dim != hidden_size / num_attention_heads``, an unsupported rope scaling.
+    Raises MsllmError naming ``where`` and the key: an unknown family, a missing or non-integer
+    size, a feature msllm does not implement (``mlp_bias``, Gemma 2 soft-capping, Qwen2's
+    ``use_sliding_window``, per-layer ``layer_types`` ...), an activation other than the family's,
+    an unsupported rope scaling.
     """
     if not isinstance(hf, dict):
         raise MsllmError(f"{where}: expected a JSON object")
-    archs = hf.get("architectures")
-    if hf.get("model_type") != "llama" or (archs is not None and archs != ["LlamaForCausalLM"]):
-        raise MsllmError(f"{where}: unsupported architecture (model_type={hf.get('model_type')!r}, "
-                         f"architectures={archs!r}); expected model_type 'llama' and ['LlamaForCausalLM']")
+    _check_unsupported(hf, where)
+    model_type, archs = hf.get("model_type"), hf.get("architectures")
+    if model_type not in FAMILIES or (archs is not None and archs != [FAMILIES[model_type].architecture]):
+        known = ", ".join(f"{k} ({f.architecture})" for k, f in FAMILIES.items())
+        raise MsllmError(f"{where}: unsupported architecture (model_type={model_type!r}, architectures={archs!r}); "
+                         f"msllm runs {known}")
+    fam = FAMILIES[model_type]
 
     def need_int(key, default=None):
         value = hf.get(key)
@@ -76,30 +100,40 @@ def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
     heads = need_int("num_attention_heads")
     hidden = need_int("hidden_size")
     kv = need_int("num_key_value_heads", heads)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise MsllmError(f"{where}: hidden_act={hf['hidden_act']!r}; msllm's MLP is SwiGLU (silu)")
-    for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key):
-            raise MsllmError(f"{where}: {key}=true is not supported (msllm LLaMA has no biases)")
-    if hf.get("head_dim") not in (None, hidden // heads):
-        raise MsllmError(f"{where}: head_dim={hf['head_dim']} differs from hidden_size / "
-                         f"num_attention_heads = {hidden // heads}; not supported")
+    switches = fam.fixed_values(hidden)
+    act = hf.get("hidden_act", hf.get("hidden_activation")) or switches.get("hidden_act", "silu")
+    if act == "gelu" and model_type == "gemma":
+        act = "gelu_pytorch_tanh"  # transformers' GemmaConfig does the same: the legacy name meant tanh
+    if act != switches.get("hidden_act", "silu"):
+        raise MsllmError(f"{where}: hidden_act={act!r}; a {model_type} model's MLP uses "
+                         f"{switches.get('hidden_act', 'silu')!r}")
+    switches["hidden_act"] = act
+    if hf.get("attention_bias"):
+        if "attention_bias" not in fam.settable:
+            raise MsllmError(f"{where}: attention_bias=true is not part of a {model_type} model")
+        switches["attention_bias"] = True
+    if model_type == "mistral" and hf.get("sliding_window") is not None:
+        switches["sliding_window"] = need_int("sliding_window")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None:
+        head_dim = need_int("head_dim")
     theta, scaling = _hf_rope(hf, where)
     max_pos = need_int("max_position_embeddings", 2048)
     eos = hf.get("eos_token_id", 2)
     if isinstance(eos, list):
         eos = eos[0] if eos else 2
     pad = hf.get("pad_token_id")
+    bos = hf.get("bos_token_id")
     try:
         return LlamaConfig(
             vocab_size=need_int("vocab_size"), hidden_size=hidden, num_layers=need_int("num_hidden_layers"),
-            num_heads=heads, n_kv_heads=kv, intermediate_size=need_int("intermediate_size"),
+            num_heads=heads, n_kv_heads=kv, head_dim=head_dim, intermediate_size=need_int("intermediate_size"),
             seq_length=max_pos, max_position_embeddings=max_pos,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            bos_token_id=int(hf.get("bos_token_id") if hf.get("bos_token_id") is not None else 1),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", fam.tied_default)), model_type=model_type,
+            bos_token_id=int(bos if bos is not None else 1),
             eos_token_id=int(eos if eos is not None else 2), pad_token_id=int(pad if pad is not None else 0),
-            initializer_range=float(hf.get("initializer_range", 0.02)))
+            initializer_range=float(hf.get("initializer_range", 0.02)), **switches)
     except MsllmError as exc:
         raise MsllmError(f"{where}: {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -107,11 +141,16 @@ def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
 
 
 def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
-    """msllm :class:`LlamaConfig` -> HF ``config.json`` dict for ``LlamaForCausalLM``.
+    """msllm :class:`LlamaConfig` -> HF ``config.json`` dict of its family (``cfg.model_type``:
+    ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` ...).
 
     Writes both the legacy ``rope_theta``/``rope_scaling``/``torch_dtype`` keys (transformers 4)
     and ``rope_parameters``/``dtype`` (transformers 5); both versions load it.
+    Raises MsllmError naming the switch when ``cfg`` cannot be written as its ``model_type``
+    (:func:`msllm.models.llama.families.check_representable`).
     """
+    switches = {k: getattr(cfg, k) for k in SWITCH_DEFAULTS}
+    check_representable(cfg.model_type, switches, cfg.hidden_size, "model_config")
     scaling = None
     rope_parameters = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     if cfg.rope_scaling is not None:
@@ -119,9 +158,9 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
         kind, keys = spec.pop("type"), spec
         scaling = {"type": kind, "rope_type": kind, **keys}
         rope_parameters = {"rope_type": kind, "rope_theta": float(cfg.rope_theta), **keys}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    out = {
+        "architectures": [FAMILIES[cfg.model_type].architecture],
+        "model_type": cfg.model_type,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.ffn_size,
@@ -129,7 +168,7 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": cfg.hidden_act,
         "max_position_embeddings": cfg.max_positions,
         "initializer_range": cfg.initializer_range,
         "rms_norm_eps": cfg.rms_norm_eps,
@@ -137,10 +176,7 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
         "rope_scaling": scaling,
         "rope_parameters": rope_parameters,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id,
@@ -148,11 +184,20 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
         "torch_dtype": dtype,
         "dtype": dtype,
     }
+    if cfg.model_type in ("llama", "qwen3", "gemma"):
+        out["attention_bias"] = cfg.attention_bias
+    if cfg.model_type == "llama":
+        out.update(mlp_bias=False, pretraining_tp=1)
+    if cfg.model_type in ("qwen2", "qwen3"):
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+    if cfg.model_type == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    return out
 
 
-YAML_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
+YAML_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "head_dim", "intermediate_size",
              "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
-             "bos_token_id", "eos_token_id", "pad_token_id")
+             "model_type", *SWITCH_DEFAULTS, "bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def model_config_yaml(cfg: LlamaConfig) -> str:
@@ -160,13 +205,17 @@ def model_config_yaml(cfg: LlamaConfig) -> str:
     import yaml
 
     d = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
-         "num_heads": cfg.num_heads, "n_kv_heads": cfg.kv_heads, "intermediate_size": cfg.ffn_size,
+         "num_heads": cfg.num_heads, "n_kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+         "intermediate_size": cfg.ffn_size,
          "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": float(cfg.rope_theta),
          "rope_scaling": cfg.rope_scaling, "max_position_embeddings": cfg.max_positions,
-         "tie_word_embeddings": cfg.tie_word_embeddings, "bos_token_id": cfg.bos_token_id,
-         "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
+         "tie_word_embeddings": cfg.tie_word_embeddings, "model_type": cfg.model_type,
+         **{k: getattr(cfg, k) for k in SWITCH_DEFAULTS if getattr(cfg, k) != SWITCH_DEFAULTS[k]},
+         "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
     if d["rope_scaling"] is None:
         del d["rope_scaling"]
+    if d["head_dim"] == cfg.hidden_size // cfg.num_heads:
+        del d["head_dim"]  # the default; written only when it differs
     return yaml.safe_dump({"model": {"model_config": d}}, sort_keys=False, default_flow_style=False)
 
 

@@ -145,18 +145,20 @@ def hf_model(hf_dir: str):
 
 
 def hf_model_from_ckpt(ckpt_path: str, cfg: LlamaConfig):
-    """A ``transformers.LlamaForCausalLM`` built from ``cfg`` holding the weights of msllm
-    checkpoint ``ckpt_path`` (for inputs without an HF directory, e.g. Meta checkpoints)."""
+    """The transformers model of ``cfg``'s family (``LlamaForCausalLM``, ``Qwen2ForCausalLM`` ...)
+    built from ``cfg`` holding the weights of msllm checkpoint ``ckpt_path`` (for inputs without
+    an HF directory, e.g. Meta checkpoints)."""
     import torch
-    from transformers import LlamaConfig as HFConfig
-    from transformers import LlamaForCausalLM as HFLlama
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from msllm.convert.configs import msllm_config_to_hf
     from msllm.convert.driver import msllm_weights
     from msllm.formats.dtypes import to_float32
     from msllm.models.llama.names import msllm_to_hf_name
 
-    model = HFLlama(HFConfig(**msllm_config_to_hf(cfg))).eval()
+    hf_cfg = msllm_config_to_hf(cfg)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg),
+                                             attn_implementation="eager").eval()
     state = {msllm_to_hf_name(n): torch.from_numpy(to_float32(r.load(), r.dtype))
              for n, r in msllm_weights(ckpt_path, cfg).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -243,12 +245,15 @@ def check_parity(cfg: LlamaConfig, ckpt_path: str, hf_dir: Optional[str] = None,
 
 
 def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: str = "float32",
-                         fmt: str = "safetensors", max_shard_size: Optional[str] = None, **config):
-    """A seeded random ``transformers.LlamaForCausalLM`` (for tests and benchmarks; no hub).
+                         fmt: str = "safetensors", max_shard_size: Optional[str] = None, model_type: str = "llama",
+                         **config):
+    """A seeded random transformers causal LM of ``model_type``'s family (``llama`` ->
+    ``LlamaForCausalLM``, ``qwen2``, ``qwen3``, ``mistral``, ``gemma``; for tests and benchmarks; no hub).
 
-    ``config``: ``transformers.LlamaConfig`` fields. Every weight is drawn at a scale that keeps
-    activations O(1) (matrices N(0, 1/in_features), embedding N(0, 1), RMSNorm weights
-    1 + N(0, 0.2)), so logits are O(1) and a wrong layout shows up far above the tolerance.
+    ``config``: the family's config fields. Every weight is drawn at a scale that keeps
+    activations O(1) (matrices N(0, 1/in_features), embedding N(0, 1), RMSNorm scales
+    1 + N(0, 0.2) (Gemma's stored w = N(0, 0.2), its scale being 1 + w), biases N(0, 0.2)), so
+    logits are O(1) and a wrong layout shows up far above the tolerance.
     ``fmt``: ``safetensors`` (``save_pretrained``, sharded when ``max_shard_size`` is given) or
     ``bin`` (``pytorch_model.bin``, or shards + ``pytorch_model.bin.index.json`` with
     ``max_shard_size``, as transformers 4 wrote them). Returns the model (float32, eval).
@@ -257,15 +262,17 @@ def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: st
     import json
 
     import torch
-    from transformers import LlamaConfig as HFConfig
-    from transformers import LlamaForCausalLM as HFLlama
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = HFLlama(HFConfig(**config)).eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config),
+                                             attn_implementation="eager").eval()
+    offset = model_type == "gemma"
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                neutral = 0.0 if offset or name.endswith(".bias") else 1.0
+                p.copy_(neutral + 0.2 * torch.randn_like(p))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn_like(p))
             else:

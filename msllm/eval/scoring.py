@@ -274,7 +274,9 @@ class Scorer:
         caches = empty_cache(1, c.kv_heads, s, c.head_dim, c.num_layers)
         prefix = np.full((1, pb), self.pad_id, np.int32)                 # (1, Pb)
         prefix[0, :p] = rows[idx[0]].tokens[:p]
-        causal = np.where(np.arange(s)[None, :] <= np.arange(pb)[:, None], 0.0, NEG).astype(np.float32)
+        w = c.sliding_window or s + pb  # slot = position here; no window = wider than any distance
+        key, qpos = np.arange(s)[None, :], np.arange(pb)[:, None]
+        causal = np.where((key <= qpos) & (key > qpos - w), 0.0, NEG).astype(np.float32)
         write = np.eye(pb, s, dtype=np.float32)                          # token j -> slot j
         caches = self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]),
                               Tensor(causal[None, None]), Tensor(write), ms.mutable(caches))
@@ -288,7 +290,8 @@ class Scorer:
                 tokens[b, :lengths[i]] = rows[i].tokens[p:]
             positions = np.broadcast_to(np.arange(p, p + t, dtype=np.int32), (n_rows, t)).copy()
             slot, query = np.arange(s)[None, :], np.arange(t)[:, None]
-            mask = np.where((slot < p) | ((slot >= p) & (slot <= p + query)), 0.0, NEG).astype(np.float32)
+            seen = (slot < p) | ((slot >= p) & (slot <= p + query))
+            mask = np.where(seen & (slot > p + query - w), 0.0, NEG).astype(np.float32)
             write = np.zeros((t, s), np.float32)
             write[np.arange(t), p + np.arange(t)] = 1.0
             tiled = tuple(ops.tile(x, (n_rows, 1, 1, 1)) for x in caches)

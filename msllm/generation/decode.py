@@ -96,10 +96,14 @@ def positions_for(pads: np.ndarray, slots: np.ndarray) -> np.ndarray:
     return np.maximum(slots[None, :] - pads[:, None], 0).astype(np.int32)
 
 
-def mask_for(pads: np.ndarray, query_slots: np.ndarray, buffer: int) -> np.ndarray:
-    """(B, 1, T, S) float32 additive mask: query slot q of row b sees slots pads[b] .. q."""
+def mask_for(pads: np.ndarray, query_slots: np.ndarray, buffer: int, window: Optional[int] = None) -> np.ndarray:
+    """(B, 1, T, S) float32 additive mask: query slot q of row b sees slots pads[b] .. q, and with
+    a sliding window W only slots above q - W (a row's tokens sit in consecutive slots, so slot
+    distance is position distance: transformers' ``q - W < k`` on positions)."""
     s = np.arange(buffer)
     ok = (s[None, None, :] >= pads[:, None, None]) & (s[None, None, :] <= query_slots[None, :, None])
+    if window is not None:
+        ok &= s[None, None, :] > query_slots[None, :, None] - window
     return np.where(ok, 0.0, MASKED).astype(np.float32)[:, None]
 
 
@@ -163,7 +167,8 @@ class Generator:
         Returns (last-prompt-token logits (B, V), caches, pads (B,))."""
         ids, pads = left_pad(prompts, length, pad_id)
         slots = np.arange(length)
-        logits, caches = self.run("prefill", ids, positions_for(pads, slots), mask_for(pads, slots, buffer),
+        w = self.config.sliding_window
+        logits, caches = self.run("prefill", ids, positions_for(pads, slots), mask_for(pads, slots, buffer, w),
                                   write_for(slots, buffer), self.empty_cache(len(prompts), buffer))
         return logits, caches, pads
 
@@ -171,14 +176,16 @@ class Generator:
         """Feed one token per row (B,) at cache slot ``slot``; returns (logits (B, V), caches)."""
         q = np.array([slot])
         return self.run("decode", tokens.astype(np.int32)[:, None], positions_for(pads, q),
-                        mask_for(pads, q, buffer), write_for(q, buffer), caches, beam_idx)
+                        mask_for(pads, q, buffer, self.config.sliding_window), write_for(q, buffer), caches,
+                        beam_idx)
 
     def full_forward(self, sequences: Sequence[Sequence[int]], width: int, pad_id: int) -> np.ndarray:
         """No cache: the whole of each sequence, right-aligned in ``width`` slots, through the
         model; logits (B, V) of each sequence's last token."""
         ids, pads = left_pad(sequences, width, pad_id)
         slots = np.arange(width)
-        logits, _ = self.run("full", ids, positions_for(pads, slots), mask_for(pads, slots, width),
+        logits, _ = self.run("full", ids, positions_for(pads, slots),
+                             mask_for(pads, slots, width, self.config.sliding_window),
                              write_for(slots, width), self.empty_cache(len(sequences), width))
         return logits
 

@@ -28,8 +28,9 @@ class CpuKernels:
 
     linear(x (..., in), w (out, in)) -> x w^T (..., out)          [torch.nn.Linear layout]
     linear_dynamic_rows: the same for x whose leading dimension is known only at run time
-    flash_attention(q (B,T,H,D), k (B,T,K,D), v (B,T,K,D)) -> (o (B,T,H,D), lse (B,H,T))
-        causal softmax(q k^T / sqrt(D)) v, H/K query heads per key/value head, no (B,H,T,T) tensor
+    flash_attention(q (B,T,H,D), k (B,T,K,D), v (B,T,K,D), window (1,)) -> (o (B,T,H,D), lse (B,H,T))
+        causal softmax(q k^T / sqrt(D)) v, H/K query heads per key/value head, no (B,H,T,T) tensor;
+        ``window`` W > 0: query t sees keys t-W+1..t (sliding window), 0: all keys 0..t
     rms_norm(x (..., C), w (C,), eps (1,)) -> (y (..., C), rstd (N,))
     add_rms_norm(a, b (..., C), w (C,), eps (1,)) -> (h = a + b, rmsnorm(h), rstd (N,))
     cross_entropy(logits (N, V), targets (N,) int32) -> (N, 2): per row (nll, logsumexp), nll 0 where
@@ -84,14 +85,15 @@ class CpuKernels:
         self.cross_entropy = prim_cpp_infer("cross_entropy", (f32, i32), bprop=ce_bprop)
 
         # ---- causal flash attention ------------------------------------------------------------
-        attn_grad = prim("flash_attention_grad", lambda do, q, k, v, o, lse: (q, k, v),
+        attn_grad = prim("flash_attention_grad", lambda do, q, k, v, w, o, lse: (q, k, v),
                          lambda *d: (d[1], d[2], d[3]))
 
-        def attn_bprop(q, k, v, out, dout):
-            return attn_grad(dout[0], q, k, v, out[0], out[1])
+        def attn_bprop(q, k, v, window, out, dout):
+            dq, dk, dv = attn_grad(dout[0], q, k, v, window, out[0], out[1])
+            return dq, dk, dv, ops.zeros_like(window)
 
-        self.flash_attention = prim("flash_attention", lambda q, k, v: (q, [q[0], q[2], q[1]]),
-                                    lambda q, k, v: (q, q), bprop=attn_bprop)
+        self.flash_attention = prim("flash_attention", lambda q, k, v, w: (q, [q[0], q[2], q[1]]),
+                                    lambda q, k, v, w: (q, q), bprop=attn_bprop)
 
         # ---- RMSNorm and residual add + RMSNorm -------------------------------------------------
         norm_grad = prim("rms_norm_grad", lambda dy, x, w, rstd: (x, w), lambda *d: (d[1], d[2]))
@@ -124,6 +126,11 @@ class CpuKernels:
             return rope_grad(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
 
         self.rope = prim("rope", lambda x, c, s: x, bprop=rope_bprop)
+
+    @staticmethod
+    def window_tensor(window) -> Tensor:
+        """The (1,) float32 tensor the flash operators take the sliding window from (0 = none)."""
+        return Tensor(np.array([window or 0], np.float32), ms.float32)
 
     @staticmethod
     def eps_tensor(eps: float) -> Tensor:

@@ -60,8 +60,9 @@ class LoRALinear(nn.Cell):
     """A :class:`~msllm.models.llama.model.Linear` with a LoRA update.
 
     Args:
-        base: the Linear cell to adapt; its weight (out, in) is reused (same Parameter) and
-            frozen (``requires_grad = False``).
+        base: the Linear cell to adapt; its weight (out, in) and bias (out,), if it has one
+            (Qwen2's q/k/v), are reused (same Parameters) and frozen (``requires_grad = False``),
+            as PEFT's ``lora.Linear`` keeps the base layer's bias and trains only A and B.
         rank: r > 0.
         alpha: the update is scaled by ``alpha / rank``.
         dropout: probability of dropping an element of the adapter's input in training (0 = no
@@ -82,6 +83,10 @@ class LoRALinear(nn.Cell):
                              f"at rank {rank}")
         self.weight = base.weight
         self.weight.requires_grad = False
+        self.bias = base.bias
+        if self.bias is not None:
+            self.bias.requires_grad = False
+        self.add_bias = base.add_bias
         self.matmul = base.matmul
         self.compute_dtype = base.compute_dtype
         self.cast = ops.Cast()
@@ -99,6 +104,8 @@ class LoRALinear(nn.Cell):
     def construct(self, x):
         x = self.cast(x, self.compute_dtype)                                         # (N, in)
         out = self.matmul(x, self.cast(self.weight, self.compute_dtype))             # (N, out)
+        if self.bias is not None:   # the base layer's output, bias included, then the update (PEFT's order)
+            out = self.add_bias(out, self.cast(self.bias, self.compute_dtype))
         h = self.lora_dropout(x) if self.use_dropout else x
         a = self.lora_a_matmul(h, self.cast(self.lora_A.weight, self.compute_dtype))  # (N, r)
         a = self.mul_scale(a, self.scale)

@@ -71,25 +71,39 @@ def concrete(strategy: Optional[SymStrategy], dp: int, mp: int):
     return tuple(tuple(size[s] for s in dims) for dims in strategy)
 
 
-def _linear(path: str, weight_split: tuple[Sym, Sym], stage: int, seq_parallel_out: bool = False) -> OpRule:
+def _linear(path: str, weight_split: tuple[Sym, Sym], stage: int, seq_parallel_out: bool = False,
+            bias: bool = False) -> list[OpRule]:
     """MatMul(x (N, in), W (out, in), transpose_b): x is split on N by dp and on its contracted
-    axis like W's ``in`` axis; the weight strategy is ``weight_split``."""
+    axis like W's ``in`` axis; the weight strategy is ``weight_split``. A bias (out,) is added to
+    the product split as the product's output: on ``out`` by mp for a column-parallel layer (the
+    bias split like its weight's output dimension, as Megatron's ``ColumnParallelLinear``), whole
+    after the partial sums of a row-parallel one (``RowParallelLinear`` adds it once, replicated)."""
     out = (("dpmp", None),) if seq_parallel_out else None
-    return OpRule(path, "matmul", (("dp", weight_split[1]), weight_split), stage, out,
-                  params=((1, f"{path}.weight"),))
+    rules = [OpRule(path, "matmul", (("dp", weight_split[1]), weight_split), stage, out,
+                    params=((1, f"{path}.weight"),))]
+    if bias:
+        act: tuple[Sym, ...] = ("dpmp", None) if seq_parallel_out else ("dp", weight_split[0])
+        rules.append(OpRule(path, "add_bias", (act, (weight_split[0],)), stage, params=((1, f"{path}.bias"),)))
+    return rules
 
 
-def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False) -> list[OpRule]:
-    act: tuple[Sym, ...] = ("dp", "mp" if seq_parallel else None, None)      # (B, T, C)
-    stat: tuple[Sym, ...] = ("dp", "mp" if seq_parallel else None, None)     # (B, T, 1)
+def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False, offset: bool = False,
+              act: Optional[tuple[Sym, ...]] = None) -> list[OpRule]:
+    """RMSNorm's primitives; ``act``: the input's split (default (B, T, C) split on B, and on T
+    with sequence parallelism); the weight is replicated (and so is Gemma's ``offset + w``)."""
+    if act is None:
+        act = ("dp", "mp" if seq_parallel else None, None)                   # (B, T, C)
+    stat = act                                                               # (B, T, 1)
+    weight = ((1, f"{path}.weight"),)
+    pre = [OpRule(path, "add_offset", ((None,), ()), stage, params=((0, f"{path}.weight"),))] if offset else []
     if fused:  # MindSpore's RmsNorm(x, gamma), gamma replicated, as MindFormers' LlamaRMSNorm.shard
-        return [OpRule(path, "ascend_norm", (act, (None,)), stage, params=((1, f"{path}.weight"),))]
-    return [
+        return pre + [OpRule(path, "ascend_norm", (act, (None,)), stage, params=() if offset else weight)]
+    return pre + [
         OpRule(path, "square", (act,), stage),
         OpRule(path, "mean", (act,), stage),
         OpRule(path, "rsqrt", (stat,), stage),
         OpRule(path, "mul", (act, stat), stage),
-        OpRule(path, "mul_weight", (act, (None,)), stage, params=((1, f"{path}.weight"),)),
+        OpRule(path, "mul_weight", (act, (None,)), stage, params=() if offset else weight),
     ]
 
 
@@ -129,6 +143,10 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
         OpRule("model.embed_tokens", "gather", ((vocab_split, None), ("dp",)), 0,
                params=((0, "model.embed_tokens.embedding_table"),)),
     ]
+    if mc.embedding_multiplier != 1.0:  # Gemma's embedding scale, a scalar
+        rules.append(OpRule("model", "mul_embed", (("dp", None, None), ()), 0))
+    off = mc.rms_norm_offset != 0.0
+    qkv_bias, o_bias = mc.qkv_bias, mc.o_bias
     col: tuple[Sym, Sym] = ("mp", None)
     row: tuple[Sym, Sym] = (None, "mp")
     heads4: tuple[Sym, ...] = ("dp", "mp", None, None)                      # (B, H, T, D) / (B, H, T, T)
@@ -136,9 +154,13 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     for i, st in enumerate(stages):
         lp = f"model.layers.{i}"
         ap, mp_ = f"{lp}.self_attn", f"{lp}.mlp"
-        rules += _rms_norm(f"{lp}.input_layernorm", st, sp, fused_norm)
+        rules += _rms_norm(f"{lp}.input_layernorm", st, sp, fused_norm, off)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            rules += _linear(f"{ap}.{name}", col, st, bias=qkv_bias)
+        if mc.qk_norm:  # Qwen3: over D of (B, T, heads, D), heads split by mp; (D,) weights replicated
+            for name in ("q_norm", "k_norm"):
+                rules += _rms_norm(f"{ap}.{name}", st, sp, fused_norm, off, act=("dp", None, "mp", None))
         rules += [
-            _linear(f"{ap}.q_proj", col, st), _linear(f"{ap}.k_proj", col, st), _linear(f"{ap}.v_proj", col, st),
             # (B, T, H, D) -> (B, H, T, D): the head axis carries the mp split
             OpRule(ap, "transpose", (("dp", None, "mp", None),), st),
             OpRule(ap, "mul_cos", (heads4, (None, None)), st),
@@ -157,23 +179,25 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
                 OpRule(ap, "softmax", (heads4,), st),
                 OpRule(ap, "bmm_pv", (heads4, heads4), st),
             ]
-        rules.append(_linear(f"{ap}.o_proj", row, st, seq_parallel_out=sp))
-        rules += _rms_norm(f"{lp}.post_attention_layernorm", st, sp, fused_norm)
+        rules += _linear(f"{ap}.o_proj", row, st, seq_parallel_out=sp, bias=o_bias)
+        rules += _rms_norm(f"{lp}.post_attention_layernorm", st, sp, fused_norm, off)
         ffn2: tuple[Sym, ...] = ("dp", "mp")                                 # (N, F)
+        rules += _linear(f"{mp_}.gate_proj", col, st) + _linear(f"{mp_}.up_proj", col, st)
+        if mc.hidden_act == "gelu_pytorch_tanh":
+            rules.append(OpRule(mp_, "gelu", (ffn2,), st))
+        else:
+            rules += [OpRule(mp_, "sigmoid", (ffn2,), st), OpRule(mp_, "mul_silu", (ffn2, ffn2), st)]
         rules += [
-            _linear(f"{mp_}.gate_proj", col, st), _linear(f"{mp_}.up_proj", col, st),
-            OpRule(mp_, "sigmoid", (ffn2,), st),
-            OpRule(mp_, "mul_silu", (ffn2, ffn2), st),
             OpRule(mp_, "mul", (ffn2, ffn2), st),
-            _linear(f"{mp_}.down_proj", row, st, seq_parallel_out=sp),
+            *_linear(f"{mp_}.down_proj", row, st, seq_parallel_out=sp),
             OpRule(lp, "add_attn", (seq3, seq3), st),
             OpRule(lp, "add_mlp", (seq3, seq3), st),
         ]
-    rules += _rms_norm("model.norm", last, sp, fused_norm)
+    rules += _rms_norm("model.norm", last, sp, fused_norm, off)
     if mc.tie_word_embeddings:
         rules.append(OpRule("", "head_matmul", (("dp", None), (vocab_split, None)), last))
     else:
-        rules.append(_linear("lm_head", (vocab_split, None), last))
+        rules += _linear("lm_head", (vocab_split, None), last)
     # The loss is not vocab-parallel (msllm's CausalLMLoss uses one LogSoftmax): with a
     # vocab-parallel head MindSpore all-gathers the logits before it.
     rules += [

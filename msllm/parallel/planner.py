@@ -38,7 +38,14 @@ Terms (bytes on the most loaded rank of each pipeline stage):
                                            and softmax_sum, (B, a, s, 8) fp32 each (MindSpore's
                                            FlashAttentionScore doc): 64 a N / t, no (B, a, s, s)
       SwiGLU MLP      e N h                gate/up input                    (replicated)
-                      5 e N f / t          gate, sigmoid, silu, up, silu*up
+                      5 e N f / t          gate, sigmoid, silu, up, silu*up (GeGLU, Gemma: 4, gate,
+                                           gelu, up, gelu*up)
+
+  Family switches (:mod:`msllm.models.llama.families`): with an explicit ``head_dim`` D the four
+  head-wide tensors are ``N a D`` wide, not ``N h`` (``4 e N a D / t``, a = heads); Qwen3's q/k
+  norms keep their inputs and outputs, ``(n + e) N (a + k) D / t`` (k = kv heads); biases keep
+  nothing more. A sliding window does not change what is stored: the composed attention still
+  forms the whole (B, a, s, s) score tensor and masks it.
 
   i.e. ``N h [2(n+e) + 2e]/t_sp + N h 4e/t + 5 e N f/t + a s N (m+c)/t`` with ``t_sp = t`` under
   sequence parallelism, else 1. For fp16 everywhere and f = 4h this is
@@ -116,6 +123,7 @@ def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_para
     """
     mc = model_config
     s, b, h, f, a = mc.seq_length, micro_batch, mc.hidden_size, mc.ffn_size, mc.num_heads
+    heads_width = mc.q_size                                   # a * D (= h unless head_dim is explicit)
     e = DTYPE_BYTES[mc.compute_dtype]
     n = DTYPE_BYTES[mc.layernorm_compute_type]
     m = DTYPE_BYTES[mc.softmax_compute_type]
@@ -123,9 +131,11 @@ def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_para
     tsp = tp if seq_parallel else 1
     tokens = s * b
     replicated = tokens * h * (2 * (n + e) + 2 * e) / tsp
-    attn_split = tokens * h * 4 * e / tp
+    attn_split = tokens * heads_width * 4 * e / tp
+    if mc.qk_norm:
+        attn_split += tokens * (mc.q_size + mc.kv_size) * (n + e) / tp
     scores = (64 * a * tokens if flash_attention else a * s * tokens * (m + c)) / tp
-    mlp_split = 5 * e * tokens * f / tp
+    mlp_split = (4 if mc.hidden_act == "gelu_pytorch_tanh" else 5) * e * tokens * f / tp
     full = replicated + attn_split + scores + mlp_split
     if recompute == "full":
         stored = e * tokens * h / tsp

@@ -331,12 +331,14 @@ class Throughput:
         return self.tgs(step_seconds) * self.executed_flops_per_token(head_fraction) / 1e12 / self.peak_tflops
 
 
-def causal_block_fraction(seq_length: int, block_rows: int) -> float:
+def causal_block_fraction(seq_length: int, block_rows: int, window: Optional[int] = None) -> float:
     """Share of the T x T score matrix msllm's CPU flash kernel computes: query block i (of
-    ``block_rows`` rows) against keys 0 .. end of block i (``msllm/kernels/csrc/attention.cc``),
-    so ``sum_i rows_i * end_i / T^2`` (= (n + 1) / 2n for n equal blocks: 56% at T = 512)."""
+    ``block_rows`` rows, starting at q0) against keys 0 .. end of block i, or with a sliding window
+    W keys ``max(0, q0 - W + 1)`` .. end (``msllm/kernels/csrc/attention.cc``), so
+    ``sum_i rows_i * keys_i / T^2`` (= (n + 1) / 2n for n equal blocks without a window: 56% at T = 512)."""
     t, b = seq_length, block_rows
-    return sum(min(b, t - q0) * min(q0 + b, t) for q0 in range(0, t, b)) / float(t * t)
+    first = (lambda q0: max(0, q0 - window + 1)) if window else (lambda q0: 0)
+    return sum(min(b, t - q0) * (min(q0 + b, t) - first(q0)) for q0 in range(0, t, b)) / float(t * t)
 
 
 def flash_block_rows(seq_length: int) -> int:
@@ -368,8 +370,14 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
     tokens = rc.batch_size * rc.gradient_accumulation_steps * micro * t
     flops = mc.train_flops_per_token() - 2.0 * frozen_params
     head = (4.0 if head_frozen else 6.0) * mc.vocab_size * mc.hidden_size
-    attention = 12.0 * mc.num_layers * mc.num_heads * mc.head_dim * t
-    factor = FLASH_EXECUTED_PER_MODEL * causal_block_fraction(t, flash_block_rows(t)) if flash_attention else 1.0
+    # the model count's attention (``train_flops_per_token``): T keys per query, min(W, T) with a window
+    keys = t if mc.sliding_window is None else min(mc.sliding_window, t)
+    attention = 12.0 * mc.num_layers * mc.num_heads * mc.head_dim * keys
+    # executed / model count: the flash kernel's blocks, or the composed path's whole T x T square
+    if flash_attention:
+        factor = FLASH_EXECUTED_PER_MODEL * causal_block_fraction(t, flash_block_rows(t), mc.sliding_window) * t / keys
+    else:
+        factor = t / keys
     recompute = 0.0
     if getattr(run_config.recompute_config, "recompute", False):
         # the decoder layers' forward again: 2 x their matmul weights + the attention forward

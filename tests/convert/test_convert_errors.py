@@ -119,13 +119,38 @@ def hf_case(tmp_path, name):
         return d, ["no weights found"]
     if name == "not_a_directory":
         return str(tmp_path / "nowhere"), ["nowhere", "not a directory"]
+    # family features msllm does not implement: refused naming the key, never dropped
+    if name == "gemma2_softcapping":
+        return write_hf(d, {**CONFIG, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"],
+                            "attn_logit_softcapping": 50.0}), ["config.json", "attn_logit_softcapping=50.0"]
+    if name == "qwen2_use_sliding_window":
+        return write_hf(d, {**CONFIG, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                            "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}), \
+            ["config.json", "use_sliding_window=True"]
+    if name == "per_layer_attention_kinds":
+        return write_hf(d, {**CONFIG, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                            "layer_types": ["sliding_attention"]}), ["config.json", "layer_types", "sliding_attention"]
+    if name == "mlp_bias":
+        return write_hf(d, {**CONFIG, "mlp_bias": True}), ["config.json", "mlp_bias=True"]
+    if name == "unknown_rope_type":
+        return write_hf(d, {**CONFIG, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}), \
+            ["config.json", "rotary scaling 'longrope' is not implemented"]
+    if name == "qwen2_missing_bias":
+        qwen2 = {**CONFIG, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+        w = tensors(qwen2)
+        del w["model.layers.0.self_attn.k_proj.bias"]
+        return write_hf(d, qwen2, weights=w), ["missing", "model.layers.0.self_attn.k_proj.bias"]
+    if name == "bias_for_a_llama_without_bias":
+        w["model.layers.0.self_attn.q_proj.bias"] = np.zeros(8, np.float32)
+        return write_hf(d, weights=w), ["unknown tensor model.layers.0.self_attn.q_proj.bias"]
     raise AssertionError(name)
 
 
 HF_CASES = ["missing_config", "malformed_config", "unsupported_architecture", "model_type_not_llama",
             "shape_mismatch", "unknown_tensor", "layer_beyond_config", "missing_tensor", "missing_shard",
             "malformed_index", "index_points_to_wrong_shard", "truncated_safetensors", "no_weights",
-            "not_a_directory"]
+            "not_a_directory", "gemma2_softcapping", "qwen2_use_sliding_window", "per_layer_attention_kinds",
+            "mlp_bias", "unknown_rope_type", "qwen2_missing_bias", "bias_for_a_llama_without_bias"]
 
 
 @pytest.mark.parametrize("case", HF_CASES)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from helpers.families import FAMILY_CASES
 from msllm.convert import hf
 from msllm.convert.verify import check_parity, make_random_hf_model
 from msllm.training.checkpoint import read_sidecar
@@ -44,6 +45,17 @@ CASES = {
                              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
                              max_position_embeddings=512), "safetensors", None, "float32"),
+    # the family's other members (the generation tests' configs: one table)
+    **{k: (kw, "safetensors", None, "float32") for k, kw in FAMILY_CASES.items()},
+}
+# what each family's config becomes in msllm (independently written from transformers' modeling files)
+FAMILY_SWITCHES = {
+    "qwen2_bias_yarn": dict(qkv_has_bias=True, attention_bias=False),
+    "qwen3_qknorm_head_dim": dict(qk_norm=True, head_dim=32),
+    "mistral_window16": dict(sliding_window=16),
+    "gemma_geglu_mqa": dict(rms_norm_offset=1.0, hidden_act="gelu_pytorch_tanh", embedding_multiplier=8.0,
+                            head_dim=24, tie_word_embeddings=True),
+    "llama_attention_bias": dict(attention_bias=True, qkv_has_bias=False),
 }
 
 
@@ -64,22 +76,56 @@ def test_hf_to_msllm_logits_parity(tmp_path, case):
     assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.kv_heads, c.ffn_size) == (
         cfg_kw["vocab_size"], cfg_kw["hidden_size"], cfg_kw["num_hidden_layers"],
         cfg_kw["num_attention_heads"], cfg_kw["num_key_value_heads"], cfg_kw["intermediate_size"])
-    assert c.tie_word_embeddings == cfg_kw.get("tie_word_embeddings", False)
+    assert c.model_type == cfg_kw.get("model_type", "llama")
+    for key, value in {"tie_word_embeddings": cfg_kw.get("tie_word_embeddings", False),
+                       **FAMILY_SWITCHES.get(case, {})}.items():
+        assert getattr(c, key) == value, key
     assert c.rope_theta == cfg_kw.get("rope_theta", 10000.0)
     expected_scaling = {"gqa_linear_rope_bin": {"type": "linear", "factor": 2.0},
                         "gqa_llama3_rope": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+                        "qwen2_bias_yarn": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}
     assert c.rope_scaling == expected_scaling.get(case)
     assert res.dtypes == [dtype]
     # the manifest carries the model config, so the checkpoint is self-describing
     assert read_sidecar(out)["model_config"]["hidden_size"] == cfg_kw["hidden_size"]
 
-    report = check_parity(c, out, hf=model)  # model holds the (rounded, for bf16) saved weights
-    print("\n".join(report.lines()))
-    assert report.reference_std > 0.3  # logits are O(1): 1e-4 is a real bound, not a vacuous one
-    assert report.max_abs_diff < 1e-4
-    assert report.hf_next == report.msllm_next
-    assert report.modulo_vocab == (cfg_kw["vocab_size"] < 32000)
+    for fast in (False, True):  # the layout path's composed operators and the CPU kernels
+        report = check_parity(c, out, hf=model, fast_paths=fast)  # model holds the saved (rounded) weights
+        print("fast paths" if fast else "composed", "\n".join(report.lines()))
+        assert report.reference_std > 0.3  # logits are O(1): 1e-4 is a real bound, not a vacuous one
+        # relative to the logits' size: Gemma's sqrt(hidden)-scaled tied embeddings give logits ~10
+        assert report.max_abs_diff < 1e-4 * max(1.0, report.reference_std)
+        assert report.hf_next == report.msllm_next
+        assert report.modulo_vocab == (cfg_kw["vocab_size"] < 32000)
+
+
+@pytest.mark.parametrize("case,switch", [("mistral_window16", dict(sliding_window=None)),
+                                         ("qwen3_qknorm_head_dim", None), ("gemma_geglu_mqa", None),
+                                         ("qwen2_bias_yarn", dict(rope_scaling=None))])
+def test_each_family_switch_matters(tmp_path, case, switch):
+    """The parity above is not vacuous: msllm without one of the family's switches (the window, the
+    q/k norms, Gemma's norm offset, YaRN) is far from transformers on the same weights."""
+    import dataclasses
+
+    cfg_kw = CASES[case][0]
+    model = make_random_hf_model(str(tmp_path / "hf"), seed=7, **cfg_kw)
+    out = str(tmp_path / "m.ckpt")
+    c = hf.convert_hf_to_msllm(str(tmp_path / "hf"), out, progress=False).config
+    good = check_parity(c, out, hf=model)
+    assert good.max_abs_diff < 1e-4 * max(1.0, good.reference_std)
+    if case == "qwen3_qknorm_head_dim":   # q/k norm weights 1 + N(0, 0.2): set them to 1 on msllm's side only
+        bad_ckpt = str(tmp_path / "bad.ckpt")
+        with hf.CkptWriter(bad_ckpt) as w:
+            for name, (data, dtype) in hf.read_msllm_tensors(out).items():
+                w.write(name, np.ones_like(data) if "_norm." in name and "self_attn" in name else data, dtype)
+        bad = check_parity(c, bad_ckpt, hf=model)
+    elif case == "gemma_geglu_mqa":       # a LLaMA norm (w instead of 1 + w)
+        bad = check_parity(dataclasses.replace(c, rms_norm_offset=0.0), out, hf=model)
+    else:
+        bad = check_parity(dataclasses.replace(c, **switch), out, hf=model)
+    print(case, "with the switch", good.max_abs_diff, "without", bad.max_abs_diff)
+    assert bad.max_abs_diff > 1e-2
 
 
 def test_a_wrong_layout_fails_the_parity_check(tmp_path):
@@ -158,3 +204,22 @@ def test_cast_to_bf16_matches_torch_rounding_and_verifies(tmp_path):
         np.testing.assert_array_equal(data, t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16))
     report = check_parity(res.config, out, hf=model, round_to="bfloat16")
     assert report.max_abs_diff < 1e-4 and report.hf_next == report.msllm_next
+
+
+@pytest.mark.parametrize("case", ["gemma_geglu_mqa", "qwen3_qknorm_head_dim"])
+def test_cli_both_ways_with_verify_for_a_family(tmp_path, case):
+    """convert_weight.py HF -> msllm --verify and --reversed --verify on Gemma / Qwen3: both pass,
+    and the reversed directory names the family's architecture."""
+    make_random_hf_model(str(tmp_path / "hf"), seed=13, **FAMILY_CASES[case])
+    env = dict(os.environ, GLOG_v="3")
+    out = tmp_path / "m.ckpt"
+    r = subprocess.run([sys.executable, TOOL, "--torch_ckpt_dir", str(tmp_path / "hf"), "--mindspore_ckpt_path",
+                        str(out), "--verify", "--no_progress"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "verify: PASSED" in r.stdout, r.stderr[-3000:]
+    back = tmp_path / "back"
+    r = subprocess.run([sys.executable, TOOL, "--reversed", "--mindspore_ckpt_path", str(out), "--torch_ckpt_dir",
+                        str(back), "--verify", "--no_progress"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "verify: PASSED" in r.stdout, r.stderr[-3000:]
+    config = json.loads((back / "config.json").read_text())
+    assert config["model_type"] == FAMILY_CASES[case]["model_type"]
+    assert config["head_dim"] == FAMILY_CASES[case]["head_dim"]

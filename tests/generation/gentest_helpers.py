@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from helpers import REPO as ROOT, TINY_YAML  # noqa: F401  (re-exported to the generation tests)
+from helpers.families import FAMILY_CASES
 
 # Three real sentences of different lengths (8, 26 and 2 tokens with BOS).
 SENTENCES = ["I love Beijing, because",
@@ -35,6 +36,7 @@ CASES = {
     "mqa_bf16": (dict(vocab_size=700, hidden_size=32, intermediate_size=50, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64),
                  "safetensors", "bfloat16"),
+    **{k: (kw, "safetensors", "float32") for k, kw in FAMILY_CASES.items()},
 }
 
 

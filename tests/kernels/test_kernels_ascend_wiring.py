@@ -6,7 +6,9 @@ Sources (mindspore 2.10 wheel, the primitives' docstrings):
 * ``FlashAttentionScore`` (``mindspore/ops/auto_generate/gen_ops_prim.py``): attention_out =
   Softmax(Mask(scale_value * query key^T, attn_mask)) value; attn_mask uint8, 1 = discard;
   sparse_mode 0 = the full mask as given, 2 = "leftUpCausal" (query i keeps keys j <= i) and
-  3 = "rightDownCausal" (j <= i + S2 - S1), both with the compressed (2048, 2048) mask;
+  3 = "rightDownCausal" (j <= i + S2 - S1), both with the compressed (2048, 2048) mask; 4 = "band"
+  (keys from pre_tokens before the query to next_tokens after it: i - pre_tokens <= j <= i + next_tokens,
+  the same compressed mask);
   input_layout "BNSD" = (B, N, S, D) or "BSH" = (B, S, N*D); N2 key/value heads dividing N1;
   D a multiple of 16; query/key/value float16 or bfloat16; outputs (softmax_max, softmax_sum,
   softmax_out, attention_out). Which query head a key/value head serves is not spelled out; the
@@ -36,7 +38,7 @@ LAYOUTS = {str_to_enum("FlashAttentionScore", "input_layout", name): name for na
 def flash_attention_score(q, k, v, attn_mask, head_num, scale_value, input_layout, sparse_mode,
                           pre_tokens=2147483647, next_tokens=2147483647):
     """FlashAttentionScore's documented output ``attention_out`` in float64 (layouts BSH/BNSD,
-    sparse modes 0, 2, 3, no dropout, no real_shift)."""
+    sparse modes 0, 2, 3, 4, no dropout, no real_shift)."""
     if input_layout == "BSH":
         b, s1, h1 = q.shape
         q = q.reshape(b, s1, head_num, -1).transpose(0, 2, 1, 3)
@@ -57,6 +59,10 @@ def flash_attention_score(q, k, v, attn_mask, head_num, scale_value, input_layou
         np.testing.assert_array_equal(attn_mask, np.triu(np.ones((2048, 2048), np.uint8), 1),
                                       err_msg="modes 2/3 take the compressed (2048, 2048) causal mask")
         discard = j > i if sparse_mode == 2 else j > i + (s2 - s1)
+    elif sparse_mode == 4:
+        np.testing.assert_array_equal(attn_mask, np.triu(np.ones((2048, 2048), np.uint8), 1),
+                                      err_msg="mode 4 takes the compressed (2048, 2048) mask")
+        discard = (j < i - pre_tokens) | (j > i + next_tokens)
     else:
         raise AssertionError(f"sparse_mode {sparse_mode} is not modelled here")
     scores = np.where(discard, -np.inf, scores)
@@ -239,3 +245,55 @@ def test_layout_shards_the_fused_primitives_like_mindformers(pynative):
     names = {r.name for r in apply_layout(plain, pc)}
     assert "model.layers.1.self_attn.softmax" in names and "model.layers.1.self_attn.fa_score" not in names
     assert plain.model.layers[1].self_attn.softmax.in_strategy == ((2, 2, 1, 1),)
+
+
+def test_sliding_window_builds_the_band_mode_and_computes_the_same_logits(pynative):
+    """Mistral's window on the layout path: FlashAttentionScore in sparse_mode 4 with pre_tokens
+    W - 1 and next_tokens 0 (documented band) computes what the composed attention with the
+    windowed causal mask computes; the plain causal mode (2) would not."""
+    ms.set_seed(SEED)
+    window = 5
+    cfg = with_keys(small(compute_dtype="float16", sliding_window=window), use_flash_attention=True,
+                    fused_rms_norm=False)
+    fa = LlamaForCausalLM(cfg, fast_paths=False)
+    composed = LlamaForCausalLM(with_keys(small(compute_dtype="float16", sliding_window=window),
+                                          use_flash_attention=False, fused_rms_norm=False), fast_paths=False)
+    ms.load_param_into_net(composed, {p.name: p for p in fa.trainable_params()})
+    stand_ins = []
+    for layer in fa.model.layers:
+        p = layer.self_attn.fa_score
+        assert (p.sparse_mode, p.pre_tokens, p.next_tokens) == (4, window - 1, 0)
+        layer.self_attn.fa_score = FlashAttentionScoreStandIn(p)
+        stand_ins.append(layer.self_attn.fa_score)
+    ids = Tensor(np.random.default_rng(SEED).integers(3, 97, (2, 20)).astype(np.int32))
+    got, want = fa(ids).asnumpy(), composed(ids).asnumpy()
+    err = np.abs(got - want).max()
+    assert all(s.calls == 1 for s in stand_ins) and err <= 2e-2 * np.abs(want).max(), err
+    # negative control: the same weights without the window (plain causal attention) are far off
+    causal = LlamaForCausalLM(with_keys(small(compute_dtype="float16"), use_flash_attention=False,
+                                        fused_rms_norm=False), fast_paths=False)
+    ms.load_param_into_net(causal, {p.name: p for p in fa.trainable_params()})
+    assert np.abs(causal(ids).asnumpy() - want).max() > 10 * err
+
+
+def test_rms_norm_offset_reaches_the_fused_norm(pynative):
+    """Gemma's (1 + w) norms on the layout path's RmsNorm: gamma = 1 + w, the composed result."""
+    ms.set_seed(SEED)
+    gemma = dict(rms_norm_offset=1.0, hidden_act="gelu_pytorch_tanh", embedding_multiplier=8.0)
+    fused = LlamaForCausalLM(with_keys(small(**gemma), use_flash_attention=False, fused_rms_norm=True),
+                             fast_paths=False)
+    composed = LlamaForCausalLM(with_keys(small(**gemma), use_flash_attention=False, fused_rms_norm=False),
+                                fast_paths=False)
+    r = np.random.default_rng(SEED)
+    for p in fused.trainable_params():
+        if p.name.endswith("layernorm.weight") or p.name == "model.norm.weight":
+            p.set_data(Tensor((0.2 * r.standard_normal(p.shape)).astype(np.float32)))
+    ms.load_param_into_net(composed, {p.name: p for p in fused.trainable_params()})
+    norms = [fused.model.norm] + [n for layer in fused.model.layers
+                                  for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    for n in norms:
+        n.ascend_norm = RmsNormStandIn(n.ascend_norm)
+    ids = Tensor(r.integers(3, 97, (2, 11)).astype(np.int32))
+    got, want = fused(ids).asnumpy(), composed(ids).asnumpy()
+    assert all(n.ascend_norm.calls == 1 for n in norms)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -100,21 +100,31 @@ def test_linear_on_rows_known_only_at_run_time(kernels, graph_mode):
             close(a, b)
 
 
-def attention_numpy(q, k, v):
+def visible(tq, window=0):
+    """(T, T) bool: query q sees key k (k <= q, and q - W < k with a window W), written out by
+    hand from transformers' sliding_window_overlay, not from msllm's mask."""
+    allowed = np.zeros((tq, tq), bool)
+    for qi in range(tq):
+        for ki in range(tq):
+            allowed[qi, ki] = ki <= qi and (window == 0 or ki > qi - window)
+    return allowed
+
+
+def attention_numpy(q, k, v, window=0):
     """Causal softmax(q k^T / sqrt(D)) v in float64; q (B,T,H,D), k/v (B,T,K,D), head h uses kv
-    head h // (H/K)."""
+    head h // (H/K); ``window`` W > 0: keys q-W+1..q only."""
     b, tq, h, d = q.shape
     rep = h // k.shape[2]
     kk, vv = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
     s = np.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(d)
-    s = np.where(np.tril(np.ones((tq, tq), bool)), s, -np.inf)
+    s = np.where(visible(tq, window), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
     return np.einsum("bhqk,bkhd->bqhd", p, vv), lse
 
 
-def attention_composed(q, k, v):
+def attention_composed(q, k, v, window=0):
     """The same with MindSpore's operators (the model's fallback: scores, mask, softmax)."""
     b, tq, h, d = q.shape
     rep = h // k.shape[2]
@@ -122,7 +132,7 @@ def attention_composed(q, k, v):
     kk = ops.repeat_interleave(ops.transpose(k, (0, 2, 1, 3)), rep, 1)
     vv = ops.repeat_interleave(ops.transpose(v, (0, 2, 1, 3)), rep, 1)
     s = ops.matmul(qq, ops.transpose(kk, (0, 1, 3, 2))) / np.sqrt(d)
-    s = s + Tensor(np.triu(np.full((tq, tq), -1e9, np.float32), 1))
+    s = s + Tensor(np.where(visible(tq, window), 0.0, -1e9).astype(np.float32))
     return ops.transpose(ops.matmul(ops.softmax(s, -1), vv), (0, 2, 1, 3))
 
 
@@ -136,17 +146,33 @@ def attention_composed(q, k, v):
                          ids=["gqa-2-blocks", "mha-3-blocks", "one-token", "mqa-128-row-blocks", "gqa-d64",
                               "gqa-d128", "gqa-d64-128-row-blocks"])
 def test_flash_attention_matches_numpy_and_composed_gradients(kernels, pynative, b, tq, h, kv, d):
+    check_flash(kernels, b, tq, h, kv, d, 0)
+
+
+def check_flash(kernels, b, tq, h, kv, d, window):
     r = rng()
     q, k, v = (r.standard_normal((b, tq, n, d)) for n in (h, kv, kv))
     dy = r.standard_normal((b, tq, h, d))
-    out, lse = kernels.flash_attention(t(q), t(k), t(v))
-    ref, ref_lse = attention_numpy(q, k, v)
+    w = kernels.window_tensor(window)
+    out, lse = kernels.flash_attention(t(q), t(k), t(v), w)
+    ref, ref_lse = attention_numpy(q, k, v, window)
     close(out.asnumpy(), ref)
     close(lse.asnumpy(), ref_lse)
-    got = grads(lambda *x: kernels.flash_attention(*x)[0], (t(q), t(k), t(v)), t(dy))
-    want = grads(attention_composed, (t(q), t(k), t(v)), t(dy))
+    got = grads(lambda *x: kernels.flash_attention(*x, w)[0], (t(q), t(k), t(v)), t(dy))
+    want = grads(lambda *x: attention_composed(*x, window), (t(q), t(k), t(v)), t(dy))
     for g, e in zip(got, want):
         close(g, e)
+
+
+@pytest.mark.parametrize("b,tq,h,kv,d,window", [(2, 70, 4, 2, 16, 5),     # window inside a 64-row block
+                                                (1, 200, 2, 1, 16, 64),   # window = block rows
+                                                (1, 130, 4, 4, 8, 100),   # window across 3 blocks
+                                                (1, 800, 2, 1, 16, 300),  # 128-row blocks, window not a multiple
+                                                (1, 50, 2, 2, 8, 1),      # each query sees itself only
+                                                (1, 40, 2, 2, 8, 64)],    # window longer than T = causal
+                         ids=["w5", "w64", "w100-3-blocks", "w300-128-row-blocks", "w1", "w-longer-than-t"])
+def test_flash_attention_sliding_window(kernels, pynative, b, tq, h, kv, d, window):
+    check_flash(kernels, b, tq, h, kv, d, window)
 
 
 def test_flash_attention_is_causal(kernels, pynative):
@@ -154,8 +180,9 @@ def test_flash_attention_is_causal(kernels, pynative):
     q, k, v = (r.standard_normal((1, 100, 2, 16)) for _ in range(3))
     k2, v2 = k.copy(), v.copy()
     k2[:, 60:], v2[:, 60:] = r.standard_normal((1, 40, 2, 16)), r.standard_normal((1, 40, 2, 16))
-    a = kernels.flash_attention(t(q), t(k), t(v))[0].asnumpy()
-    c = kernels.flash_attention(t(q), t(k2), t(v2))[0].asnumpy()
+    w = kernels.window_tensor(None)
+    a = kernels.flash_attention(t(q), t(k), t(v), w)[0].asnumpy()
+    c = kernels.flash_attention(t(q), t(k2), t(v2), w)[0].asnumpy()
     np.testing.assert_array_equal(a[:, :60], c[:, :60])
     assert np.abs(a[:, 60:] - c[:, 60:]).max() > 1e-2
 

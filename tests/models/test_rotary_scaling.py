@@ -8,7 +8,7 @@ import transformers
 
 from msllm.convert.configs import hf_config_to_msllm, msllm_config_to_hf
 from msllm.errors import MsllmError
-from msllm.models.llama.model import rotary_tables
+from msllm.models.llama.rotary import rotary_tables
 
 # transformers forms the angles pos x inv_freq in float32 (msllm in float64, then rounds): at
 # positions up to 512 that alone differs by up to 512 x 2^-24 ~ 3e-5 rad; a wrong scaling differs by > 0.1
@@ -22,6 +22,14 @@ SCALINGS = {
     # theta 5e5, 256 puts wavelengths below, inside and above the blended band
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 256},
+    # YaRN as Qwen2.5 documents it ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    # the original length scaled down to the test's 512 positions; with DeepSeek-style mscale pair; and
+    # with truncate false (transformers 5's key) and explicit betas
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    "yarn_mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "mscale": 0.707,
+                    "mscale_all_dim": 1.0},
+    "yarn_betas_no_truncate": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256,
+                               "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
 }
 
 
@@ -46,13 +54,15 @@ def test_tables_equal_transformers_both_ways(kind):
     back_cos, back_sin = hf_tables(msllm_config_to_hf(cfg))
     np.testing.assert_allclose(cos, back_cos, atol=TOL)
     np.testing.assert_allclose(sin, back_sin, atol=TOL)
-    if kind == "llama3":   # the scaling is not a no-op here: low frequencies moved
+    if kind != "default":  # the scaling is not a no-op here: low frequencies moved (or the scale changed)
         plain_cos, _ = hf_tables(BASE)
         assert np.abs(cos - plain_cos).max() > 0.1
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, "rotary scaling 'yarn' is not implemented"),
+    ({"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 32768},
+     "rotary scaling 'longrope' is not implemented"),
+    ({"rope_type": "yarn", "factor": 4.0}, "needs original_max_position_embeddings"),
     ({"rope_type": "dynamic", "factor": 2.0}, "rotary scaling 'dynamic' is not implemented"),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}, "needs high_freq_factor, original_max_position_embeddings"),
 ])

@@ -229,3 +229,41 @@ def test_parallel_context_kwargs_are_accepted_by_mindspore():
 
 def test_run_config_default_is_valid():
     assert validate_run_layout(RunConfig()) == [32]
+
+
+FAMILY = dict(num_layers=2, qkv_has_bias=True, attention_bias=True, qk_norm=True, rms_norm_offset=1.0,
+              hidden_act="gelu_pytorch_tanh", embedding_multiplier=2.0, sliding_window=8, head_dim=48)
+
+
+def test_family_switches_param_shapes_and_layouts():
+    """Every switch of the family at once: the one table of shapes is the network's, and
+    apply_layout's strategies imply exactly param_layouts' layouts for every parameter (biases,
+    q/k norms, Gemma's offset norms included)."""
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    from msllm.models.llama.model import LlamaForCausalLM
+
+    mc = preset("tiny", **FAMILY)
+    net = LlamaForCausalLM(mc)
+    assert {p.name: tuple(p.shape) for p in net.get_parameters()} == param_shapes(mc)
+    assert param_shapes(mc)["model.layers.0.self_attn.q_proj.weight"] == (4 * 48, 128)   # H * D != C
+    layout = pc(data_parallel=2, model_parallel=2)
+    rules = apply_layout(net, layout, RecomputeConfig())
+    lays = param_layouts(mc, layout)
+    checked = set()
+    for rule in rules:
+        prim = getattr(_resolve(net, rule.path), rule.prim)
+        assert prim.in_strategy == concrete(rule.in_strategy, 2, 2), rule.name
+        for idx, name in rule.params:
+            lay = lays[name]
+            implied = tuple(1 if m == -1 else lay.dev_matrix[len(lay.dev_matrix) - 1 - m] for m in lay.tensor_map)
+            assert prim.in_strategy[idx] == implied, name
+            checked.add(name)
+    assert checked == {p.name for p in net.get_parameters()}
+    attn = net.model.layers[0].self_attn
+    assert attn.q_proj.add_bias.in_strategy == ((2, 2), (2,))       # column-parallel: bias split by mp
+    assert attn.o_proj.add_bias.in_strategy == ((2, 1), (1,))       # row-parallel: whole bias once
+    assert attn.q_norm.mul_weight.in_strategy == ((2, 1, 2, 1), (1,))
+    assert net.model.layers[0].mlp.gelu.in_strategy == ((2, 2),)

@@ -147,3 +147,21 @@ def test_flash_attention_replaces_the_scores_term():
     a, sq = mc.num_heads, mc.seq_length
     extra_per_layer = (a * sq * sq * b * (4 + 2) - 64 * a * sq * b) / tp
     assert without["activations"] - with_fa["activations"] == pytest.approx(without["layers"] * extra_per_layer)
+
+
+def test_family_switches_in_the_activation_and_parameter_terms():
+    """Qwen3-like head_dim 128 at hidden 64 x 4 heads (H*D = 512 != C), q/k norms, GeGLU: the stored
+    activations per layer counted by hand; the weights term follows the one table of shapes
+    (biases and q/k norm weights included: 16 bytes per parameter in fp32 with AdamW)."""
+    base = dict(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=96,
+                seq_length=32)
+    plain = LlamaConfig(**base)
+    fam = LlamaConfig(**base, head_dim=128, qk_norm=True, qkv_has_bias=True, hidden_act="gelu_pytorch_tanh")
+    n_tok, e = 32 * 2, 4
+    p, f = layer_activation_bytes(plain, 2)["stored"], layer_activation_bytes(fam, 2)["stored"]
+    # heads 4 x 64 -> 4 x 128 wide (4 tensors), q/k norms (4 + 2) x 128 in and out, one ffn tensor fewer
+    assert f - p == n_tok * (4 * (512 - 64) * e + (512 + 256) * (4 + 4) - 96 * e)
+    cfg = RunConfig()
+    cfg.model.model_config = fam
+    assert plan(cfg)["stages"][0]["weights"] + plan(cfg)["stages"][0]["optimizer_states"] + \
+        plan(cfg)["stages"][0]["gradients"] == 16 * fam.num_params()

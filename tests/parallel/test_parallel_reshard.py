@@ -237,3 +237,22 @@ def test_protobuf_strategy_files_work_too(tmp_path):
     assert_rank_slices(tmp_path / "o", full, mc, PP)
     out = transform_checkpoints(str(tmp_path / "o"), str(tmp_path / "b"), str(tmp_path / "pb"), None)
     assert_equal_full(out[0], full)
+
+
+def test_family_switches_reshard_bit_exactly(tmp_path):
+    """Biases (split like their weight's output on column-parallel q/k/v, whole on o), Qwen3's q/k
+    norms and Gemma's offset norms (replicated): full -> dp 2 x mp 2 (optimizer shard) -> full
+    through MindSpore's transform_checkpoints, every rank's slice as param_layouts predicts."""
+    mc = preset("tiny", num_layers=2, n_kv_heads=4, qkv_has_bias=True, attention_bias=True, qk_norm=True,
+                rms_norm_offset=1.0, hidden_act="gelu_pytorch_tanh", embedding_multiplier=2.0, sliding_window=8)
+    full = save_full_train_checkpoint(mc, str(tmp_path / "full" / "rank_0" / "full.ckpt"), 4)
+    assert "model.layers.1.self_attn.o_proj.bias" in full and "model.layers.1.self_attn.k_norm.weight" in full
+    lays = param_layouts(mc, A)
+    assert lays["model.layers.0.self_attn.q_proj.bias"].tensor_map == (0,)       # split like q's output
+    assert lays["model.layers.0.self_attn.o_proj.bias"].tensor_map == (-1,)      # after the partial sums
+    assert lays["model.layers.0.self_attn.q_norm.weight"].tensor_map == (-1,)
+    write_strategy_files(mc, A, str(tmp_path / "strategy"), fmt="json")
+    transform_checkpoints(str(tmp_path / "full"), str(tmp_path / "A"), None, str(tmp_path / "strategy"))
+    assert_rank_slices(tmp_path / "A", full, mc, A)
+    out = transform_checkpoints(str(tmp_path / "A"), str(tmp_path / "back"), str(tmp_path / "strategy"), None)
+    assert_equal_full(out[0], full)

@@ -233,3 +233,31 @@ def test_exception_between_steps_saves_the_last_completed_step(tmp_path, alpaca_
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "train_summary_rank_0.json").read_text())
     assert s["start_step"] == 3 and s["steps"] == 3
+
+
+@pytest.mark.parametrize("case", ["qwen2_bias_yarn", "mistral_window16"])
+def test_finetune_straight_from_a_family_hf_directory(tmp_path, alpaca_mindrecord, case):
+    """run_msllm.py finetune with an HF Qwen2 / Mistral directory as load_checkpoint: config.json
+    decides the model (biases, YaRN, the sliding window) and the first step's loss equals
+    transformers' loss on the same batch (labels given)."""
+    import torch
+
+    from helpers.families import FAMILY_CASES
+    from msllm.convert.verify import make_random_hf_model
+    from msllm.data.dataset import build_train_data
+
+    kw = {**FAMILY_CASES[case], "vocab_size": 32000}   # the real LLaMA tokenizer's ids of the bundled data
+    hf = make_random_hf_model(str(tmp_path / "hf"), seed=5, **kw)
+    out = tmp_path / "out"
+    r = run(["--config", TINY, "--run_mode", "finetune", "--parallel_config.data_parallel=1",
+             "--model.model_config.seq_length=64", f"--train_dataset_dir={alpaca_mindrecord}",
+             f"--output_dir={out}", "--runner_config.train_steps=2", f"--load_checkpoint={tmp_path / 'hf'}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = load_config(TINY, ["--model.model_config.seq_length=64"])
+    data = build_train_data(alpaca_mindrecord, 64, cfg.runner_config.batch_size, True, True, 0, 1, cfg.seed)
+    input_ids, labels = next(data.epoch_batches(0))
+    with torch.no_grad():
+        expected = hf(input_ids=torch.from_numpy(input_ids.asnumpy()).long(),
+                      labels=torch.from_numpy(labels.asnumpy()).long()).loss.item()
+    first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
+    assert abs(first - expected) < 1e-4 * expected, (first, expected)

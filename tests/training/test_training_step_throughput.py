@@ -197,6 +197,26 @@ def test_mfu_counts_model_flops_and_hfu_the_flops_executed():
     assert target_count(labels, -100) == (5, 8)
 
 
+def test_sliding_window_counts_the_band_in_mfu_and_the_kernel_blocks_in_hfu():
+    """Mistral's window W = 64 at T = 256: the model count's attention takes min(W, T) keys per query;
+    the flash kernel computes block i's keys max(0, q0 - W + 1) .. q0 + 63 (hand-counted: 64 keys
+    for the first block, 127 for the three others); the composed path computes all of T x T."""
+    from msllm.training.throughput import causal_block_fraction
+
+    assert causal_block_fraction(256, 64, window=64) == (64 * 64 + 3 * 64 * 127) / 256 ** 2
+    assert causal_block_fraction(256, 64, window=1000) == causal_block_fraction(256, 64)
+    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"),
+                      ["--model.model_config.sliding_window=64"])
+    mc = cfg.model_config
+    attn = 12.0 * mc.num_layers * mc.num_heads * mc.head_dim * 64
+    run = throughput_for_run(cfg, 1.0, flash_attention=True)
+    assert run.flops_per_token == mc.train_flops_per_token()
+    executed = mc.train_flops_per_token() + attn * (14 / 12 * (64 * 64 + 3 * 64 * 127) / 256 ** 2 * 256 / 64 - 1)
+    assert run.executed_flops_per_token(1.0) == pytest.approx(executed)
+    composed = throughput_for_run(cfg, 1.0)
+    assert composed.executed_flops_per_token(1.0) == pytest.approx(mc.train_flops_per_token() + attn * 3)
+
+
 def test_cpu_peak_share_follows_the_group_size_and_refuses_a_stale_device_num(monkeypatch):
     """A stale DEVICE_NUM=8 in a 1-rank job would divide the peak by 8 and multiply MFU by 8: refused.
     Without DEVICE_NUM the host's peak is shared by the group's ranks."""

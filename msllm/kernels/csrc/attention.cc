@@ -9,7 +9,10 @@
 // Layout: q (B, T, H, D), k and v (B, T, K, D) (the projections' (B*T, heads*D) outputs viewed
 // 4-D, no transposes), grouped-query attention with H / K query heads per key/value head
 // (query head h uses key/value head h / (H / K)). Scale 1/sqrt(D), causal: query t sees keys
-// 0..t. Output o (B, T, H, D) and lse (B, H, T).
+// 0..t; with a sliding window W (the (1,) float input ``window``, 0 = none) keys t-W+1..t, as
+// transformers' sliding_window_overlay (Mistral): each query block then multiplies only the key
+// range its rows can see, so the work per block is O(BQ (W + BQ)), not O(BQ T).
+// Output o (B, T, H, D) and lse (B, H, T).
 #include "common.h"
 
 using namespace msllm;
@@ -27,6 +30,14 @@ struct Dims {
   int64_t ldk() const { return k * d; }
 };
 
+// Keys a query row sees: [first_key(t), t]; the block of rows q0..q0+nq-1 needs [first_key(q0), q0+nq).
+inline int64_t first_key(int64_t t, int64_t window) { return window > 0 ? std::max<int64_t>(0, t - window + 1) : 0; }
+
+int64_t read_window(const void *p) {
+  const float w = *static_cast<const float *>(p);
+  return w >= 1.f ? static_cast<int64_t>(w) : 0;
+}
+
 bool read_dims(int *ndims, int64_t **shapes, Dims *out) {
   if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return false;
   Dims d{shapes[0][0], shapes[0][1], shapes[0][2], shapes[1][2], shapes[0][3], 1};
@@ -39,71 +50,75 @@ bool read_dims(int *ndims, int64_t **shapes, Dims *out) {
 }
 }  // namespace
 
-// q (B,T,H,D), k (B,T,K,D), v (B,T,K,D) -> o (B,T,H,D), lse (B,H,T)
+// q (B,T,H,D), k (B,T,K,D), v (B,T,K,D), window (1) -> o (B,T,H,D), lse (B,H,T)
 MSLLM_AOT(msllm_flash_attention) {
-  if (nparam != 5 || !all_f32(nparam, dtypes)) return 1;
+  if (nparam != 6 || !all_f32(nparam, dtypes)) return 1;
   Dims dm;
   if (!read_dims(ndims, shapes, &dm)) return 2;
   const float *q = static_cast<const float *>(params[0]);
   const float *k = static_cast<const float *>(params[1]);
   const float *v = static_cast<const float *>(params[2]);
-  float *o = static_cast<float *>(params[3]);
-  float *lse = static_cast<float *>(params[4]);
+  const int64_t W = read_window(params[3]);
+  float *o = static_cast<float *>(params[4]);
+  float *lse = static_cast<float *>(params[5]);
   const int64_t T = dm.t, D = dm.d, BQ = block_rows(T), nqb = (T + BQ - 1) / BQ;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t nbh = dm.b * dm.h;
   // task i: the longest (last) query blocks first, so that dynamic hand-out balances the load
   Pool::get().run(static_cast<int>(nbh * nqb), [&](int i) {
     const int64_t qb = nqb - 1 - i / nbh, bh = i % nbh, b = bh / dm.h, h = bh % dm.h, g = h / dm.rep;
-    const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), kend = q0 + nq;  // keys 0..kend-1
+    const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), k0 = first_key(q0, W), kend = q0 + nq;
+    const int64_t nk = kend - k0;  // keys k0..kend-1
     const float *qp = q + (b * T + q0) * dm.ldq() + h * D;
-    const float *kp = k + b * T * dm.ldk() + g * D;
-    const float *vp = v + b * T * dm.ldk() + g * D;
+    const float *kp = k + (b * T + k0) * dm.ldk() + g * D;
+    const float *vp = v + (b * T + k0) * dm.ldk() + g * D;
     float *s = scratch(0, BQ * T);
-    sgemm('N', 'T', nq, kend, D, scale, qp, dm.ldq(), kp, dm.ldk(), 0.f, s, kend);  // S (nq, kend)
+    sgemm('N', 'T', nq, nk, D, scale, qp, dm.ldq(), kp, dm.ldk(), 0.f, s, nk);  // S (nq, nk)
     float inv_l[kMaxBlock];
     for (int64_t r = 0; r < nq; ++r) {
-      float *row = s + r * kend;
-      const int64_t valid = q0 + r + 1;  // causal
-      const float m = row_max(row, valid);
-      const float l = exp_shift_sum(row, row, valid, 1.f, m);
-      std::memset(row + valid, 0, sizeof(float) * (kend - valid));
+      float *row = s + r * nk;
+      const int64_t lo = first_key(q0 + r, W) - k0, valid = q0 + r + 1 - k0;  // keys lo..valid-1 of the row
+      const float m = row_max(row + lo, valid - lo);
+      const float l = exp_shift_sum(row + lo, row + lo, valid - lo, 1.f, m);
+      std::memset(row, 0, sizeof(float) * lo);
+      std::memset(row + valid, 0, sizeof(float) * (nk - valid));
       lse[bh * T + q0 + r] = m + std::log(l);
       inv_l[r] = 1.f / l;
     }
     float *op = o + (b * T + q0) * dm.ldq() + h * D;
-    sgemm('N', 'N', nq, D, kend, 1.f, s, kend, vp, dm.ldk(), 0.f, op, dm.ldq());  // O = P V (nq, D)
+    sgemm('N', 'N', nq, D, nk, 1.f, s, nk, vp, dm.ldk(), 0.f, op, dm.ldq());  // O = P V (nq, D)
     for (int64_t r = 0; r < nq; ++r)
       for (int64_t c = 0; c < D; ++c) op[r * dm.ldq() + c] *= inv_l[r];
   });
   return 0;
 }
 
-// do (B,T,H,D), q, k, v, o, lse (B,H,T) -> dq (B,T,H,D), dk (B,T,K,D), dv (B,T,K,D).
+// do (B,T,H,D), q, k, v, window (1), o, lse (B,H,T) -> dq (B,T,H,D), dk (B,T,K,D), dv (B,T,K,D).
 // One task per (batch row, key/value head): it owns dk and dv of that head, so no two threads
 // write the same gradient rows.
 MSLLM_AOT(msllm_flash_attention_grad) {
-  if (nparam != 9 || !all_f32(nparam, dtypes)) return 1;
+  if (nparam != 10 || !all_f32(nparam, dtypes)) return 1;
   Dims dm;
   if (!read_dims(ndims + 1, shapes + 1, &dm)) return 2;
   const float *dout = static_cast<const float *>(params[0]);
   const float *q = static_cast<const float *>(params[1]);
   const float *k = static_cast<const float *>(params[2]);
   const float *v = static_cast<const float *>(params[3]);
-  const float *o = static_cast<const float *>(params[4]);
-  const float *lse = static_cast<const float *>(params[5]);
-  float *dq = static_cast<float *>(params[6]);
-  float *dk = static_cast<float *>(params[7]);
-  float *dv = static_cast<float *>(params[8]);
+  const int64_t W = read_window(params[4]);
+  const float *o = static_cast<const float *>(params[5]);
+  const float *lse = static_cast<const float *>(params[6]);
+  float *dq = static_cast<float *>(params[7]);
+  float *dk = static_cast<float *>(params[8]);
+  float *dv = static_cast<float *>(params[9]);
   const int64_t T = dm.t, D = dm.d, BQ = block_rows(T), nqb = (T + BQ - 1) / BQ, ldq = dm.ldq(), ldk = dm.ldk();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Pool::get().run(static_cast<int>(dm.b * dm.k), [&](int i) {
     const int64_t b = i / dm.k, g = i % dm.k;
-    const float *kp = k + b * T * ldk + g * D, *vp = v + b * T * ldk + g * D;
-    float *dkp = dk + b * T * ldk + g * D, *dvp = dv + b * T * ldk + g * D;
+    const float *kb = k + b * T * ldk + g * D, *vb = v + b * T * ldk + g * D;
+    float *dkb = dk + b * T * ldk + g * D, *dvb = dv + b * T * ldk + g * D;
     for (int64_t t = 0; t < T; ++t) {
-      std::memset(dkp + t * ldk, 0, sizeof(float) * D);
-      std::memset(dvp + t * ldk, 0, sizeof(float) * D);
+      std::memset(dkb + t * ldk, 0, sizeof(float) * D);
+      std::memset(dvb + t * ldk, 0, sizeof(float) * D);
     }
     float *p = scratch(0, BQ * T), *dp = scratch(1, BQ * T), *delta = scratch(2, T);
     for (int64_t h = g * dm.rep; h < (g + 1) * dm.rep; ++h) {
@@ -111,24 +126,28 @@ MSLLM_AOT(msllm_flash_attention_grad) {
       for (int64_t t = 0; t < T; ++t)  // delta_t = dO_t . O_t  (FlashAttention-2, alg. 2 line 4)
         delta[t] = dot(dout + (b * T + t) * ldq + h * D, o + (b * T + t) * ldq + h * D, D);
       for (int64_t qb = 0; qb < nqb; ++qb) {
-        const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), kend = q0 + nq;
+        const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), k0 = first_key(q0, W), nk = q0 + nq - k0;
         const float *qp = q + (b * T + q0) * ldq + h * D, *dop = dout + (b * T + q0) * ldq + h * D;
+        const float *kp = kb + k0 * ldk, *vp = vb + k0 * ldk;  // keys k0..q0+nq-1
+        float *dkp = dkb + k0 * ldk, *dvp = dvb + k0 * ldk;
         float *dqp = dq + (b * T + q0) * ldq + h * D;
-        sgemm('N', 'T', nq, kend, D, scale, qp, ldq, kp, ldk, 0.f, p, kend);  // S
-        for (int64_t r = 0; r < nq; ++r) {                                     // P = exp(S - L), causal
-          const int64_t valid = q0 + r + 1;
-          exp_shift_sum(p + r * kend, p + r * kend, valid, 1.f, lrow[q0 + r]);
-          std::memset(p + r * kend + valid, 0, sizeof(float) * (kend - valid));
+        sgemm('N', 'T', nq, nk, D, scale, qp, ldq, kp, ldk, 0.f, p, nk);  // S
+        for (int64_t r = 0; r < nq; ++r) {                                 // P = exp(S - L), causal (band)
+          const int64_t lo = first_key(q0 + r, W) - k0, valid = q0 + r + 1 - k0;
+          float *pr = p + r * nk;
+          exp_shift_sum(pr + lo, pr + lo, valid - lo, 1.f, lrow[q0 + r]);
+          std::memset(pr, 0, sizeof(float) * lo);
+          std::memset(pr + valid, 0, sizeof(float) * (nk - valid));
         }
-        sgemm('T', 'N', kend, D, nq, 1.f, p, kend, dop, ldq, 1.f, dvp, ldk);   // dV += P^T dO
-        sgemm('N', 'T', nq, kend, D, 1.f, dop, ldq, vp, ldk, 0.f, dp, kend);   // dP = dO V^T
-        for (int64_t r = 0; r < nq; ++r) {                                     // dS = P (dP - delta)
-          float *pr = p + r * kend, *dpr = dp + r * kend;
+        sgemm('T', 'N', nk, D, nq, 1.f, p, nk, dop, ldq, 1.f, dvp, ldk);   // dV += P^T dO
+        sgemm('N', 'T', nq, nk, D, 1.f, dop, ldq, vp, ldk, 0.f, dp, nk);   // dP = dO V^T
+        for (int64_t r = 0; r < nq; ++r) {                                 // dS = P (dP - delta)
+          float *pr = p + r * nk, *dpr = dp + r * nk;
           const float dl = delta[q0 + r];
-          for (int64_t c = 0; c < kend; ++c) dpr[c] = pr[c] * (dpr[c] - dl);
+          for (int64_t c = 0; c < nk; ++c) dpr[c] = pr[c] * (dpr[c] - dl);
         }
-        sgemm('N', 'N', nq, D, kend, scale, dp, kend, kp, ldk, 0.f, dqp, ldq);  // dQ = scale dS K
-        sgemm('T', 'N', kend, D, nq, scale, dp, kend, qp, ldq, 1.f, dkp, ldk);  // dK += scale dS^T Q
+        sgemm('N', 'N', nq, D, nk, scale, dp, nk, kp, ldk, 0.f, dqp, ldq);  // dQ = scale dS K
+        sgemm('T', 'N', nk, D, nq, scale, dp, nk, qp, ldq, 1.f, dkp, ldk);  // dK += scale dS^T Q
       }
     }
   });

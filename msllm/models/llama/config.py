@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from msllm.errors import MsllmError
+from msllm.models.llama.families import HIDDEN_ACTS, family
 
 # dtypes a config may name; the model maps them to MindSpore dtypes.
 DTYPES = ("float32", "float16", "bfloat16")
@@ -31,10 +32,14 @@ def llama_intermediate_size(hidden_size: int, multiple_of: int, ffn_dim_multipli
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-# rotary scaling kinds msllm implements (:func:`msllm.models.llama.model.rotary_tables`) and the
+# rotary scaling kinds msllm implements (:func:`msllm.models.llama.rotary.rotary_tables`) and the
 # keys each needs, as transformers' ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` reads them
 ROPE_SCALING_KEYS = {"linear": ("factor",),
-                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                     "yarn": ("factor", "original_max_position_embeddings")}
+# optional keys (absent = transformers' default), as ``_compute_yarn_parameters`` reads them
+ROPE_SCALING_OPTIONAL = {"yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
+                                  "truncate")}
 
 
 def check_rope_scaling(spec, where: str) -> dict:
@@ -54,8 +59,11 @@ def check_rope_scaling(spec, where: str) -> dict:
     if missing:
         raise MsllmError(f"{where}: rotary scaling {kind!r} needs {', '.join(missing)}; got {spec!r}")
     out = {"type": kind}
-    for k in ROPE_SCALING_KEYS[kind]:
-        out[k] = int(spec[k]) if k == "original_max_position_embeddings" else float(spec[k])
+    for k in ROPE_SCALING_KEYS[kind] + tuple(o for o in ROPE_SCALING_OPTIONAL.get(kind, ()) if spec.get(o) is not None):
+        if k == "truncate":
+            out[k] = bool(spec[k])
+        else:
+            out[k] = int(spec[k]) if k == "original_max_position_embeddings" else float(spec[k])
     return out
 
 
@@ -92,7 +100,9 @@ class LlamaConfig:
         vocab_size: number of token ids (LLaMA / LLaMA-2: 32000).
         hidden_size: model width C (Meta ``dim``).
         num_layers: decoder blocks L (HF ``num_hidden_layers``).
-        num_heads: query heads H (HF ``num_attention_heads``); head_dim D = C / H.
+        num_heads: query heads H (HF ``num_attention_heads``).
+        head_dim: D, the width of one head; None = C / H (Qwen3, Gemma and Mistral-Nemo set it:
+            H * D may differ from C).
         n_kv_heads: key/value heads for grouped-query attention (HF ``num_key_value_heads``);
             ``None`` means H (multi-head attention).
         intermediate_size: SwiGLU width F; ``None`` derives it from ``multiple_of`` and
@@ -102,8 +112,21 @@ class LlamaConfig:
         rms_norm_eps: epsilon inside RMSNorm.
         rope_theta: rotary base (10000 for LLaMA-1/2, 500000 for LLaMA-3, 1e6 CodeLlama).
         rope_scaling: HF ``rope_scaling`` dict, ``{"type"/"rope_type": KIND, ...}`` with the keys
-            :data:`ROPE_SCALING_KEYS` lists for KIND (``linear``; ``llama3``, Llama 3.1+); other
-            kinds are refused naming the kind.
+            :data:`ROPE_SCALING_KEYS` lists for KIND (``linear``; ``llama3``, Llama 3.1+; ``yarn``,
+            Qwen2.5 / Qwen3 long context); other kinds are refused naming the kind.
+        model_type: the Hugging Face family (:data:`msllm.models.llama.families.FAMILIES`:
+            llama, qwen2, qwen3, mistral, gemma) whose ``config.json`` and architecture the model
+            is written as; the switches below make the network, this names the format.
+        qkv_has_bias: bias on the q, k and v projections (Qwen2; MindFormers' key).
+        attention_bias: bias on q, k, v and o (HF ``LlamaConfig.attention_bias``; InternLM-1).
+        qk_norm: RMSNorm (weights (D,)) over each head of q and k before rotary (Qwen3).
+        sliding_window: W; a query at position q sees keys k with ``q - W < k <= q`` (Mistral
+            v0.1, as transformers' ``sliding_window_overlay``); None = all earlier keys.
+        rms_norm_offset: RMSNorm multiplies by ``(offset + w)`` (Gemma: 1.0, computed in float32
+            as ``GemmaRMSNorm``); 0.0 = LLaMA.
+        hidden_act: the gate's activation, ``silu`` (SwiGLU) or ``gelu_pytorch_tanh`` (GeGLU, Gemma).
+        embedding_multiplier: embeddings are multiplied by it, rounded to the weights' dtype
+            (Gemma: sqrt(hidden_size)); 1.0 = LLaMA.
         tie_word_embeddings: share the embedding table with the output head.
         bos_token_id / eos_token_id / pad_token_id: special ids (LLaMA: 1 / 2 / 0, pad = unk).
         ignore_token_id: label value excluded from the loss (-100, the HF/PyTorch convention).
@@ -126,6 +149,7 @@ class LlamaConfig:
     num_layers: int = 32
     num_heads: int = 32
     n_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
     intermediate_size: Optional[int] = None
     multiple_of: int = 256
     ffn_dim_multiplier: Optional[float] = None
@@ -135,6 +159,15 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None
     tie_word_embeddings: bool = False
+    # family switches (msllm/models/llama/families.py); the defaults are LLaMA's
+    model_type: str = "llama"
+    qkv_has_bias: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: Optional[int] = None
+    rms_norm_offset: float = 0.0
+    hidden_act: str = "silu"
+    embedding_multiplier: float = 1.0
     bos_token_id: int = 1
     eos_token_id: int = 2
     pad_token_id: int = 0
@@ -162,12 +195,32 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         if isinstance(self.pet_config, dict):  # from a checkpoint manifest (dataclasses.asdict)
             self.pet_config = PetConfig(**self.pet_config)
+        if self.head_dim is None and self.num_heads > 0:
+            if self.hidden_size % self.num_heads:
+                raise MsllmError(f"model.model_config.hidden_size={self.hidden_size} must be divisible by "
+                                 f"num_heads={self.num_heads} (or set head_dim)")
+            self.head_dim = self.hidden_size // self.num_heads  # stored, so a manifest says it
         self.validate()
 
     # ---- derived shapes -------------------------------------------------------------
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def q_size(self) -> int:
+        """H * D: the width of the query projection's output (the o projection's input)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """K * D: the width of the key and value projections' outputs."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def o_bias(self) -> bool:
+        """The o projection has a bias (``attention_bias``); q/k/v have one with either key."""
+        return self.attention_bias
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.qkv_has_bias or self.attention_bias
 
     @property
     def kv_heads(self) -> int:
@@ -188,9 +241,8 @@ class LlamaConfig:
         for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "seq_length", "multiple_of"):
             if getattr(self, key) <= 0:
                 raise MsllmError(f"{where}.{key} must be positive, got {getattr(self, key)}")
-        if self.hidden_size % self.num_heads:
-            raise MsllmError(
-                f"{where}.hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.head_dim is None or self.head_dim <= 0:
+            raise MsllmError(f"{where}.head_dim must be positive, got {self.head_dim}")
         if self.head_dim % 2:
             raise MsllmError(f"{where}: head_dim={self.head_dim} must be even for rotary embeddings")
         if self.kv_heads <= 0 or self.num_heads % self.kv_heads:
@@ -204,6 +256,12 @@ class LlamaConfig:
                 raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: expected one of {DTYPES}")
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling, f"{where}.rope_scaling")
+        family(self.model_type, f"{where}.model_type")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise MsllmError(f"{where}.hidden_act={self.hidden_act!r}: expected one of {HIDDEN_ACTS}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise MsllmError(f"{where}.sliding_window={self.sliding_window}: expected a positive number "
+                             f"of keys, or null for none")
 
     # ---- sizes ---------------------------------------------------------------------
     def num_params(self) -> int:
@@ -222,19 +280,25 @@ class LlamaConfig:
         Chowdhery et al. 2022, appendix B). The output head is a matmul and counts.
         """
         c = self.hidden_size
-        norms = (2 * self.num_layers + 1) * c
+        norms = (2 * self.num_layers + 1) * c + (2 * self.num_layers * self.head_dim if self.qk_norm else 0)
+        biases = self.num_layers * ((self.q_size + 2 * self.kv_size if self.qkv_bias else 0)
+                                    + (c if self.o_bias else 0))  # added, not multiplied
         embed_lookup = 0 if self.tie_word_embeddings else self.vocab_size * c
-        return self.num_params() - norms - embed_lookup
+        return self.num_params() - norms - biases - embed_lookup
 
     def train_flops_per_token(self, seq_length: Optional[int] = None) -> float:
         """Model FLOPs per trained token (forward + backward, no recompute).
 
         ``6 N + 12 L H D T`` with N = :meth:`matmul_params`, L layers, H heads, D head_dim,
         T sequence length: PaLM (Chowdhery et al. 2022), appendix B. The second term is the
-        attention score and value matmuls (QK^T and PV), which 6N does not count.
+        attention score and value matmuls (QK^T and PV), which 6N does not count; it counts
+        every query against T keys (the full T x T square, not the causal half). With a
+        ``sliding_window`` W a query's keys lie in a band W wide, so T becomes min(W, T) (the
+        band's width, counted the same way).
         """
         t = seq_length or self.seq_length
-        return 6.0 * self.matmul_params() + 12.0 * self.num_layers * self.num_heads * self.head_dim * t
+        keys = float(t if self.sliding_window is None else min(self.sliding_window, t))
+        return 6.0 * self.matmul_params() + 12.0 * self.num_layers * self.num_heads * self.head_dim * keys
 
 
 # Published LLaMA-2 shapes (Touvron et al. 2023, table 1 / Meta params.json); parameter counts
@@ -260,9 +324,10 @@ def preset(name: str, **overrides) -> LlamaConfig:
 
 
 
-HF_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
+HF_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "head_dim", "intermediate_size",
              "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings",
-             "bos_token_id", "eos_token_id", "initializer_range")
+             "model_type", "qkv_has_bias", "attention_bias", "qk_norm", "sliding_window", "rms_norm_offset",
+             "hidden_act", "embedding_multiplier", "bos_token_id", "eos_token_id", "initializer_range")
 """The model fields an HF ``config.json`` decides (:func:`merge_run_config`); every other field
 (seq_length, dtypes, kernels, pad_token_id of the data, generation keys, pet_config) comes from the
 run YAML."""
@@ -279,7 +344,8 @@ def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig
     Raises MsllmError (from :meth:`LlamaConfig.validate`) for an inconsistent result."""
     defaults = LlamaConfig()
     conflicts = [f"{k}={getattr(run, k)!r} (config.json: {getattr(hf_cfg, k)!r})" for k in HF_FIELDS
-                 if getattr(run, k) != getattr(defaults, k) and getattr(run, k) != getattr(hf_cfg, k)]
+                 if getattr(run, k) != getattr(defaults, k) and getattr(run, k) != getattr(hf_cfg, k)
+                 and not (k == "head_dim" and run.head_dim == run.hidden_size // run.num_heads)]
     keep = {f.name: getattr(run, f.name) for f in dataclasses.fields(LlamaConfig) if f.name not in HF_FIELDS}
     keep.pop("multiple_of"), keep.pop("ffn_dim_multiplier")
     limit = hf_cfg.max_position_embeddings
@@ -289,5 +355,5 @@ def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig
     return dataclasses.replace(hf_cfg, **keep), conflicts
 
 
-__all__ = ["LlamaConfig", "PetConfig", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
+__all__ = ["LlamaConfig", "PetConfig", "ROPE_SCALING_KEYS", "ROPE_SCALING_OPTIONAL", "check_rope_scaling", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
            "merge_run_config"]

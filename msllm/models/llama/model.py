@@ -5,6 +5,14 @@ Architecture: Touvron et al. 2023 ("LLaMA", "Llama 2"), as in Meta's ``llama/mod
 grouped-query self-attention with rotary position embedding -> residual -> RMSNorm -> SwiGLU MLP
 -> residual] -> RMSNorm -> untied output head.
 
+The family's other members are switches of :class:`LlamaConfig` (one table:
+:mod:`msllm.models.llama.families`), each used in one place below (rotary scaling:
+:mod:`msllm.models.llama.rotary`): q/k/v (and o) biases
+(Qwen2, ``attention_bias``) in :class:`Linear`; an explicit ``head_dim``; ``qk_norm`` (Qwen3) in
+:meth:`Attention.heads`; ``sliding_window`` (Mistral) in the causal masks and the flash kernels;
+``rms_norm_offset`` (Gemma) in :class:`RMSNorm`; ``hidden_act`` (GeGLU) in :class:`MLP`;
+``embedding_multiplier`` (Gemma) in :meth:`LlamaModel.embed`.
+
 Parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight`` ...) so the HF
 conversion is a rename-free copy; weight matrices are stored ``(out_features, in_features)`` like
 ``torch.nn.Linear``. Rotary embedding uses the HF "rotate_half" layout (see ``msllm/convert``).
@@ -43,12 +51,13 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore.common.initializer import Constant, Normal, initializer
 from mindspore.ops.operations.nn_ops import FlashAttentionScore
 
 from msllm.kernels.select import ASCEND_FLASH, ASCEND_NORM, CPU_FLASH, CPU_NORM, KernelChoice, choose
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.kv_cache import KVCache
+from msllm.models.llama.rotary import rotary_tables
 
 log = logging.getLogger("msllm")
 
@@ -61,32 +70,42 @@ def ms_dtype(name: str):
 
 
 class Linear(nn.Cell):
-    """``y = x @ W^T`` without bias; W: (out_features, in_features) like ``torch.nn.Linear``.
+    """``y = x @ W^T (+ b)``; W: (out_features, in_features) like ``torch.nn.Linear``, b: (out,)
+    with ``bias`` (zeros at initialisation, as HF's ``_init_weights``).
 
     Input (N, in) in any float dtype, computed in ``compute_dtype``, output (N, out).
     ``kernels`` (:class:`msllm.kernels.ops.CpuKernels`): the product runs on msllm's oneDNN sgemm
     kernel (same arguments, x W^T) instead of MindSpore's CPU MatMul; ``dynamic_rows`` when N is
-    known only at run time (the output head under the compact loss).
+    known only at run time (the output head under the compact loss). The bias is one broadcast
+    add after the product on every path (``self.add_bias``, split like the output by a layout).
     """
 
     def __init__(self, in_features: int, out_features: int, config: LlamaConfig, std: float, kernels=None,
-                 dynamic_rows: bool = False):
+                 dynamic_rows: bool = False, bias: bool = False):
         super().__init__()
         self.weight = Parameter(initializer(Normal(std), (out_features, in_features),
                                             ms_dtype(config.param_init_type)), name="weight")
+        self.bias = Parameter(initializer("zeros", (out_features,), ms_dtype(config.param_init_type)),
+                              name="bias") if bias else None
         self.compute_dtype = ms_dtype(config.compute_dtype)
         if kernels is None:
             self.matmul = ops.MatMul(transpose_b=True)
         else:  # fused path: msllm/kernels/csrc/linear.cc (oneDNN sgemm from the mindspore wheel)
             self.matmul = kernels.linear_dynamic_rows if dynamic_rows else kernels.linear
+        self.add_bias = ops.Add()
         self.cast = ops.Cast()
 
     def construct(self, x):
-        return self.matmul(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype))
+        y = self.matmul(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype))
+        if self.bias is None:
+            return y
+        return self.add_bias(y, self.cast(self.bias, self.compute_dtype))
 
 
 class RMSNorm(nn.Cell):
-    """Root-mean-square layer norm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``.
+    """Root-mean-square layer norm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``,
+    or ``* (offset + w)`` with ``config.rms_norm_offset`` (Gemma's ``1 + w``, computed in the
+    statistics' dtype before the cast back, as ``GemmaRMSNorm``).
 
     Input (..., C); the statistics are computed in ``layernorm_compute_type`` (fp32 by default)
     and the result is cast back to the input dtype.
@@ -105,8 +124,11 @@ class RMSNorm(nn.Cell):
     def __init__(self, hidden_size: int, eps: float, config: LlamaConfig, flat: bool = False,
                  impl: str = "", kernels=None):
         super().__init__()
-        self.weight = Parameter(initializer("ones", (hidden_size,), ms_dtype(config.param_init_type)),
-                                name="weight")
+        # Gemma stores w with 1 + w the scale, so its neutral value is 0
+        self.offset = float(config.rms_norm_offset)
+        self.weight = Parameter(initializer(Constant(1.0 - self.offset), (hidden_size,),
+                                            ms_dtype(config.param_init_type)), name="weight")
+        self.add_offset = ops.Add()
         self.eps = eps
         self.norm_dtype = ms_dtype(config.layernorm_compute_type)
         self.cast = ops.Cast()
@@ -126,62 +148,54 @@ class RMSNorm(nn.Cell):
         elif impl == ASCEND_NORM:  # fused path: MindSpore's ops.RmsNorm (Ascend; x / rms(x) * gamma, rstd)
             self.ascend_norm = ops.RmsNorm(eps)
 
+    def scale(self, dtype):
+        """The multiplier (C,) in ``dtype``: w, or offset + w computed in float32 first."""
+        if self.offset == 0.0:
+            return self.cast(self.weight, dtype)
+        return self.cast(self.add_offset(self.cast(self.weight, ms.float32), self.offset), dtype)
+
     def add_and_norm(self, x, a):
         """With msllm's kernel only: x, a (B, T, C) -> (h = x + a, norm(h)), both (B, T, C)."""
-        h, y, _ = self.fused_add(x, a, self.weight, self.eps_tensor)
+        h, y, _ = self.fused_add(x, a, self.scale(ms.float32), self.eps_tensor)
         return h, y
 
     def construct(self, x):
         if self.fused is not None:
-            return self.fused(x, self.weight, self.eps_tensor)[0]
+            return self.fused(x, self.scale(ms.float32), self.eps_tensor)[0]
         if self.ascend_norm is not None:
-            return self.ascend_norm(x, self.cast(self.weight, x.dtype))[0]
+            return self.ascend_norm(x, self.scale(x.dtype))[0]
         dtype, shape = x.dtype, x.shape
         if self.flat:
             x = self.reshape(x, (-1, shape[-1]))                                # (N, C)
         x = self.cast(x, self.norm_dtype)
         x = self.mul(x, self.rsqrt(self.mean(self.square(x), -1) + self.eps))
-        out = self.mul_weight(self.cast(x, dtype), self.cast(self.weight, dtype))
+        if self.offset == 0.0:  # LLaMA: cast, then scale in the input dtype (HF LlamaRMSNorm)
+            out = self.mul_weight(self.cast(x, dtype), self.cast(self.weight, dtype))
+        else:                   # Gemma: scale by (offset + w) in float32, then cast
+            out = self.cast(self.mul_weight(x, self.scale(self.norm_dtype)), dtype)
         return self.reshape(out, shape) if self.flat else out
 
 
-def rotary_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables, each (max_positions, D) float32, HF "rotate_half" layout.
-
-    ``inv_freq[i] = theta^(-2i/D)`` (Su et al. 2021, RoFormer eq. 15); angles ``pos * inv_freq``
-    are duplicated along the last axis as in HF ``LlamaRotaryEmbedding``. ``rope_scaling``:
-    ``linear`` divides positions by ``factor`` (HF ``_compute_linear_scaling_rope_parameters``);
-    ``llama3`` (Llama 3.1+) divides the frequencies whose wavelength ``2 pi / inv_freq`` exceeds
-    ``original_max_position_embeddings / low_freq_factor`` by ``factor``, keeps those below
-    ``original / high_freq_factor``, and blends linearly in between (Meta's
-    ``apply_scaling`` in llama-models ``reference_impl/model.py``; HF ``_compute_llama3_parameters``).
-    """
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))   # (D/2,)
-    pos = np.arange(config.max_positions, dtype=np.float64)
-    spec = config.rope_scaling or {}
-    kind = spec.get("rope_type", spec.get("type"))
-    if kind == "linear":
-        pos = pos / float(spec["factor"])
-    elif kind == "llama3":
-        factor, low, high = float(spec["factor"]), float(spec["low_freq_factor"]), float(spec["high_freq_factor"])
-        old = float(spec["original_max_position_embeddings"])
-        wavelen = 2 * np.pi / inv_freq
-        scaled = np.where(wavelen > old / low, inv_freq / factor, inv_freq)
-        smooth = (old / wavelen - low) / (high - low)
-        medium = (wavelen >= old / high) & (wavelen <= old / low)
-        inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    angles = np.outer(pos, inv_freq)                              # (P, D/2)
-    angles = np.concatenate([angles, angles], axis=-1)            # (P, D)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+def causal_mask(p: int, window=None) -> np.ndarray:
+    """(P, P) float32 additive mask: 0 where query q sees key k (``k <= q``, and ``q - W < k``
+    with a sliding window W, as transformers' ``sliding_window_overlay``), -1e9 elsewhere (not
+    -inf, so that a fully masked row cannot turn into NaN)."""
+    q, k = np.arange(p)[:, None], np.arange(p)[None, :]
+    seen = k <= q
+    if window is not None:
+        seen &= k > q - window
+    return np.where(seen, 0.0, -1e9).astype(np.float32)
 
 
 class Attention(nn.Cell):
     """Causal grouped-query self-attention with rotary embeddings (Ainslie et al. 2023 for GQA).
 
-    Input x (B, T, C); output (B, T, C). K = n_kv_heads key/value heads are shared by H / K
-    query heads each. ``construct`` attends causally within x; ``construct_cached`` appends x's
-    keys/values to a cache of S slots and attends over the cache under a given mask.
+    Input x (B, T, C); output (B, T, C). K = n_kv_heads key/value heads of width D (``head_dim``,
+    H * D need not equal C) are shared by H / K query heads each. ``construct`` attends causally
+    within x (within the last ``sliding_window`` keys when set); ``construct_cached`` appends x's
+    keys/values to a cache of S slots and attends over the cache under a given mask. Biases on
+    q/k/v (and o) per ``qkv_has_bias`` / ``attention_bias``; ``qk_norm``: RMSNorm over each head
+    of q and k before rotary (Qwen3's ``q_norm`` / ``k_norm``, weights (D,)).
 
     ``choice.attention`` (:func:`msllm.kernels.select.choose`) picks how ``construct`` attends:
     msllm's CPU flash kernel, MindSpore's Ascend ``FlashAttentionScore``, or the composed
@@ -194,10 +208,16 @@ class Attention(nn.Cell):
         std = config.initializer_range
         kern = choice.cpu if choice is not None else None
         self.n_heads, self.n_kv, self.head_dim, self.n_rep, self.hidden = h, k, d, h // k, c
-        self.q_proj = Linear(c, h * d, config, std, kern)
-        self.k_proj = Linear(c, k * d, config, std, kern)
-        self.v_proj = Linear(c, k * d, config, std, kern)
-        self.o_proj = Linear(h * d, c, config, std, kern)
+        self.q_proj = Linear(c, h * d, config, std, kern, bias=config.qkv_bias)
+        self.k_proj = Linear(c, k * d, config, std, kern, bias=config.qkv_bias)
+        self.v_proj = Linear(c, k * d, config, std, kern, bias=config.qkv_bias)
+        self.o_proj = Linear(h * d, c, config, std, kern, bias=config.o_bias)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:  # over the last axis D of (B, T, heads, D)
+            norm = choice.norm if choice is not None else ""
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, config, fast_paths, norm, kern)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, config, fast_paths, norm, kern)
+        window = config.sliding_window
         attention = choice.attention if choice is not None else ""
         self.flash = None
         self.fa_score = None
@@ -205,15 +225,20 @@ class Attention(nn.Cell):
             # fused path: msllm/kernels/csrc/attention.cc (FlashAttention-2 blocking on the CPU; q, k,
             # v stay in the projections' (B, T, heads, D) layout; rotary by csrc/elementwise.cc)
             self.flash, self.rope = kern.flash_attention, kern.rope
+            self.window = kern.window_tensor(window)
         elif attention == ASCEND_FLASH:
             # fused path: MindSpore's FlashAttentionScore (Ascend; its docstring in mindspore 2.10
             # ops/auto_generate/gen_ops_prim.py): layout "BNSD" = (B, N, S, D), N2 = K kv heads
             # dividing N1 = H (GQA without repeat_kv), scale 1/sqrt(D), sparse_mode 2 =
             # "leftUpCausal" with the compressed (2048, 2048) uint8 mask, 1 = discard (above the
-            # diagonal); output 3 is attention_out (B, H, T, D)
+            # diagonal); output 3 is attention_out (B, H, T, D). A sliding window W is its
+            # sparse_mode 4 ("band": keys from pre_tokens before the query to next_tokens after,
+            # same compressed mask): pre_tokens W - 1, next_tokens 0 = keys q - W < k <= q
+            band = window is not None
             self.fa_score = FlashAttentionScore(head_num=h, keep_prob=1.0, scale_value=1.0 / math.sqrt(d),
-                                                pre_tokens=2147483647, next_tokens=2147483647,
-                                                inner_precise=0, input_layout="BNSD", sparse_mode=2)
+                                                pre_tokens=window - 1 if band else 2147483647,
+                                                next_tokens=0 if band else 2147483647,
+                                                inner_precise=0, input_layout="BNSD", sparse_mode=4 if band else 2)
             self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1), ms.uint8)
         self.scale = 1.0 / math.sqrt(d)
         self.softmax_dtype = ms_dtype(config.softmax_compute_type)
@@ -251,14 +276,23 @@ class Attention(nn.Cell):
         x = ops.broadcast_to(self.reshape(x, (b, k, 1, t, d)), (b, k, self.n_rep, t, d))
         return self.reshape(x, (b, k * self.n_rep, t, d))
 
+    def heads(self, x2d, b, t):
+        """x (B*T, C) -> q (B, T, H, D), k (B, T, K, D) (q/k-normed with ``qk_norm``), v (B, T, K, D)."""
+        q = self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim))
+        k = self.reshape(self.k_proj(x2d), (b, t, self.n_kv, self.head_dim))
+        v = self.reshape(self.v_proj(x2d), (b, t, self.n_kv, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
     def project(self, x, cos, sin, scale_q=True):
         """x (B, T, C) -> q (B, H, T, D) rotated (and scaled by 1/sqrt(D) with ``scale_q``),
         k (B, K, T, D) rotated, v (B, K, T, D)."""
         b, t, c = x.shape
-        x2d = self.reshape(x, (b * t, c))                                              # (B*T, C)
-        q = self.transpose(self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim)), (0, 2, 1, 3))
-        k = self.transpose(self.reshape(self.k_proj(x2d), (b, t, self.n_kv, self.head_dim)), (0, 2, 1, 3))
-        v = self.transpose(self.reshape(self.v_proj(x2d), (b, t, self.n_kv, self.head_dim)), (0, 2, 1, 3))
+        q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)
+        q = self.transpose(q, (0, 2, 1, 3))
+        k = self.transpose(k, (0, 2, 1, 3))
+        v = self.transpose(v, (0, 2, 1, 3))
         q = self.rotate(q, cos, sin)                                                   # (B, H, T, D)
         if scale_q:
             # 1/sqrt(D) applied to q (B, H, T, D) rather than to the scores (B, H, T, T): T/D times
@@ -285,13 +319,12 @@ class Attention(nn.Cell):
         return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
 
     def attend_flash(self, x, cos, sin):
-        """msllm's CPU kernels: x (B, T, C) -> (B, T, C), causal, no transposes, no (B, H, T, T)."""
+        """msllm's CPU kernels: x (B, T, C) -> (B, T, C), causal (and windowed), no transposes,
+        no (B, H, T, T)."""
         b, t, c = x.shape
-        x2d = self.reshape(x, (b * t, c))                                              # (B*T, C)
-        q = self.rope(self.reshape(self.q_proj(x2d), (b, t, self.n_heads, self.head_dim)), cos, sin)
-        k = self.rope(self.reshape(self.k_proj(x2d), (b, t, self.n_kv, self.head_dim)), cos, sin)
-        v = self.reshape(self.v_proj(x2d), (b, t, self.n_kv, self.head_dim))          # (B, T, K, D)
-        out, _ = self.flash(q, k, v)                                                   # (B, T, H, D)
+        q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)                        # (B, T, H|K, D)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        out, _ = self.flash(q, k, v, self.window)                                      # (B, T, H, D)
         out = self.o_proj(self.reshape(out, (b * t, self.n_heads * self.head_dim)))    # (B*T, C)
         return self.reshape(out, (b, t, self.hidden))
 
@@ -328,7 +361,10 @@ class Attention(nn.Cell):
 
 
 class MLP(nn.Cell):
-    """SwiGLU feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; (N, C) -> (N, C)."""
+    """Gated feed-forward (Shazeer 2020, "GLU Variants"): ``down(act(gate(x)) * up(x))``;
+    (N, C) -> (N, C). ``hidden_act``: ``silu`` (SwiGLU, LLaMA) or ``gelu_pytorch_tanh`` (GeGLU,
+    Gemma; MindSpore's ``GeLU`` primitive is the tanh approximation, equal to torch's
+    ``gelu(approximate="tanh")`` within 1.2e-7 on [-5, 5])."""
 
     def __init__(self, config: LlamaConfig, kernels=None):
         super().__init__()
@@ -339,14 +375,15 @@ class MLP(nn.Cell):
         self.sigmoid = ops.Sigmoid()  # silu(g) = g * sigmoid(g); MindSpore 2.10 has no SiLU primitive
         self.mul_silu = ops.Mul()
         self.mul = ops.Mul()
+        self.gelu = ops.GeLU() if config.hidden_act == "gelu_pytorch_tanh" else None
         # fused path: msllm/kernels/csrc/elementwise.cc (silu(g) * u and its gradient in one pass)
-        self.swiglu = kernels.swiglu if kernels is not None else None
+        self.swiglu = kernels.swiglu if kernels is not None and self.gelu is None else None
 
     def construct(self, x):
         gate = self.gate_proj(x)                                                   # (N, F)
         if self.swiglu is not None:
             return self.down_proj(self.swiglu(gate, self.up_proj(x)))              # (N, C)
-        act = self.mul_silu(gate, self.sigmoid(gate))
+        act = self.gelu(gate) if self.gelu is not None else self.mul_silu(gate, self.sigmoid(gate))
         return self.down_proj(self.mul(act, self.up_proj(x)))                      # (N, C)
 
 
@@ -411,18 +448,27 @@ class LlamaModel(nn.Cell):
         # Constant tables, not Parameters: they are not trained and not checkpointed.
         self.cos = Tensor(cos, ms_dtype(config.compute_dtype))                 # (P, D)
         self.sin = Tensor(sin, ms_dtype(config.compute_dtype))                 # (P, D)
-        # Additive causal mask: 0 where key <= query, a large negative number above the diagonal
-        # (-1e9 rather than -inf so fully masked rows cannot turn into NaN).
-        self.mask = Tensor(np.triu(np.full((p, p), -1e9, np.float32), 1),
-                           ms_dtype(config.softmax_compute_type))              # (P, P)
+        self.mask = Tensor(causal_mask(p, config.sliding_window), ms_dtype(config.softmax_compute_type))  # (P, P)
+        # Gemma's embedding scale, rounded to the weights' dtype first as HF does
+        self.embed_scale = Tensor(config.embedding_multiplier, ms_dtype(config.param_init_type))
+        self.scale_embed = config.embedding_multiplier != 1.0
+        self.mul_embed = ops.Mul()
         self.compute_dtype = ms_dtype(config.compute_dtype)
         self.cast = ops.Cast()
         self.gather_pos = ops.Gather()
         self.reshape = ops.Reshape()
 
+    def embed(self, input_ids):
+        """token ids (B, T) int32 -> embeddings (B, T, C) in compute dtype (times
+        ``embedding_multiplier`` in the weights' dtype when it is not 1)."""
+        x = self.embed_tokens(input_ids)                                        # (B, T, C)
+        if self.scale_embed:
+            x = self.mul_embed(x, self.embed_scale)
+        return self.cast(x, self.compute_dtype)
+
     def construct(self, input_ids):
         t = input_ids.shape[1]
-        x = self.cast(self.embed_tokens(input_ids), self.compute_dtype)         # (B, T, C)
+        x = self.embed(input_ids)                                               # (B, T, C)
         cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
@@ -439,7 +485,7 @@ class LlamaModel(nn.Cell):
         compile-time constant, :meth:`Attention.construct_cached`).
         """
         b, t = input_ids.shape
-        x = self.cast(self.embed_tokens(input_ids), self.compute_dtype)         # (B, T, C)
+        x = self.embed(input_ids)                                               # (B, T, C)
         d = self.cos.shape[-1]
         cos = self.reshape(self.gather_pos(self.cos, positions, 0), (b, 1, t, d))  # (B, 1, T, D)
         sin = self.reshape(self.gather_pos(self.sin, positions, 0), (b, 1, t, d))

@@ -31,7 +31,7 @@ import re
 from typing import Optional
 
 # (msllm, Hugging Face, Meta consolidated.*.pth, MindFormers). ``{i}`` is the layer index.
-PARAM_TABLE: tuple[tuple[str, str, str, str], ...] = (
+PARAM_TABLE: tuple[tuple[str, str, Optional[str], Optional[str]], ...] = (
     ("model.embed_tokens.embedding_table", "model.embed_tokens.weight", "tok_embeddings.weight",
      "model.tok_embeddings.embedding_weight"),
     ("model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight",
@@ -54,6 +54,19 @@ PARAM_TABLE: tuple[tuple[str, str, str, str], ...] = (
      "layers.{i}.ffn_norm.weight", "model.layers.{i}.ffn_norm.weight"),
     ("model.norm.weight", "model.norm.weight", "norm.weight", "model.norm_out.weight"),
     ("lm_head.weight", "lm_head.weight", "output.weight", "lm_head.weight"),
+    # family switches (msllm/models/llama/families.py): biases (Qwen2, ``attention_bias``) and
+    # Qwen3's per-head q/k norms; Meta's checkpoints have none (None = no such name), MindFormers'
+    # LLaMA cells name the biases beside their weights (``qkv_has_bias``) and have no q/k norm
+    ("model.layers.{i}.self_attn.q_proj.bias", "model.layers.{i}.self_attn.q_proj.bias", None,
+     "model.layers.{i}.attention.wq.bias"),
+    ("model.layers.{i}.self_attn.k_proj.bias", "model.layers.{i}.self_attn.k_proj.bias", None,
+     "model.layers.{i}.attention.wk.bias"),
+    ("model.layers.{i}.self_attn.v_proj.bias", "model.layers.{i}.self_attn.v_proj.bias", None,
+     "model.layers.{i}.attention.wv.bias"),
+    ("model.layers.{i}.self_attn.o_proj.bias", "model.layers.{i}.self_attn.o_proj.bias", None,
+     "model.layers.{i}.attention.wo.bias"),
+    ("model.layers.{i}.self_attn.q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight", None, None),
+    ("model.layers.{i}.self_attn.k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight", None, None),
 )
 NAMINGS = ("msllm", "hf", "meta", "mindformers")
 
@@ -81,7 +94,8 @@ def template_regex(template: str) -> re.Pattern:
     return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
 
 
-_REGEX = {col: [(template_regex(row[idx]), row) for row in PARAM_TABLE] for idx, col in enumerate(NAMINGS)}
+_REGEX = {col: [(template_regex(row[idx]), row) for row in PARAM_TABLE if row[idx] is not None]
+          for idx, col in enumerate(NAMINGS)}
 _FUSED_REGEX = [(template_regex(t), t) for t in FUSED_PARTS]
 
 
@@ -117,6 +131,8 @@ def translate_name(name: str, src: str, dst: str, states: bool = False) -> Optio
         m = regex.match(base)
         if m:
             target = row[col]
+            if target is None:
+                return None
             return prefix + (target.format(i=m.group("i")) if "i" in regex.groupindex else target)
     return None
 
@@ -181,14 +197,29 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     Shapes (C hidden, V vocab, F ffn, H heads, K kv heads, D head dim): embedding (V, C);
     q_proj (H*D, C); k_proj / v_proj (K*D, C); o_proj (C, H*D); gate/up (F, C); down (C, F);
     norms (C,); lm_head (V, C), absent when ``tie_word_embeddings``. Linear weights are
-    (out, in), as HF and MindFormers store them. ``LlamaConfig.num_params`` equals the sum of
-    their sizes (tested).
+    (out, in), as HF and MindFormers store them. Family switches add q/k/v biases (H*D,), (K*D,)
+    (``qkv_has_bias`` or ``attention_bias``), the o bias (C,) (``attention_bias``) and q/k norms
+    (D,) (``qk_norm``), in the order of HF's ``state_dict``. ``LlamaConfig.num_params`` equals the
+    sum of their sizes (tested).
     """
     c, v, f = cfg.hidden_size, cfg.vocab_size, cfg.ffn_size
-    hd, kd = cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    per_layer = {"self_attn.q_proj.weight": (hd, c), "self_attn.k_proj.weight": (kd, c),
-                 "self_attn.v_proj.weight": (kd, c), "self_attn.o_proj.weight": (c, hd),
-                 "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c),
+    hd, kd = cfg.q_size, cfg.kv_size
+    attn = {"self_attn.q_proj.weight": (hd, c)}
+    if cfg.qkv_bias:
+        attn["self_attn.q_proj.bias"] = (hd,)
+    attn["self_attn.k_proj.weight"] = (kd, c)
+    if cfg.qkv_bias:
+        attn["self_attn.k_proj.bias"] = (kd,)
+    attn["self_attn.v_proj.weight"] = (kd, c)
+    if cfg.qkv_bias:
+        attn["self_attn.v_proj.bias"] = (kd,)
+    attn["self_attn.o_proj.weight"] = (c, hd)
+    if cfg.o_bias:
+        attn["self_attn.o_proj.bias"] = (c,)
+    if cfg.qk_norm:
+        attn["self_attn.q_norm.weight"] = (cfg.head_dim,)
+        attn["self_attn.k_norm.weight"] = (cfg.head_dim,)
+    per_layer = {**attn, "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c),
                  "mlp.down_proj.weight": (c, f), "input_layernorm.weight": (c,),
                  "post_attention_layernorm.weight": (c,)}
     shapes = {"model.embed_tokens.embedding_table": (v, c)}
@@ -202,8 +233,14 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
 
 
 def is_norm_weight(name: str) -> bool:
-    """True for RMSNorm weights (``*layernorm.weight``, ``model.norm.weight``)."""
-    return name.endswith("layernorm.weight") or name == "model.norm.weight"
+    """True for RMSNorm weights (``*layernorm.weight``, ``model.norm.weight``, Qwen3's
+    ``self_attn.q_norm.weight`` / ``k_norm.weight``)."""
+    return name.endswith(("layernorm.weight", "_norm.weight")) or name == "model.norm.weight"
+
+
+def is_bias(name: str) -> bool:
+    """True for projection biases (``self_attn.q_proj.bias`` ...)."""
+    return name.endswith(".bias")
 
 
 __all__ = ["PARAM_TABLE", "NAMINGS", "QKV_CONCAT", "GATE_HIDDEN_CONCAT", "FUSED_PARTS",
@@ -211,4 +248,4 @@ __all__ = ["PARAM_TABLE", "NAMINGS", "QKV_CONCAT", "GATE_HIDDEN_CONCAT", "FUSED_
            "split_state_prefix", "is_optimizer_state", "is_trainer_entry", "translate_name",
            "hf_to_msllm_name", "msllm_to_hf_name", "mindformers_to_msllm_name", "msllm_to_mindformers_name",
            "fused_template", "is_mindformers_name", "is_msllm_only_name", "layer_index", "param_shapes",
-           "is_norm_weight"]
+           "is_norm_weight", "is_bias"]
