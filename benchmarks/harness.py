@@ -42,6 +42,10 @@ def run_worker(name: str, script: str, args: dict, timeout: float, py: str = com
     "load_before"}`` with the output's tail."""
     args = dict(args, spawn_time=time.time())
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1", **(env_extra or {}))
+    if py == common.MAIN_PY:
+        # msllm from this checkout (a git worktree of another commit included), not from wherever
+        # the venv's editable install points
+        env["PYTHONPATH"] = common.ROOT + os.pathsep + env.get("PYTHONPATH", "")
     for k in LAUNCHER_ENV:
         env.pop(k, None)
     load_before = common.loadavg()

@@ -81,7 +81,11 @@ def show(cfg) -> None:
     if switches:
         print("family switches: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
     print(f"parameters: {mc.num_params():,} ({mc.num_params() / 1e9:.3f}B)")
-    print(f"train FLOPs per token (6N + 12LHDT): {mc.train_flops_per_token():.4g}")
+    if mc.moe_config is not None:
+        m = mc.moe_config
+        print(f"experts: {m.expert_num} per MoE layer, {m.num_experts_chosen} active; active parameters "
+              f"{mc.active_params():,} ({mc.active_params() / 1e9:.3f}B)")
+    print(f"train FLOPs per token (6N + 12LHDT, N the active matmul parameters): {mc.train_flops_per_token():.4g}")
     pc = cfg.parallel_config
     print(f"layout: data_parallel {pc.data_parallel} x model_parallel {pc.model_parallel} x "
           f"pipeline_stage {pc.pipeline_stage} = {pc.device_num} devices")

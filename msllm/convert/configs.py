@@ -15,7 +15,7 @@ import os
 from typing import Optional
 
 from msllm.errors import MsllmError
-from msllm.models.llama.config import LlamaConfig, check_rope_scaling
+from msllm.models.llama.config import LlamaConfig, MoeConfig, check_rope_scaling
 from msllm.models.llama.families import FAMILIES, SWITCH_DEFAULTS, UNSUPPORTED_KEYS, check_representable
 
 
@@ -112,8 +112,9 @@ def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
         if "attention_bias" not in fam.settable:
             raise MsllmError(f"{where}: attention_bias=true is not part of a {model_type} model")
         switches["attention_bias"] = True
-    if model_type == "mistral" and hf.get("sliding_window") is not None:
+    if "sliding_window" in fam.settable and hf.get("sliding_window") is not None:
         switches["sliding_window"] = need_int("sliding_window")
+    moe = _hf_moe(hf, model_type, fam.moe, need_int, where)
     head_dim = hf.get("head_dim")
     if head_dim is not None:
         head_dim = need_int("head_dim")
@@ -133,11 +134,39 @@ def hf_config_to_msllm(hf: dict, where: str = "config.json") -> LlamaConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", fam.tied_default)), model_type=model_type,
             bos_token_id=int(bos if bos is not None else 1),
             eos_token_id=int(eos if eos is not None else 2), pad_token_id=int(pad if pad is not None else 0),
-            initializer_range=float(hf.get("initializer_range", 0.02)), **switches)
+            initializer_range=float(hf.get("initializer_range", 0.02)), moe_config=moe, **switches)
     except MsllmError as exc:
         raise MsllmError(f"{where}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise MsllmError(f"{where}: {exc}") from None
+
+
+def _hf_moe(hf: dict, model_type: str, is_moe: bool, need_int, where: str):
+    """The :class:`MoeConfig` of an MoE family's ``config.json`` (None for a dense family, which
+    must not name experts). Keys: Mixtral ``num_local_experts``, Qwen-MoE ``num_experts`` (or
+    ``num_local_experts``);
+    ``num_experts_per_tok``, ``moe_intermediate_size``, ``shared_expert_intermediate_size``,
+    ``norm_topk_prob`` (Mixtral: always), ``decoder_sparse_step``, ``mlp_only_layers``,
+    ``router_aux_loss_coef``."""
+    # Mixtral writes num_local_experts; Qwen-MoE releases num_experts (transformers 5 maps Qwen3-MoE's
+    # to num_local_experts and saves that name)
+    count_key = "num_local_experts" if model_type == "mixtral" or hf.get("num_experts") is None else "num_experts"
+    if not is_moe:
+        for key in ("num_experts", "num_local_experts"):
+            if hf.get(key):
+                raise MsllmError(f"{where}: {key}={hf[key]!r} in a {model_type!r} config: a dense family "
+                                 f"has no experts (msllm's MoE families: mixtral, qwen2_moe, qwen3_moe)")
+        return None
+    only = hf.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+        raise MsllmError(f"{where}: mlp_only_layers must be a list of layer indices, got {only!r}")
+    return MoeConfig(expert_num=need_int(count_key), num_experts_chosen=need_int("num_experts_per_tok"),
+                     moe_intermediate_size=hf.get("moe_intermediate_size"),
+                     shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0)
+                     if model_type == "qwen2_moe" else 0,
+                     norm_topk_prob=True if model_type == "mixtral" else bool(hf.get("norm_topk_prob", False)),
+                     aux_loss_factor=float(hf.get("router_aux_loss_coef", 0.001)),
+                     decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1), mlp_only_layers=list(only))
 
 
 def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
@@ -150,7 +179,7 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
     (:func:`msllm.models.llama.families.check_representable`).
     """
     switches = {k: getattr(cfg, k) for k in SWITCH_DEFAULTS}
-    check_representable(cfg.model_type, switches, cfg.hidden_size, "model_config")
+    check_representable(cfg.model_type, switches, cfg.hidden_size, "model_config", cfg.moe_config is not None)
     scaling = None
     rope_parameters = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     if cfg.rope_scaling is not None:
@@ -184,14 +213,26 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
         "torch_dtype": dtype,
         "dtype": dtype,
     }
-    if cfg.model_type in ("llama", "qwen3", "gemma"):
+    if cfg.model_type in ("llama", "qwen3", "gemma", "qwen3_moe"):
         out["attention_bias"] = cfg.attention_bias
     if cfg.model_type == "llama":
         out.update(mlp_bias=False, pretraining_tp=1)
-    if cfg.model_type in ("qwen2", "qwen3"):
+    if cfg.model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
-    if cfg.model_type == "mistral":
+    if cfg.model_type in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
+    m = cfg.moe_config
+    if m is not None and cfg.model_type == "mixtral" and not m.norm_topk_prob:
+        raise MsllmError("model_config.moe_config.norm_topk_prob=False but Mixtral always renormalises the top k")
+    if m is not None:
+        out.update({"num_local_experts" if cfg.model_type == "mixtral" else "num_experts": m.expert_num,
+                    "num_experts_per_tok": m.num_experts_chosen, "router_aux_loss_coef": m.aux_loss_factor,
+                    "output_router_logits": False})
+        if cfg.model_type != "mixtral":
+            out.update(moe_intermediate_size=cfg.expert_size, norm_topk_prob=m.norm_topk_prob,
+                       decoder_sparse_step=m.decoder_sparse_step, mlp_only_layers=list(m.mlp_only_layers))
+        if cfg.model_type == "qwen2_moe":
+            out["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size
     return out
 
 
@@ -214,6 +255,10 @@ def model_config_yaml(cfg: LlamaConfig) -> str:
          "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
     if d["rope_scaling"] is None:
         del d["rope_scaling"]
+    if cfg.moe_config is not None:
+        import dataclasses
+
+        d["moe_config"] = dataclasses.asdict(cfg.moe_config)
     if d["head_dim"] == cfg.hidden_size // cfg.num_heads:
         del d["head_dim"]  # the default; written only when it differs
     return yaml.safe_dump({"model": {"model_config": d}}, sort_keys=False, default_flow_style=False)

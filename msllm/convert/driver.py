@@ -34,6 +34,7 @@ from msllm.formats.mindformers import fused_parts, msllm_name_map, split_fused
 from msllm.formats.mindspore_ckpt import CkptWriter, scan_checkpoint
 from msllm.formats.safetensors import SafetensorsWriter
 from msllm.models.llama.config import LlamaConfig
+from msllm.convert.experts import file_name, file_tensors
 from msllm.models.llama.names import is_trainer_entry, msllm_to_hf_name, param_shapes
 
 
@@ -247,7 +248,10 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
     cfg = msllm_model_config(ckpt_path, config_path)
     weights = msllm_weights(ckpt_path, cfg)
     out_dtype = {n: dtype or r.dtype for n, r in weights.items()}
-    hf_names = {n: msllm_to_hf_name(n) for n in weights}
+    # the file tensors of each weight: one, or one per expert and projection (convert/experts.py)
+    files = {n: file_tensors(n, tuple(r.shape), cfg.model_type)
+             or [(file_name(n, msllm_to_hf_name(n), cfg.model_type), tuple(r.shape), None)]
+             for n, r in weights.items()}
     sizes = [(n, tensor_nbytes(r.shape, out_dtype[n])) for n, r in weights.items()]
     shards = plan_shards(sizes, limit)
     total = sum(n for _, n in sizes)
@@ -267,13 +271,15 @@ def convert_msllm_to_hf(ckpt_path: str, out_dir: str, config_path: Optional[str]
         weight_map = {}
         with _progress(len(weights), "msllm -> hf", progress) as bar:
             for fname, shard in zip(names, shards):
-                specs = [(hf_names[n], out_dtype[n], weights[n].shape) for n in shard]
+                specs = [(name, out_dtype[n], shape) for n in shard for name, shape, _ in files[n]]
                 with SafetensorsWriter(os.path.join(tmp, fname), specs, {"format": "pt"}) as w:
                     for n in shard:
                         ref = weights[n]
                         data = ref.load()
-                        w.write(hf_names[n], cast(data, ref.dtype, out_dtype[n]))
-                        weight_map[hf_names[n]] = fname
+                        for name, _, take in files[n]:
+                            part = data if take is None else np.ascontiguousarray(take(data))
+                            w.write(name, cast(part, ref.dtype, out_dtype[n]))
+                            weight_map[name] = fname
                         del data
                         bar.update(1)
         if len(shards) > 1:

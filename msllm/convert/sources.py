@@ -28,6 +28,7 @@ from msllm.formats.dtypes import FLOAT_DTYPES, OpenFiles, TensorRef
 from msllm.formats.safetensors import safetensors_refs
 from msllm.formats.torch_weights import torch_refs
 from msllm.models.llama.config import LlamaConfig
+from msllm.convert.experts import fuse_expert_refs
 from msllm.models.llama.names import hf_to_msllm_name, param_shapes, translate_name
 
 # HF tensors that are buffers, not weights (old transformers saved the rotary inverse frequencies).
@@ -177,6 +178,8 @@ def open_hf_source(hf_dir: str) -> HFSource:
                 ref = refs.get(name)
                 if ref is None or os.path.basename(ref.where) != shard:
                     raise MsllmError(f"{index} puts tensor {name} in {shard}, which does not hold it")
+        if cfg.moe_config is not None:  # per-expert file tensors -> msllm's fused ones (convert/experts.py)
+            refs = fuse_expert_refs(refs, cfg.model_type, cfg.moe_config.expert_num)
         named, params = {}, {}
         for name, ref in refs.items():
             msllm_name = hf_to_msllm_name(name)

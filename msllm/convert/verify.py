@@ -276,7 +276,7 @@ def make_random_hf_model(out_dir: Optional[str] = None, seed: int = 0, dtype: st
             elif "embed_tokens" in name:
                 p.copy_(torch.randn_like(p))
             else:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)   # fan-in: (out, in), experts (E, out, in)
     if out_dir is None:
         return model
     tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]

@@ -83,6 +83,10 @@ def validate_layout(model_config, parallel_config, device_num: Optional[int] = N
     pc, mc = parallel_config, model_config
     pc.validate("parallel_config")
     mp = pc.model_parallel
+    if mc.moe_config is not None and (mp > 1 or pc.pipeline_stage > 1):
+        raise MsllmError(f"model.model_config.moe_config with parallel_config.model_parallel={mp} and "
+                         f"pipeline_stage={pc.pipeline_stage}: mixture-of-experts layouts other than data "
+                         f"parallel (expert_parallel, tensor and pipeline parallel MoE) are not implemented yet")
     if mc.num_heads % mp:
         raise MsllmError(f"model.model_config.num_heads={mc.num_heads} is not divisible by "
                          f"parallel_config.model_parallel={mp}: attention is split by heads")

@@ -107,6 +107,25 @@ def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False, of
     ]
 
 
+def _moe(path: str, mc, stage: int) -> list[OpRule]:
+    """A mixture-of-experts MLP (:mod:`msllm.models.llama.moe`), data parallel only: tokens split
+    by dp, the router and every expert whole on each rank (expert and tensor parallel MoE layouts
+    are refused by :func:`msllm.parallel.layout_checks.validate_layout`)."""
+    tokens3: tuple[Sym, ...] = (None, "dp", None)                            # (E, N, C) / (E, N, I)
+    whole3: tuple[Sym, ...] = (None, None, None)                             # (E, 2I, C) / (E, C, I)
+    rules = _linear(f"{path}.gate", (None, None), stage) + [
+        OpRule(f"{path}.experts", "bmm_gate_up", (tokens3, whole3), stage,
+               params=((1, f"{path}.experts.gate_up_proj"),)),
+        OpRule(f"{path}.experts", "bmm_down", (tokens3, whole3), stage, params=((1, f"{path}.experts.down_proj"),)),
+    ]
+    if mc.moe_config.shared_expert_intermediate_size:
+        shared = f"{path}.shared_expert"
+        rules += (_linear(f"{shared}.gate_proj", ("mp", None), stage) + _linear(f"{shared}.up_proj", ("mp", None), stage)
+                  + _linear(f"{shared}.down_proj", (None, "mp"), stage) + _linear(f"{path}.shared_expert_gate",
+                                                                                   (None, None), stage))
+    return rules
+
+
 def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
              kernels=None) -> list[OpRule]:
     """Every primitive strategy of the layout, in network order (the single source of truth).
@@ -182,6 +201,10 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
         rules += _linear(f"{ap}.o_proj", row, st, seq_parallel_out=sp, bias=o_bias)
         rules += _rms_norm(f"{lp}.post_attention_layernorm", st, sp, fused_norm, off)
         ffn2: tuple[Sym, ...] = ("dp", "mp")                                 # (N, F)
+        if mc.is_moe_layer(i):
+            rules += _moe(mp_, mc, st)
+            rules += [OpRule(lp, "add_attn", (seq3, seq3), st), OpRule(lp, "add_mlp", (seq3, seq3), st)]
+            continue
         rules += _linear(f"{mp_}.gate_proj", col, st) + _linear(f"{mp_}.up_proj", col, st)
         if mc.hidden_act == "gelu_pytorch_tanh":
             rules.append(OpRule(mp_, "gelu", (ffn2,), st))

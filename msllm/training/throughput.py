@@ -293,6 +293,9 @@ class Throughput:
         attention_flops_per_token: the ``12 L H D T`` term.
         attention_executed_factor: executed / model attention FLOPs (1.0: the composed T x T path).
         recompute_flops_per_token: FLOPs of the forward pass run again by recompute.
+        idle_expert_flops_per_token: FLOPs of the routed experts a token did not choose that the
+            step runs anyway (msllm's first MoE dispatch is dense over the experts,
+            :mod:`msllm.models.llama.moe`): 6 x the idle expert parameters; in HFU, not in MFU.
     """
 
     tokens_per_step: int
@@ -303,6 +306,7 @@ class Throughput:
     attention_flops_per_token: float = 0.0
     attention_executed_factor: float = 1.0
     recompute_flops_per_token: float = 0.0
+    idle_expert_flops_per_token: float = 0.0
 
     def tgs(self, step_seconds: float) -> float:
         """Tokens per second per device."""
@@ -312,7 +316,7 @@ class Throughput:
         """FLOPs the step executes per token (HFU's numerator, see the class doc)."""
         return (self.flops_per_token - self.head_flops_per_token * (1.0 - head_fraction)
                 + self.attention_flops_per_token * (self.attention_executed_factor - 1.0)
-                + self.recompute_flops_per_token)
+                + self.recompute_flops_per_token + self.idle_expert_flops_per_token)
 
     def tflops(self, step_seconds: float) -> float:
         """Achieved model TFLOP/s per device (MFU's numerator)."""
@@ -384,7 +388,7 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
         body = mc.matmul_params() - mc.vocab_size * mc.hidden_size
         recompute = 2.0 * body + attention / 3.0 * factor
     return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage, head, attention, factor,
-                      recompute)
+                      recompute, 6.0 * mc.idle_expert_params())
 
 
 __all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",

@@ -80,7 +80,7 @@ def test_hf_to_msllm_logits_parity(tmp_path, case):
     for key, value in {"tie_word_embeddings": cfg_kw.get("tie_word_embeddings", False),
                        **FAMILY_SWITCHES.get(case, {})}.items():
         assert getattr(c, key) == value, key
-    assert c.rope_theta == cfg_kw.get("rope_theta", 10000.0)
+    assert c.rope_theta == model.config.rope_parameters["rope_theta"]   # the family's default if not given
     expected_scaling = {"gqa_linear_rope_bin": {"type": "linear", "factor": 2.0},
                         "gqa_llama3_rope": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 256},

@@ -28,6 +28,9 @@ def test_greedy_matches_transformers(tmp_path, tokenizer, case):
     seed = sorted(CASES).index(case) + 11
     print("case", case, "seed", seed)
     hf = make_random_hf_model(str(tmp_path / "hf"), seed=seed, dtype=dtype, fmt=fmt, **kw)
+    # MoE: transformers 5.24's generate with output_router_logits computes the load-balancing term
+    # with the attention mask and fails on a cached step (a shape error); it changes no logit
+    hf.config.output_router_logits = False
     net, mc, _ = net_from_hf_dir(str(tmp_path / "hf"))
     prompts = prompts_for(tokenizer, kw["vocab_size"])
     assert len({len(p) for p in prompts}) == 3

@@ -28,3 +28,22 @@ FAMILY_CASES = {
                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                                  attention_bias=True, max_position_embeddings=128),
 }
+
+# Mixture of experts (msllm/models/llama/moe.py): 4 experts, top 2, the load-balancing loss on
+# (output_router_logits: transformers adds router_aux_loss_coef x the loss to its training loss)
+_MOE = dict(vocab_size=600, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=128, num_experts_per_tok=2, router_aux_loss_coef=0.05,
+            output_router_logits=True, **_SPECIAL)
+FAMILY_CASES.update({
+    # Mixtral: the chosen weights renormalised, experts of the model's intermediate_size
+    "mixtral_moe": dict(model_type="mixtral", num_local_experts=4, intermediate_size=48, **_MOE),
+    # Qwen3-MoE: q/k norms, head_dim 32, top-k renormalised, layer 1 a dense MLP (mlp_only_layers)
+    "qwen3_moe_normed": dict(model_type="qwen3_moe", num_experts=4, moe_intermediate_size=32, intermediate_size=80,
+                             head_dim=32, norm_topk_prob=True, mlp_only_layers=[1], **_MOE),
+    # Qwen3-MoE without renormalisation, every second layer sparse (decoder_sparse_step 2: layer 1 only)
+    "qwen3_moe_unnormed": dict(model_type="qwen3_moe", num_experts=4, moe_intermediate_size=32,
+                               intermediate_size=80, head_dim=16, norm_topk_prob=False, decoder_sparse_step=2, **_MOE),
+    # Qwen2-MoE: q/k/v biases, a shared expert (48 wide) scaled by its sigmoid gate, no renormalisation
+    "qwen2_moe_shared": dict(model_type="qwen2_moe", num_experts=4, moe_intermediate_size=32, intermediate_size=80,
+                             shared_expert_intermediate_size=48, norm_topk_prob=False, **_MOE),
+})

@@ -297,33 +297,39 @@ def test_merged_adapter_converts_to_hf_and_gives_peft_logits(base, tmp_path):
     assert np.abs(torch_logits(load(str(tmp_path / "hf_merged")), ids) - torch_logits(pm, ids)).max() <= 1e-4
 
 
-@pytest.fixture(scope="module")
-def qwen2_base(tmp_path_factory):
-    """A seeded random Qwen2 (q/k/v biases) directory and its msllm conversion."""
+FAMILY_BASES = {"qwen2": dict(model_type="qwen2"),          # q/k/v biases
+                 "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
+                                 router_aux_loss_coef=0.0)}   # experts (frozen: LoRA on attention)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILY_BASES))
+def family_base(tmp_path_factory, request):
+    """A seeded random Qwen2 (q/k/v biases) or Mixtral (experts) directory and its msllm conversion."""
     from msllm.convert.hf import convert_hf_to_msllm
     from msllm.convert.verify import make_random_hf_model
 
-    d = tmp_path_factory.mktemp("peft_qwen2")
-    make_random_hf_model(str(d / "hf"), seed=SEED + 5, model_type="qwen2", bos_token_id=1, eos_token_id=2, **HF_CFG)
+    d = tmp_path_factory.mktemp("peft_" + request.param)
+    make_random_hf_model(str(d / "hf"), seed=SEED + 5, bos_token_id=1, eos_token_id=2,
+                         **{**HF_CFG, **FAMILY_BASES[request.param]})
     res = convert_hf_to_msllm(str(d / "hf"), str(d / "base.ckpt"), progress=False)
-    assert res.config.qkv_has_bias
+    assert res.config.qkv_has_bias or res.config.moe_config is not None
     return {"hf": str(d / "hf"), "ckpt": str(d / "base.ckpt"), "config": res.config, "dir": d}
 
 
-def test_qwen2_lora_step_freezes_the_biases_and_equals_peft(qwen2_base, alpaca_mindrecord):
-    """Qwen2 with LoRA on q/k/v/o: the base biases stay frozen (PEFT ``bias="none"``), the loss and
-    every adapter gradient of one step equal PEFT's, and the logits with the adapters equal PEFT's."""
+def test_family_lora_step_freezes_the_base_and_equals_peft(family_base, alpaca_mindrecord):
+    """Qwen2 / Mixtral with LoRA on q/k/v/o: the base biases and experts stay frozen (PEFT
+    ``bias="none"``), the loss and every adapter gradient of one step equal PEFT's, and the logits
+    with the adapters equal PEFT's."""
     import mindspore as ms
 
     from msllm.lora.apply import apply_lora
 
     ids, labels = alpaca_rows(alpaca_mindrecord, 2, pool=50)
-    net = msllm_net(qwen2_base)
+    net = msllm_net(family_base)
     apply_lora(net, PetConfig(lora_rank=8, lora_alpha=16, target_modules=".*q_proj|.*k_proj|.*v_proj|.*o_proj"))
     adapters = random_adapters(net, seed=SEED + 3, scale=0.05)
-    assert "model.layers.0.self_attn.q_proj.bias" in {p.name for p in net.get_parameters()}
-    assert not [p.name for p in net.trainable_params() if p.name.endswith(".bias")]
-    pm = peft_model(qwen2_base, 8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"], adapters)
+    assert not [p.name for p in net.trainable_params() if "lora_" not in p.name]
+    pm = peft_model(family_base, 8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"], adapters)
     probe = np.random.default_rng(SEED).integers(0, 32000, (1, T)).astype(np.int32)
     assert np.abs(torch_logits(pm, probe) - logits(net, probe)).max() <= 1e-4
     net.set_train(True)
@@ -340,7 +346,7 @@ def test_qwen2_lora_step_freezes_the_biases_and_equals_peft(qwen2_base, alpaca_m
     assert sorted(n for n, q in pm.named_parameters() if q.requires_grad) == sorted(peft_state(adapters))
 
 
-def test_qwen2_adapter_exported_and_imported_through_peft(qwen2_base, tmp_path):
+def test_family_adapter_exported_and_imported_through_peft(family_base, tmp_path):
     """msllm adapter -> PEFT directory -> PeftModel on the HF Qwen2 gives msllm's logits; that
     directory imported back gives the same adapter weights."""
     from msllm.lora.adapter import lora_record, save_adapter_checkpoint
@@ -350,19 +356,19 @@ def test_qwen2_adapter_exported_and_imported_through_peft(qwen2_base, tmp_path):
 
     from msllm.lora.peft import export_peft, import_peft
 
-    net = msllm_net(qwen2_base)
+    net = msllm_net(family_base)
     pet = PetConfig(lora_rank=4, lora_alpha=16, target_modules=".*q_proj|.*v_proj")
     info = apply_lora(net, pet)
     adapters = random_adapters(net, seed=SEED + 4, scale=0.05)
     path = str(tmp_path / "adapter.ckpt")
-    save_adapter_checkpoint(net, net, path, lora_record(pet, info.modules, base_identity(qwen2_base["ckpt"])),
+    save_adapter_checkpoint(net, net, path, lora_record(pet, info.modules, base_identity(family_base["ckpt"])),
                             model_config=net.config)
     export_peft(path, str(tmp_path / "peft"))
-    pm = peft.PeftModel.from_pretrained(hf_model(qwen2_base), str(tmp_path / "peft")).eval()
+    pm = peft.PeftModel.from_pretrained(hf_model(family_base), str(tmp_path / "peft")).eval()
     ids = np.random.default_rng(SEED + 4).integers(0, 32000, (1, T)).astype(np.int32)
     assert np.abs(torch_logits(pm, ids) - logits(net, ids)).max() <= 1e-4
     back = str(tmp_path / "back.ckpt")
-    import_peft(str(tmp_path / "peft"), back, base=qwen2_base["ckpt"])
+    import_peft(str(tmp_path / "peft"), back, base=family_base["ckpt"])
     got = {k: v.asnumpy() for k, v in ms.load_checkpoint(back).items()}
     for name, value in adapters.items():
         np.testing.assert_array_equal(got[name], value)

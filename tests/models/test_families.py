@@ -1,7 +1,9 @@
-"""The LLaMA family's other members (Qwen2, Qwen3, Mistral, Gemma, LLaMA with attention_bias) on
-the training forward and backward, against transformers (the independent reference): the loss
-with labels and every parameter's gradient of one step on each model path (the layout path, the
-CPU fast path with msllm's kernels, and the same without them), plus sizes and config rules."""
+"""The LLaMA family's other members (Qwen2, Qwen3, Mistral, Gemma, LLaMA with attention_bias, and
+the mixture-of-experts Mixtral, Qwen3-MoE, Qwen2-MoE) on the training forward and backward, against
+transformers (the independent reference): the loss with labels (for MoE including the
+load-balancing term, ``output_router_logits``) and every parameter's gradient of one step on each
+model path (the layout path, the CPU fast path with msllm's kernels, and the same without them),
+plus sizes and config rules."""
 
 import dataclasses
 
@@ -77,7 +79,10 @@ def test_loss_and_gradients_equal_transformers(converted, case, path):
     loss, grads = ms.value_and_grad(net, grad_position=None, weights=params)(ms.Tensor(ids), ms.Tensor(labels))
     hf.train()
     hf.zero_grad()
-    out = hf(input_ids=torch.from_numpy(ids).long(), labels=torch.from_numpy(labels).long())
+    # the T tokens msllm's sample layout runs (input_ids[:, :-1]) with their next-token targets
+    # (labels[:, 1:]), so an MoE model's router statistics (the load-balancing term) cover the same rows
+    targets = torch.from_numpy(labels[:, 1:]).long()
+    out = hf(input_ids=torch.from_numpy(ids[:, :-1]).long(), labels=targets, shift_labels=targets)
     out.loss.backward()
     ref = out.loss.item()
     print(case, path, "loss", float(loss.asnumpy()), "transformers", ref)

@@ -235,11 +235,11 @@ def test_exception_between_steps_saves_the_last_completed_step(tmp_path, alpaca_
     assert s["start_step"] == 3 and s["steps"] == 3
 
 
-@pytest.mark.parametrize("case", ["qwen2_bias_yarn", "mistral_window16"])
+@pytest.mark.parametrize("case", ["qwen2_bias_yarn", "mistral_window16", "mixtral_moe"])
 def test_finetune_straight_from_a_family_hf_directory(tmp_path, alpaca_mindrecord, case):
-    """run_msllm.py finetune with an HF Qwen2 / Mistral directory as load_checkpoint: config.json
-    decides the model (biases, YaRN, the sliding window) and the first step's loss equals
-    transformers' loss on the same batch (labels given)."""
+    """run_msllm.py finetune with an HF Qwen2 / Mistral / Mixtral directory as load_checkpoint:
+    config.json decides the model (biases, YaRN, the sliding window, experts) and the first step's
+    loss equals transformers' loss on the same batch (for Mixtral with the load-balancing term)."""
     import torch
 
     from helpers.families import FAMILY_CASES
@@ -256,8 +256,8 @@ def test_finetune_straight_from_a_family_hf_directory(tmp_path, alpaca_mindrecor
     cfg = load_config(TINY, ["--model.model_config.seq_length=64"])
     data = build_train_data(alpaca_mindrecord, 64, cfg.runner_config.batch_size, True, True, 0, 1, cfg.seed)
     input_ids, labels = next(data.epoch_batches(0))
-    with torch.no_grad():
-        expected = hf(input_ids=torch.from_numpy(input_ids.asnumpy()).long(),
-                      labels=torch.from_numpy(labels.asnumpy()).long()).loss.item()
+    ids, targets = input_ids.asnumpy(), torch.from_numpy(labels.asnumpy()[:, 1:]).long()
+    with torch.no_grad():   # the T tokens the model runs and their next-token targets (the router's rows too)
+        expected = hf(input_ids=torch.from_numpy(ids[:, :-1]).long(), labels=targets, shift_labels=targets).loss.item()
     first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
     assert abs(first - expected) < 1e-4 * expected, (first, expected)

@@ -93,6 +93,45 @@ class PetConfig:
 
 
 @dataclass
+class MoeConfig:
+    """``model.model_config.moe_config``: mixture-of-experts MLPs (MindFormers' keys; HF's in brackets).
+
+    expert_num: E routed experts per MoE layer (HF ``num_local_experts`` / ``num_experts``).
+    num_experts_chosen: k experts per token (``num_experts_per_tok``).
+    moe_intermediate_size: each expert's SwiGLU width; None = the model's ``intermediate_size``
+        (Mixtral; Qwen-MoE set it).
+    shared_expert_intermediate_size: width of Qwen2-MoE's shared expert, scaled by its sigmoid gate
+        (0 = none).
+    norm_topk_prob: renormalise the k chosen softmax weights to sum to 1 (Mixtral always; Qwen3-MoE
+        per its config; Qwen2-MoE's default False).
+    aux_loss_factor: weight of the load-balancing loss added to the training loss (HF
+        ``router_aux_loss_coef``; Switch Transformer eq. 4-6 as transformers'
+        ``load_balancing_loss_func``); 0 = none.
+    capacity_factor: tokens an expert takes per step = capacity_factor x tokens x k / E, the rest
+        dropped (MindFormers); 0 = dropless (every routed token computed).
+    decoder_sparse_step / mlp_only_layers: layer i is MoE when ``(i + 1) % decoder_sparse_step == 0``
+        and i is not in ``mlp_only_layers`` (Qwen-MoE; the others are dense MLPs).
+    """
+
+    expert_num: int = 8
+    num_experts_chosen: int = 2
+    moe_intermediate_size: Optional[int] = None
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    aux_loss_factor: float = 0.0
+    capacity_factor: float = 0.0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+
+    def validate(self, where: str = "model.model_config.moe_config") -> None:
+        if self.expert_num < 1 or not 1 <= self.num_experts_chosen <= self.expert_num:
+            raise MsllmError(f"{where}: expected expert_num >= 1 and 1 <= num_experts_chosen <= expert_num, got "
+                             f"{self.expert_num} and {self.num_experts_chosen}")
+        if self.decoder_sparse_step < 1:
+            raise MsllmError(f"{where}.decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+
+
+@dataclass
 class LlamaConfig:
     """Shape and numerics of a LLaMA decoder.
 
@@ -191,10 +230,14 @@ class LlamaConfig:
     max_decode_length: Optional[int] = None
     # parameter-efficient fine-tuning (MindFormers ``pet_config``); None = full fine-tuning
     pet_config: Optional[PetConfig] = None
+    # mixture of experts (MindFormers ``moe_config``, msllm/models/llama/moe.py); None = dense MLPs
+    moe_config: Optional[MoeConfig] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.pet_config, dict):  # from a checkpoint manifest (dataclasses.asdict)
             self.pet_config = PetConfig(**self.pet_config)
+        if isinstance(self.moe_config, dict):
+            self.moe_config = MoeConfig(**self.moe_config)
         if self.head_dim is None and self.num_heads > 0:
             if self.hidden_size % self.num_heads:
                 raise MsllmError(f"model.model_config.hidden_size={self.hidden_size} must be divisible by "
@@ -232,6 +275,16 @@ class LlamaConfig:
             return self.intermediate_size
         return llama_intermediate_size(self.hidden_size, self.multiple_of, self.ffn_dim_multiplier)
 
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer i's MLP is a mixture of experts (:class:`MoeConfig`'s sparse step and dense list)."""
+        m = self.moe_config
+        return m is not None and (i + 1) % m.decoder_sparse_step == 0 and i not in m.mlp_only_layers
+
+    @property
+    def expert_size(self) -> int:
+        """Each routed expert's SwiGLU width."""
+        return self.moe_config.moe_intermediate_size or self.ffn_size
+
     @property
     def max_positions(self) -> int:
         return self.max_position_embeddings or self.seq_length
@@ -257,6 +310,12 @@ class LlamaConfig:
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling, f"{where}.rope_scaling")
         family(self.model_type, f"{where}.model_type")
+        moe = self.moe_config
+        if moe is not None:
+            moe.validate(f"{where}.moe_config")
+            if moe.capacity_factor:
+                raise MsllmError(f"{where}.moe_config.capacity_factor={moe.capacity_factor}: token dropping is not "
+                                 f"implemented yet; 0 (dropless, every routed token computed) is what msllm runs")
         if self.hidden_act not in HIDDEN_ACTS:
             raise MsllmError(f"{where}.hidden_act={self.hidden_act!r}: expected one of {HIDDEN_ACTS}")
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -273,8 +332,22 @@ class LlamaConfig:
 
         return sum(prod(shape) for shape in param_shapes(self).values())
 
+    def idle_expert_params(self) -> int:
+        """Routed-expert parameters a token does not run: (E - k) experts x 3 I C per MoE layer."""
+        m = self.moe_config
+        if m is None:
+            return 0
+        idle = (m.expert_num - m.num_experts_chosen) * 3 * self.expert_size * self.hidden_size
+        return idle * sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def active_params(self) -> int:
+        """Parameters one token runs through (all of them for a dense model; with experts the k
+        chosen ones): the "active" count MoE releases quote (Mixtral-8x7B 12.9B of 46.7B)."""
+        return self.num_params() - self.idle_expert_params()
+
     def matmul_params(self) -> int:
-        """Parameters that take part in a matmul per token: all but the embedding lookup and norms.
+        """Parameters that take part in a matmul per token: all but the embedding lookup, norms and
+        biases; with experts only the k routed experts a token runs (the active parameters).
 
         This is the N of the ``6N`` training-FLOPs rule (Kaplan et al. 2020, sec. 2.1; PaLM,
         Chowdhery et al. 2022, appendix B). The output head is a matmul and counts.
@@ -284,7 +357,7 @@ class LlamaConfig:
         biases = self.num_layers * ((self.q_size + 2 * self.kv_size if self.qkv_bias else 0)
                                     + (c if self.o_bias else 0))  # added, not multiplied
         embed_lookup = 0 if self.tie_word_embeddings else self.vocab_size * c
-        return self.num_params() - norms - biases - embed_lookup
+        return self.active_params() - norms - biases - embed_lookup
 
     def train_flops_per_token(self, seq_length: Optional[int] = None) -> float:
         """Model FLOPs per trained token (forward + backward, no recompute).
@@ -327,7 +400,7 @@ def preset(name: str, **overrides) -> LlamaConfig:
 HF_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "head_dim", "intermediate_size",
              "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings",
              "model_type", "qkv_has_bias", "attention_bias", "qk_norm", "sliding_window", "rms_norm_offset",
-             "hidden_act", "embedding_multiplier", "bos_token_id", "eos_token_id", "initializer_range")
+             "hidden_act", "embedding_multiplier", "moe_config", "bos_token_id", "eos_token_id", "initializer_range")
 """The model fields an HF ``config.json`` decides (:func:`merge_run_config`); every other field
 (seq_length, dtypes, kernels, pad_token_id of the data, generation keys, pet_config) comes from the
 run YAML."""
@@ -355,5 +428,5 @@ def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig
     return dataclasses.replace(hf_cfg, **keep), conflicts
 
 
-__all__ = ["LlamaConfig", "PetConfig", "ROPE_SCALING_KEYS", "ROPE_SCALING_OPTIONAL", "check_rope_scaling", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
+__all__ = ["LlamaConfig", "PetConfig", "MoeConfig", "ROPE_SCALING_KEYS", "ROPE_SCALING_OPTIONAL", "check_rope_scaling", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
            "merge_run_config"]

@@ -13,7 +13,12 @@ Pure Python (no MindSpore, no numpy). Sources, transformers 5.24 (the version th
 * mistral (``MistralForCausalLM``): ``sliding_window`` (v0.1: 4096; later versions null), ``head_dim``;
 * gemma (``GemmaForCausalLM``): RMSNorm ``x * (1 + w)`` (``GemmaRMSNorm``), GeGLU with the tanh
   approximation (``gelu_pytorch_tanh``), embeddings times ``sqrt(hidden_size)`` in the weights'
-  dtype (``GemmaTextScaledWordEmbedding``), explicit ``head_dim``, tied embeddings by default.
+  dtype (``GemmaTextScaledWordEmbedding``), explicit ``head_dim``, tied embeddings by default;
+* mixture of experts (``moe``: a ``moe_config``, :mod:`msllm.models.llama.moe`): mixtral
+  (``MixtralForCausalLM``: top-k renormalised, Mistral's ``sliding_window``), qwen3_moe
+  (``Qwen3MoeForCausalLM``: Qwen3's attention, ``norm_topk_prob``, ``mlp_only_layers``,
+  ``decoder_sparse_step``), qwen2_moe (``Qwen2MoeForCausalLM``: Qwen2's attention and a shared
+  expert with a sigmoid gate).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Family:
     fixed: tuple[tuple[str, object], ...] = ()
     settable: tuple[str, ...] = ()
     tied_default: bool = False
+    moe: bool = False
 
     def fixed_values(self, hidden_size: int) -> dict:
         return {k: (float(math.sqrt(hidden_size)) if v == "sqrt_hidden" else v) for k, v in self.fixed}
@@ -53,6 +59,9 @@ FAMILIES: dict[str, Family] = {
     "gemma": Family("GemmaForCausalLM", fixed=(("rms_norm_offset", 1.0), ("hidden_act", "gelu_pytorch_tanh"),
                                                ("embedding_multiplier", "sqrt_hidden")),
                     settable=("attention_bias",), tied_default=True),
+    "mixtral": Family("MixtralForCausalLM", settable=("sliding_window",), moe=True),
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", fixed=(("qk_norm", True),), settable=("attention_bias",), moe=True),
+    "qwen2_moe": Family("Qwen2MoeForCausalLM", fixed=(("qkv_has_bias", True),), moe=True),
 }
 ARCHITECTURES = {f.architecture: name for name, f in FAMILIES.items()}
 
@@ -64,7 +73,7 @@ UNSUPPORTED_KEYS = {
     "mlp_bias": False,                 # LlamaConfig
     "partial_rotary_factor": 1.0,      # rotary on a part of each head only
     "query_pre_attn_scalar": None,     # Gemma 2: attention scale other than 1/sqrt(head_dim)
-    "num_experts": None, "num_local_experts": None,  # mixture of experts
+    "router_jitter_noise": 0.0,        # Mixtral: multiplicative noise on the router input in training
 }
 
 
@@ -76,11 +85,15 @@ def family(model_type: str, where: str) -> Family:
     return FAMILIES[model_type]
 
 
-def check_representable(model_type: str, switches: dict, hidden_size: int, where: str) -> None:
+def check_representable(model_type: str, switches: dict, hidden_size: int, where: str, moe: bool = False) -> None:
     """Raise MsllmError naming the switch if ``switches`` (switch -> value) cannot be written as
     ``model_type``'s HF config: a fixed switch with another value, or a switch the family does not
-    have set away from its plain-LLaMA value."""
+    have set away from its plain-LLaMA value; ``moe`` (a ``moe_config`` is set) must match the
+    family's kind."""
     fam = family(model_type, where)
+    if moe != fam.moe:
+        raise MsllmError(f"{where}: model_type {model_type!r} is a {'mixture-of-experts' if fam.moe else 'dense'} "
+                         f"family but moe_config is {'not ' if not moe else ''}set")
     fixed = fam.fixed_values(hidden_size)
     for key, value in switches.items():
         if key in fixed:

@@ -11,7 +11,8 @@ The family's other members are switches of :class:`LlamaConfig` (one table:
 (Qwen2, ``attention_bias``) in :class:`Linear`; an explicit ``head_dim``; ``qk_norm`` (Qwen3) in
 :meth:`Attention.heads`; ``sliding_window`` (Mistral) in the causal masks and the flash kernels;
 ``rms_norm_offset`` (Gemma) in :class:`RMSNorm`; ``hidden_act`` (GeGLU) in :class:`MLP`;
-``embedding_multiplier`` (Gemma) in :meth:`LlamaModel.embed`.
+``embedding_multiplier`` (Gemma) in :meth:`LlamaModel.embed`; ``moe_config`` (Mixtral, Qwen-MoE)
+in :class:`DecoderLayer`, whose MLP is then :mod:`msllm.models.llama.moe`'s ``SparseMoE``.
 
 Parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight`` ...) so the HF
 conversion is a rename-free copy; weight matrices are stored ``(out_features, in_features)`` like
@@ -57,6 +58,7 @@ from mindspore.ops.operations.nn_ops import FlashAttentionScore
 from msllm.kernels.select import ASCEND_FLASH, ASCEND_NORM, CPU_FLASH, CPU_NORM, KernelChoice, choose
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.kv_cache import KVCache
+from msllm.models.llama.moe import SparseMoE, load_balancing_loss
 from msllm.models.llama.rotary import rotary_tables
 
 log = logging.getLogger("msllm")
@@ -366,9 +368,9 @@ class MLP(nn.Cell):
     Gemma; MindSpore's ``GeLU`` primitive is the tanh approximation, equal to torch's
     ``gelu(approximate="tanh")`` within 1.2e-7 on [-5, 5])."""
 
-    def __init__(self, config: LlamaConfig, kernels=None):
+    def __init__(self, config: LlamaConfig, kernels=None, width=None):
         super().__init__()
-        c, f, std = config.hidden_size, config.ffn_size, config.initializer_range
+        c, f, std = config.hidden_size, width or config.ffn_size, config.initializer_range
         self.gate_proj = Linear(c, f, config, std, kernels)
         self.up_proj = Linear(c, f, config, std, kernels)
         self.down_proj = Linear(f, c, config, std, kernels)
@@ -388,16 +390,27 @@ class MLP(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    """Pre-norm transformer block: x + attn(norm(x)), then h + mlp(norm(h)); (B, T, C) -> (B, T, C)."""
+    """Pre-norm transformer block: x + attn(norm(x)), then h + mlp(norm(h)); (B, T, C) -> (B, T, C).
 
-    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
+    Layer ``index`` has a mixture-of-experts MLP when ``config.is_moe_layer(index)``
+    (:class:`~msllm.models.llama.moe.SparseMoE`); ``construct`` then returns (x', counts (E,),
+    probs (E,)), the router statistics of the load-balancing loss (``is_moe``, a constant)."""
+
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None,
+                 index: int = 0):
         super().__init__()
         kern, norm = (choice.cpu, choice.norm) if choice is not None else (None, "")
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, config, fast_paths, norm, kern)
         self.self_attn = Attention(config, fast_paths, choice)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, config, fast_paths, norm, kern)
-        self.mlp = MLP(config, kern)
+        self.is_moe = config.is_moe_layer(index)
+        if self.is_moe:
+            std = config.initializer_range
+            self.mlp = SparseMoE(config, lambda i, o: Linear(i, o, config, std, kern),
+                                 lambda width: MLP(config, kern, width), ms_dtype(config.compute_dtype))
+        else:
+            self.mlp = MLP(config, kern)
         self.add_attn = ops.Add()
         self.add_mlp = ops.Add()
         self.reshape = ops.Reshape()
@@ -410,6 +423,9 @@ class DecoderLayer(nn.Cell):
         else:
             h = self.add_attn(x, a)
             normed = self.post_attention_layernorm(h)
+        if self.is_moe:
+            m, counts, probs = self.mlp(self.reshape(normed, (b * t, c)))          # (B*T, C), (E,), (E,)
+            return self.add_mlp(h, self.reshape(m, (b, t, c))), counts, probs
         m = self.mlp(self.reshape(normed, (b * t, c)))                             # (B*T, C)
         return self.add_mlp(h, self.reshape(m, (b, t, c)))
 
@@ -421,6 +437,8 @@ class DecoderLayer(nn.Cell):
         (``fresh``: :meth:`Attention.construct_cached`)."""
         a, k_cache, v_cache = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask,
                                                               k_cache, v_cache, write, fresh)
+        if self.is_moe:
+            return self.feed_forward(x, a)[0], k_cache, v_cache
         return self.feed_forward(x, a), k_cache, v_cache
 
 
@@ -441,7 +459,10 @@ class LlamaModel(nn.Cell):
                                          embedding_table=Normal(config.initializer_range),
                                          dtype=ms.int32)
         self.embed_tokens.embedding_table.set_dtype(ms_dtype(config.param_init_type))
-        self.layers = nn.CellList([DecoderLayer(config, fast_paths, choice) for _ in range(config.num_layers)])
+        self.layers = nn.CellList([DecoderLayer(config, fast_paths, choice, i) for i in range(config.num_layers)])
+        # router statistics start from zero (E,) (E = 1 for a dense model: never used)
+        experts = config.moe_config.expert_num if config.moe_config is not None else 1
+        self.zero_stats = Tensor(np.zeros(experts, np.float32))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths, choice.norm, choice.cpu)
         cos, sin = rotary_tables(config)
         p = config.max_positions
@@ -467,12 +488,22 @@ class LlamaModel(nn.Cell):
         return self.cast(x, self.compute_dtype)
 
     def construct(self, input_ids):
+        return self.forward_with_router(input_ids)[0]
+
+    def forward_with_router(self, input_ids):
+        """token ids (B, T) -> (hidden (B, T, C), counts (E,), probs (E,)): the MoE layers' router
+        statistics summed over the layers (zeros for a dense model)."""
         t = input_ids.shape[1]
         x = self.embed(input_ids)                                               # (B, T, C)
         cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        counts, probs = self.zero_stats, self.zero_stats
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        return self.norm(x)
+            if layer.is_moe:
+                x, c, p = layer(x, cos, sin, mask)
+                counts, probs = counts + c, probs + p
+            else:
+                x = layer(x, cos, sin, mask)
+        return self.norm(x), counts, probs
 
     def forward_cached(self, input_ids, positions, mask, write, caches, fresh=False):
         """New tokens over a cache -> (hidden (B, T, C), caches).
@@ -507,6 +538,8 @@ class LlamaForCausalLM(nn.Cell):
         input_ids (B, T+1) int32 with labels (B, T+1) int32 -> scalar fp32 mean cross-entropy over
             positions whose target (``labels[:, 1:]``) is not ``ignore_token_id``; tokens are
             ``input_ids[:, :-1]``. This is the MindRecord sample layout of ``llama_preprocess``.
+            With experts (``moe_config.aux_loss_factor`` > 0) plus the factor times the
+            load-balancing loss of the T tokens' routing (:func:`msllm.models.llama.moe.load_balancing_loss`).
         input_ids (B, T) alone -> logits (B, T, V) fp32.
 
     ``forward_cached(input_ids, positions, mask, write, caches, last_only)``: generation with a
@@ -544,6 +577,10 @@ class LlamaForCausalLM(nn.Cell):
             kern = self.kernels.cpu
             self.head_matmul = kern.linear_dynamic_rows if self.compact_loss else kern.linear
         self.loss = CausalLMLoss(config.ignore_token_id, self.kernels.cpu)
+        moe = config.moe_config
+        self.aux_loss_factor = float(moe.aux_loss_factor) if moe is not None else 0.0
+        self.n_experts = moe.expert_num if moe is not None else 1
+        self.moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_layers))
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
         self.gather_rows = ops.Gather()
@@ -564,9 +601,12 @@ class LlamaForCausalLM(nn.Cell):
 
     def logits(self, tokens):
         """tokens (B, T) int32 -> logits (B, T, V) float32."""
-        b, t = tokens.shape
-        h = self.model(tokens)                                                  # (B, T, C)
-        out = self.head(self.reshape(h, (b * t, self.config.hidden_size)))     # (B*T, V)
+        return self.logits_of(self.model(tokens))
+
+    def logits_of(self, h):
+        """hidden (B, T, C) -> logits (B, T, V) float32."""
+        b, t, c = h.shape
+        out = self.head(self.reshape(h, (b * t, c)))                            # (B*T, V)
         return self.reshape(out, (b, t, self.config.vocab_size))
 
     def forward_cached(self, input_ids, positions, mask, write, caches, last_only=False, fresh=False):
@@ -584,9 +624,18 @@ class LlamaForCausalLM(nn.Cell):
             return self.logits(input_ids)
         tokens = input_ids[:, :-1]                                              # (B, T)
         targets = labels[:, 1:]                                                 # (B, T)
+        h, counts, probs = self.model.forward_with_router(tokens)              # (B, T, C), (E,), (E,)
+        loss = self.lm_loss(h, targets)
+        if self.aux_loss_factor:  # load balancing over all B*T rows of every MoE layer (moe.py)
+            rows = float(self.moe_layers * tokens.shape[0] * tokens.shape[1])
+            loss = loss + self.aux_loss_factor * load_balancing_loss(counts, probs, rows, self.n_experts)
+        return loss
+
+    def lm_loss(self, h, targets):
+        """hidden (B, T, C), targets (B, T) int32 -> the mean next-token cross-entropy."""
         if not self.compact_loss:
-            return self.loss(self.logits(tokens), targets)
-        h = self.reshape(self.model(tokens), (-1, self.config.hidden_size))    # (B*T, C)
+            return self.loss(self.logits_of(h), targets)
+        h = self.reshape(h, (-1, self.config.hidden_size))                     # (B*T, C)
         targets = self.reshape(targets, (-1,))                                  # (B*T,)
         keep = self.reshape(ops.nonzero(targets != self.config.ignore_token_id), (-1,))  # (K,)
         rows = self.concat_rows((keep, self.extra_row))                         # (K+1,)

@@ -67,6 +67,19 @@ PARAM_TABLE: tuple[tuple[str, str, Optional[str], Optional[str]], ...] = (
      "model.layers.{i}.attention.wo.bias"),
     ("model.layers.{i}.self_attn.q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight", None, None),
     ("model.layers.{i}.self_attn.k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight", None, None),
+    # mixture of experts (msllm/models/llama/moe.py), as transformers 5 names and stores them: the
+    # router (E, C), every expert's gate and up rows fused (E, 2I, C) and down (E, C, I), Qwen2-MoE's
+    # shared expert and its gate (1, C)
+    ("model.layers.{i}.mlp.gate.weight", "model.layers.{i}.mlp.gate.weight", None, None),
+    ("model.layers.{i}.mlp.experts.gate_up_proj", "model.layers.{i}.mlp.experts.gate_up_proj", None, None),
+    ("model.layers.{i}.mlp.experts.down_proj", "model.layers.{i}.mlp.experts.down_proj", None, None),
+    ("model.layers.{i}.mlp.shared_expert.gate_proj.weight", "model.layers.{i}.mlp.shared_expert.gate_proj.weight",
+     None, None),
+    ("model.layers.{i}.mlp.shared_expert.up_proj.weight", "model.layers.{i}.mlp.shared_expert.up_proj.weight",
+     None, None),
+    ("model.layers.{i}.mlp.shared_expert.down_proj.weight", "model.layers.{i}.mlp.shared_expert.down_proj.weight",
+     None, None),
+    ("model.layers.{i}.mlp.shared_expert_gate.weight", "model.layers.{i}.mlp.shared_expert_gate.weight", None, None),
 )
 NAMINGS = ("msllm", "hf", "meta", "mindformers")
 
@@ -219,12 +232,20 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     if cfg.qk_norm:
         attn["self_attn.q_norm.weight"] = (cfg.head_dim,)
         attn["self_attn.k_norm.weight"] = (cfg.head_dim,)
-    per_layer = {**attn, "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c),
-                 "mlp.down_proj.weight": (c, f), "input_layernorm.weight": (c,),
-                 "post_attention_layernorm.weight": (c,)}
+    norms = {"input_layernorm.weight": (c,), "post_attention_layernorm.weight": (c,)}
+    dense = {"mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c), "mlp.down_proj.weight": (c, f)}
+    moe = {}
+    if cfg.moe_config is not None:
+        e, i_e, shared = cfg.moe_config.expert_num, cfg.expert_size, cfg.moe_config.shared_expert_intermediate_size
+        moe = {"mlp.gate.weight": (e, c), "mlp.experts.gate_up_proj": (e, 2 * i_e, c),
+               "mlp.experts.down_proj": (e, c, i_e)}
+        if shared:
+            moe.update({"mlp.shared_expert.gate_proj.weight": (shared, c), "mlp.shared_expert.up_proj.weight": (shared, c),
+                        "mlp.shared_expert.down_proj.weight": (c, shared), "mlp.shared_expert_gate.weight": (1, c)})
     shapes = {"model.embed_tokens.embedding_table": (v, c)}
     for i in range(cfg.num_layers):
-        for suffix, shape in per_layer.items():
+        layer = {**attn, **(moe if cfg.is_moe_layer(i) else dense), **norms}
+        for suffix, shape in layer.items():
             shapes[f"model.layers.{i}.{suffix}"] = shape
     shapes["model.norm.weight"] = (c,)
     if not cfg.tie_word_embeddings:
