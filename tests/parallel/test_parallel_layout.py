@@ -148,19 +148,24 @@ def sharded_net():
     return net, mc, layout, rules, ids, before
 
 
-def test_apply_layout_sets_exactly_the_param_layouts(sharded_net):
-    net, mc, layout, rules, _, _ = sharded_net
-    lays = param_layouts(mc, layout, stage_layers=[1, 3])
+def assert_strategies_imply_param_layouts(net, rules, lays):
+    """Every rule's strategy is set on its primitive (dp 2, mp 2), each parameter input's strategy
+    is the one its layout implies, and every parameter of the network is covered."""
     checked = set()
     for rule in rules:
         prim = getattr(_resolve(net, rule.path), rule.prim)
-        assert prim.in_strategy == concrete(rule.in_strategy, 2, 2)
+        assert prim.in_strategy == concrete(rule.in_strategy, 2, 2), rule.name
         for idx, name in rule.params:
             lay = lays[name]
             implied = tuple(1 if m == -1 else lay.dev_matrix[len(lay.dev_matrix) - 1 - m] for m in lay.tensor_map)
             assert prim.in_strategy[idx] == implied, name
             checked.add(name)
     assert checked == {p.name for p in net.get_parameters()}
+
+
+def test_apply_layout_sets_exactly_the_param_layouts(sharded_net):
+    net, mc, layout, rules, _, _ = sharded_net
+    assert_strategies_imply_param_layouts(net, rules, param_layouts(mc, layout, stage_layers=[1, 3]))
     # the Megatron pattern in MindSpore numbers (dp 2, mp 2)
     assert net.model.layers[0].self_attn.q_proj.matmul.in_strategy == ((2, 1), (2, 1))
     assert net.model.layers[0].self_attn.o_proj.matmul.in_strategy == ((2, 2), (1, 2))
@@ -251,17 +256,7 @@ def test_family_switches_param_shapes_and_layouts():
     assert param_shapes(mc)["model.layers.0.self_attn.q_proj.weight"] == (4 * 48, 128)   # H * D != C
     layout = pc(data_parallel=2, model_parallel=2)
     rules = apply_layout(net, layout, RecomputeConfig())
-    lays = param_layouts(mc, layout)
-    checked = set()
-    for rule in rules:
-        prim = getattr(_resolve(net, rule.path), rule.prim)
-        assert prim.in_strategy == concrete(rule.in_strategy, 2, 2), rule.name
-        for idx, name in rule.params:
-            lay = lays[name]
-            implied = tuple(1 if m == -1 else lay.dev_matrix[len(lay.dev_matrix) - 1 - m] for m in lay.tensor_map)
-            assert prim.in_strategy[idx] == implied, name
-            checked.add(name)
-    assert checked == {p.name for p in net.get_parameters()}
+    assert_strategies_imply_param_layouts(net, rules, param_layouts(mc, layout))
     attn = net.model.layers[0].self_attn
     assert attn.q_proj.add_bias.in_strategy == ((2, 2), (2,))       # column-parallel: bias split by mp
     assert attn.o_proj.add_bias.in_strategy == ((2, 1), (1,))       # row-parallel: whole bias once
