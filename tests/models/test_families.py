@@ -138,3 +138,34 @@ def test_configs_a_family_cannot_hold_are_refused_when_written_as_it(switches, m
 def test_bad_family_switches_are_one_error_naming_the_key(kw, message):
     with pytest.raises(MsllmError, match=message):
         LlamaConfig(**{**dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, seq_length=16), **kw})
+
+
+# run YAML -> the sum of the released checkpoint's tensors (the issue's numbers, from the published
+# safetensors indexes)
+RELEASED = {"configs/llama/run_llama3_1_8b.yaml": 8_030_261_248, "configs/qwen2_5/run_qwen2_5_7b.yaml": 7_615_616_512,
+            "configs/qwen3/run_qwen3_8b.yaml": 8_190_735_360,
+            "configs/mistral/run_mistral_7b_v0_1.yaml": 7_241_732_096, "configs/gemma/run_gemma_7b.yaml": 8_537_680_896}
+
+
+@pytest.mark.parametrize("path", sorted(RELEASED))
+def test_released_shapes_count_like_their_checkpoints_and_transformers(path):
+    """The family YAMLs: --show prints the released checkpoint's parameter count, and transformers'
+    own model of the config.json msllm writes for them (meta device, no weights) has as many."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from msllm.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    mc = load_config(os.path.join(root, path)).model_config
+    assert mc.num_params() == RELEASED[path]
+    hf = msllm_config_to_hf(mc)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf.pop("model_type"), **hf))
+    assert sum(p.numel() for p in model.parameters()) == RELEASED[path]
+    r = subprocess.run([sys.executable, os.path.join(root, "run_msllm.py"), "--config", os.path.join(root, path), "--show"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+    assert r.returncode == 0 and f"parameters: {RELEASED[path]:,}" in r.stdout, r.stderr[-2000:]

@@ -241,8 +241,9 @@ def test_protobuf_strategy_files_work_too(tmp_path):
 
 def test_family_switches_reshard_bit_exactly(tmp_path):
     """Biases (split like their weight's output on column-parallel q/k/v, whole on o), Qwen3's q/k
-    norms and Gemma's offset norms (replicated): full -> dp 2 x mp 2 (optimizer shard) -> full
-    through MindSpore's transform_checkpoints, every rank's slice as param_layouts predicts."""
+    norms and Gemma's offset norms (replicated): full -> dp 2 x mp 2 (optimizer shard) -> full and
+    -> dp 2 x mp 2 x pp 2 -> full through MindSpore's transform_checkpoints, every rank's slice as
+    param_layouts predicts."""
     mc = preset("tiny", num_layers=2, n_kv_heads=4, qkv_has_bias=True, attention_bias=True, qk_norm=True,
                 rms_norm_offset=1.0, hidden_act="gelu_pytorch_tanh", embedding_multiplier=2.0, sliding_window=8)
     full = save_full_train_checkpoint(mc, str(tmp_path / "full" / "rank_0" / "full.ckpt"), 4)
@@ -255,4 +256,14 @@ def test_family_switches_reshard_bit_exactly(tmp_path):
     transform_checkpoints(str(tmp_path / "full"), str(tmp_path / "A"), None, str(tmp_path / "strategy"))
     assert_rank_slices(tmp_path / "A", full, mc, A)
     out = transform_checkpoints(str(tmp_path / "A"), str(tmp_path / "back"), str(tmp_path / "strategy"), None)
+    assert_equal_full(out[0], full)
+    # dp 2 x mp 2 x pp 2 (8 ranks, one decoder layer per stage, vocab-parallel head), from the dp x mp
+    # slices straight to the pipeline layout and back to one file
+    dmp = ParallelLayoutConfig(data_parallel=2, model_parallel=2, pipeline_stage=2, micro_batch_num=2,
+                               vocab_emb_dp=False)
+    write_strategy_files(mc, dmp, str(tmp_path / "strategy_pp"), fmt="json")
+    transform_checkpoints(str(tmp_path / "A"), str(tmp_path / "PP"), str(tmp_path / "strategy"),
+                          str(tmp_path / "strategy_pp"))
+    assert_rank_slices(tmp_path / "PP", full, mc, dmp)
+    out = transform_checkpoints(str(tmp_path / "PP"), str(tmp_path / "PP_back"), str(tmp_path / "strategy_pp"), None)
     assert_equal_full(out[0], full)
