@@ -38,6 +38,10 @@ SHAPES = {
     "large": dict(vocab_size=32000, hidden_size=1024, num_layers=12, num_heads=16, intermediate_size=2816,
                   seq_length=1024, batch_size=2),
 }
+# the LLaMA family's other members on the medium shape (issue #20): Qwen2 (q/k/v biases) and
+# Mistral (sliding window 256, half the sequence, so the window cuts)
+SHAPES["medium-qwen2"] = dict(SHAPES["medium"], family="qwen2")
+SHAPES["medium-mistral"] = dict(SHAPES["medium"], family="mistral", sliding_window=256)
 
 # Optimiser of every framework: AdamW as msllm's trainer configures it (configs/llama/*.yaml),
 # MindSpore AdamWeightDecay semantics (no bias correction), constant learning rate so that the
@@ -81,7 +85,10 @@ def use_repo() -> None:
 def model_overrides(s: dict) -> list[str]:
     """``run_msllm.py`` / ``load_config`` overrides giving configs/llama/run_llama_tiny.yaml the
     model of benchmark shape ``s`` (multi-head attention: ``n_kv_heads`` unset)."""
-    return [f"--model.model_config.hidden_size={s['hidden_size']}",
+    family = {"qwen2": ["--model.model_config.model_type=qwen2", "--model.model_config.qkv_has_bias=True"],
+              "mistral": ["--model.model_config.model_type=mistral",
+                          f"--model.model_config.sliding_window={s.get('sliding_window')}"]}.get(s.get("family"), [])
+    return family + [f"--model.model_config.hidden_size={s['hidden_size']}",
             f"--model.model_config.num_layers={s['num_layers']}",
             f"--model.model_config.num_heads={s['num_heads']}",
             "--model.model_config.n_kv_heads=null",
@@ -102,8 +109,10 @@ def num_params(s: dict) -> int:
 
 
 def flops_per_token(s: dict) -> float:
-    """6N + 12 L H D T (PaLM, Chowdhery et al. 2022, appendix B); H*D = hidden."""
-    return 6.0 * matmul_params(s) + 12.0 * s["num_layers"] * s["hidden_size"] * s["seq_length"]
+    """6N + 12 L H D T (PaLM, Chowdhery et al. 2022, appendix B); H*D = hidden; with a sliding
+    window W, T -> min(W, T) (msllm's ``LlamaConfig.train_flops_per_token``)."""
+    keys = min(s.get("sliding_window") or s["seq_length"], s["seq_length"])
+    return 6.0 * matmul_params(s) + 12.0 * s["num_layers"] * s["hidden_size"] * keys
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +234,8 @@ def prepare_weights(name: str, seed: int = 0) -> str:
         p = f"model.layers.{i}."
         for n in ("q", "k", "v", "o"):
             w[p + f"self_attn.{n}_proj.weight"] = normal(c, c)
+            if s.get("family") == "qwen2" and n != "o":
+                w[p + f"self_attn.{n}_proj.bias"] = normal(c)
         w[p + "mlp.gate_proj.weight"] = normal(f, c)
         w[p + "mlp.up_proj.weight"] = normal(f, c)
         w[p + "mlp.down_proj.weight"] = normal(c, f)

@@ -12,6 +12,8 @@ torch, numpy) are measured in the same invocation, before and after the runs.
     .venv/bin/python benchmarks/train_throughput.py --shape tiny       # ~15 min idle
     .venv/bin/python benchmarks/train_throughput.py --shape medium     # ~20 min
     .venv/bin/python benchmarks/train_throughput.py --shape large      # ~35 min
+    .venv/bin/python benchmarks/train_throughput.py --shape medium-qwen2 --frameworks msllm,torch-eager,torch-compile
+    (medium-mistral likewise: the LLaMA family's other members, issue #20)
 
 Reports per framework: tokens/s (median over rounds of each run's median step time after
 warm-up), step time, process CPU seconds per step, first step (compile) time, start-up to end of
@@ -62,11 +64,13 @@ WORKERS = {
 TORCH_PEERS = ("torch-eager", "torch-lean", "torch-compile", "torch-lean-compile")
 # (measured steps in round 0, in later rounds, warm-up steps): round 0 gives 20 (tiny) / 10
 # (medium) losses per framework for the loss comparison, later rounds only throughput.
-DEFAULT_STEPS = {"tiny": (18, 10, 2), "medium": (6, 4, 2), "large": (4, 3, 2)}
+DEFAULT_STEPS = {"tiny": (18, 10, 2), "medium": (6, 4, 2), "large": (4, 3, 2), "medium-qwen2": (6, 4, 2),
+                 "medium-mistral": (6, 4, 2)}
 # frameworks run only in round 0 (msllm-noscale: its losses are what is compared with
 # MindFormers'); medium steps are ~4x longer, so there only msllm, MindFormers and torch eager
 # are repeated
-ONCE = {"tiny": ("msllm-noscale",), "medium": ("msllm-noscale",), "large": ("msllm-noscale",)}
+ONCE = {"tiny": ("msllm-noscale",), "medium": ("msllm-noscale",), "large": ("msllm-noscale",),
+        "medium-qwen2": ("msllm-noscale",), "medium-mistral": ("msllm-noscale",)}
 
 
 def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float, extra: dict,

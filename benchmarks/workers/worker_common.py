@@ -116,16 +116,20 @@ def single_process():
 def hf_llama(s: dict, attn: str = "sdpa"):
     """Hugging Face ``LlamaForCausalLM`` of shape ``s``, fp32, MHA, no biases, untied head,
     attention implementation ``attn``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
-                      intermediate_size=s["intermediate_size"], num_hidden_layers=s["num_layers"],
-                      num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],
-                      max_position_embeddings=s["seq_length"], rms_norm_eps=common.RMS_EPS,
-                      rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False,
-                      mlp_bias=False, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    family = s.get("family", "llama")   # qwen2 / mistral: the family's own transformers class
+    extra = {"sliding_window": s["sliding_window"]} if family == "mistral" else {}
+    if family == "llama":
+        extra = {"attention_bias": False, "mlp_bias": False}
+    cfg = AutoConfig.for_model(family, vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
+                               intermediate_size=s["intermediate_size"], num_hidden_layers=s["num_layers"],
+                               num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],
+                               max_position_embeddings=s["seq_length"], rms_norm_eps=common.RMS_EPS,
+                               rope_theta=10000.0, tie_word_embeddings=False, use_cache=False, pad_token_id=0,
+                               bos_token_id=1, eos_token_id=2, **extra)
     cfg._attn_implementation = attn
-    return LlamaForCausalLM(cfg).float()
+    return AutoModelForCausalLM.from_config(cfg).float()
 
 
 def load_torch_weights(torch, model, shape_name: str) -> None:
