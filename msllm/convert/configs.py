@@ -213,13 +213,14 @@ def msllm_config_to_hf(cfg: LlamaConfig, dtype: str = "float32") -> dict:
         "torch_dtype": dtype,
         "dtype": dtype,
     }
-    if cfg.model_type in ("llama", "qwen3", "gemma", "qwen3_moe"):
+    settable = FAMILIES[cfg.model_type].settable   # the family table says which keys its config.json has
+    if "attention_bias" in settable:
         out["attention_bias"] = cfg.attention_bias
     if cfg.model_type == "llama":
         out.update(mlp_bias=False, pretraining_tp=1)
     if cfg.model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
-    if cfg.model_type in ("mistral", "mixtral"):
+    if "sliding_window" in settable:
         out["sliding_window"] = cfg.sliding_window
     m = cfg.moe_config
     if m is not None and cfg.model_type == "mixtral" and not m.norm_topk_prob:

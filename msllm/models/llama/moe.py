@@ -75,14 +75,13 @@ class SparseMoE(nn.Cell):
     ``make_linear(in, out)`` / ``make_mlp(width)``: the model's own Linear and SwiGLU cells (so the
     router and the shared expert run on the same kernels as the dense layers)."""
 
-    def __init__(self, config, make_linear, make_mlp, compute_dtype):
+    def __init__(self, config, make_linear, make_mlp, param_dtype, compute_dtype):
         super().__init__()
         m = config.moe_config
         c = config.hidden_size
         self.n_experts, self.top_k, self.norm_topk = m.expert_num, m.num_experts_chosen, m.norm_topk_prob
         self.gate = make_linear(c, m.expert_num)
-        dtype = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}[config.param_init_type]
-        self.experts = Experts(config, dtype, compute_dtype)
+        self.experts = Experts(config, param_dtype, compute_dtype)
         self.shared_expert = self.shared_expert_gate = None
         if m.shared_expert_intermediate_size:
             self.shared_expert = make_mlp(m.shared_expert_intermediate_size)
