@@ -101,6 +101,9 @@ class ParallelLayoutConfig:
     """``parallel_config``: the parallel layout (Megatron-LM terms, MindFormers key names).
 
     The device count of a run is ``data_parallel * model_parallel * pipeline_stage``.
+    ``expert_parallel``: mixture-of-experts layers split their experts over this many of the
+    data-parallel ranks (it divides ``data_parallel`` and adds no devices, MindFormers'
+    convention); the tokens travel to their experts' ranks by all-to-all (Ascend only).
     """
 
     data_parallel: int = 1
@@ -111,6 +114,7 @@ class ParallelLayoutConfig:
     vocab_emb_dp: bool = True
     gradient_aggregation_group: int = 4
     use_seq_parallel: bool = False
+    expert_parallel: int = 1
 
     @property
     def device_num(self) -> int:
@@ -118,9 +122,12 @@ class ParallelLayoutConfig:
 
     def validate(self, where: str) -> None:
         for key in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
-                    "gradient_aggregation_group"):
+                    "gradient_aggregation_group", "expert_parallel"):
             if getattr(self, key) < 1:
                 raise MsllmError(f"{where}.{key} must be >= 1, got {getattr(self, key)}")
+        if self.data_parallel % self.expert_parallel:
+            raise MsllmError(f"{where}.expert_parallel={self.expert_parallel} must divide data_parallel="
+                             f"{self.data_parallel}: experts are split over data-parallel ranks (MindFormers' rule)")
 
 
 @dataclass

@@ -64,7 +64,7 @@ def check_device_support(cfg: RunConfig) -> None:
     Any device: training with ``pipeline_stage`` > 1 is not implemented; semi-auto parallel needs
     ``full_batch``. (``runner_config.sink_mode`` does not stop a run: msllm feeds steps one by one
     and says so in the start-up line of :func:`msllm.settings.log_settings`.)
-    CPU: no model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
+    CPU: no expert_parallel / model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
     rather than silently slow).
     """
@@ -72,6 +72,12 @@ def check_device_support(cfg: RunConfig) -> None:
         check_layout_trainable(cfg)
         return
     pc = cfg.parallel_config
+    if pc.expert_parallel > 1:
+        raise MsllmError(
+            f"parallel_config.expert_parallel={pc.expert_parallel} on CPU: expert parallelism moves tokens to "
+            "their experts' ranks by all-to-all, and MindSpore 2.10 has no AlltoAll kernel on CPU (nor operator "
+            "sharding). Train it on Ascend; on CPU set expert_parallel=1 (every rank holds every expert, data "
+            "parallel). The offline tools (strategy files, transform_ckpt, plan) accept it.")
     if pc.model_parallel > 1 or pc.pipeline_stage > 1:
         raise MsllmError(
             f"parallel_config asks for model_parallel={pc.model_parallel}, pipeline_stage="
@@ -84,11 +90,12 @@ def check_device_support(cfg: RunConfig) -> None:
             f"parallel.parallel_mode={cfg.parallel.parallel_mode!r} needs operator sharding, which "
             "MindSpore 2.10 cannot compile on CPU; use parallel_mode: 0 (data_parallel) on CPU")
     mc = cfg.model_config
-    if mc.compute_dtype != "float32" or mc.param_init_type != "float32":
+    if mc.compute_dtype != "float32" or mc.param_init_type != "float32" or \
+            (mc.embedding_init_type or "float32") != "float32":
         raise MsllmError(
             f"model.model_config.compute_dtype={mc.compute_dtype!r} / param_init_type="
-            f"{mc.param_init_type!r}: MindSpore 2.10 on CPU has no bf16 kernels (MatMul, Softmax ...) "
-            "and fp16 only runs slower; use float32 on CPU")
+            f"{mc.param_init_type!r} / embedding_init_type={mc.embedding_init_type!r}: MindSpore 2.10 on CPU "
+            "has no bf16 kernels (MatMul, Softmax ...) and fp16 only runs slower; use float32 on CPU")
 
 
 def check_layout_trainable(cfg: RunConfig) -> None:

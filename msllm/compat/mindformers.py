@@ -182,11 +182,18 @@ class _Translation:
             if ds not in d and isinstance(tsk.get("dataset_config"), dict):
                 d[ds] = tsk["dataset_config"]  # only the task holds the dataset: use it
         moe = d.get("moe_config")
-        if isinstance(moe, dict):
-            if (moe.get("expert_num") or 1) > 1:
-                self.refuse("moe_config.expert_num", moe["expert_num"], "LLaMA has no mixture-of-experts layers")
+        if isinstance(moe, dict):   # MindFormers r1.0 keeps MoEConfig at the top level
             d.pop("moe_config")
-            self.note("moe_config", "expert_num 1: no mixture of experts (LLaMA has none)")
+            if (moe.get("expert_num") or 1) > 1:
+                mc = d.setdefault("model", {}).setdefault("model_config", {})
+                if isinstance(mc, dict) and "moe_config" not in mc:
+                    # expert_num, num_experts_chosen, capacity_factor, aux_loss_factor: msllm's names;
+                    # any other MoEConfig key is named by the schema check
+                    mc["moe_config"] = dict(moe)
+                else:
+                    self.note("moe_config", "model.model_config.moe_config is given and wins")
+            else:
+                self.note("moe_config", "expert_num 1: no mixture of experts")
         metric = d.get("metric")
         if isinstance(metric, dict) or isinstance(metric, list):
             d.pop("metric")
@@ -277,6 +284,14 @@ class _Translation:
             value = ss.pop("loss_scale_value", None)
             if value is None:
                 self.refuse("runner_wrapper.scale_sense.loss_scale_value", None, "the loss scale is required")
+            if cell == "DynamicLossScaleUpdateCell" and ss.get("scale_factor") == 1:
+                # a dynamic scale multiplied and divided by 1 never changes: MindSpore's
+                # DynamicLossScaleUpdateCell then only skips overflowed steps, as msllm's fixed scale does
+                ss.pop("scale_factor")
+                ss.pop("scale_window", None)
+                cell = "FixedLossScaleUpdateCell"
+                self.note("runner_wrapper.scale_sense.scale_factor", "1: the dynamic scale never changes; "
+                          "msllm runs it as a fixed scale (overflowed steps skipped either way)")
             self.put(rw, "loss_scale", "dynamic" if cell == "DynamicLossScaleUpdateCell" else "fixed",
                      "runner_wrapper", "scale_sense.type")
             self.put(rw, "scale_sense", float(value), "runner_wrapper", "scale_sense.loss_scale_value")
@@ -441,6 +456,7 @@ class _Translation:
                 self.put(mc, "max_position_embeddings", value, where, "max_position_embedding")
         self._rope_extension(mc, where)
         self._checkpoint_name(mc, where)
+        self._family_keys(mc, where)
         pet = mc.get("pet_config")
         if isinstance(pet, dict):
             kind = pet.get("pet_type", "lora")
@@ -448,23 +464,66 @@ class _Translation:
                 self.refuse(f"{where}.pet_config.pet_type", kind, "msllm implements LoRA only (pet_type: lora)")
 
     def _rope_extension(self, mc: dict, where: str) -> None:
-        """extend_method / scaling_factor (llama_layer.py FreqsMgr): PI divides positions by the
-        factor (= HF linear rope_scaling), NTK multiplies theta by it."""
+        """extend_method / scaling_factor (``FreqsMgr``: r1.0 llama_layer.py, later
+        modules/layers.py): PI divides positions by the factor (= HF linear rope_scaling), NTK
+        multiplies theta by it; LLAMA3 and YARN take a mapping of HF's ``rope_scaling`` keys
+        (MindFormers' research/llama3_1 and qwen2_5 YAMLs, dev branch fd4deebc) and are HF's
+        ``llama3`` / ``yarn`` rotary."""
         method = mc.pop("extend_method", None)
         factor = mc.pop("scaling_factor", None)
         if method in (None, "None"):
             if method is not None:
                 self.note(f"{where}.extend_method", "None: no sequence-length extension")
             if factor is not None:
-                self.note(f"{where}.scaling_factor", "read only with extend_method PI or NTK")
+                self.note(f"{where}.scaling_factor", "read only with extend_method PI, NTK, LLAMA3 or YARN")
             return
+        kinds = {"LLAMA3": "llama3", "YARN": "yarn"}
+        if method in kinds:
+            if not isinstance(factor, dict):
+                self.refuse(f"{where}.scaling_factor", factor, f"extend_method {method} needs a mapping "
+                            "(factor, original_max_position_embeddings, ...) as in MindFormers' research YAMLs")
+            self.put(mc, "rope_scaling", {"type": kinds[method], **factor}, where, "extend_method")
+            return
+        if isinstance(factor, dict):
+            self.refuse(f"{where}.scaling_factor", factor, f"extend_method {method} takes one number")
         factor = 1.0 if factor is None else float(factor)
         if method == "PI":
             self.put(mc, "rope_scaling", {"type": "linear", "factor": factor}, where, "extend_method")
         elif method == "NTK":
             mc["rope_theta"] = float(mc.get("rope_theta", 10000.0)) * factor
         else:
-            self.refuse(f"{where}.extend_method", method, 'expected "None", "PI" or "NTK"')
+            self.refuse(f"{where}.extend_method", method, 'expected "None", "PI", "NTK", "LLAMA3" or "YARN" '
+                        "(DYNAMIC_NTK has no formula in MindFormers' FreqsMgr)")
+
+    def _family_keys(self, mc: dict, where: str) -> None:
+        """MindFormers runs Qwen2 / Qwen2.5 as its LlamaForCausalLM with ``qkv_has_bias`` (and
+        InternLM with ``attn_proj_has_bias`` too, research/internlm): msllm's family is then
+        ``qwen2`` (q/k/v biases) or LLaMA with ``attention_bias`` (all four). A list
+        ``eos_token_id`` (Qwen2.5-Instruct: [151645, 151643]) keeps its first id in the model and the
+        whole list as generation's stop ids; ``temperature`` is a generation setting."""
+        out_bias = mc.pop("attn_proj_has_bias", None)
+        if out_bias and mc.get("qkv_has_bias"):
+            mc.pop("qkv_has_bias")
+            self.put(mc, "attention_bias", True, where, "qkv_has_bias + attn_proj_has_bias")
+        elif out_bias:
+            self.refuse(f"{where}.attn_proj_has_bias", out_bias, "a bias on the output projection alone is no "
+                        "family msllm has; with qkv_has_bias it is attention_bias")
+        elif out_bias is not None:
+            self.note(f"{where}.attn_proj_has_bias", "False: no output-projection bias")
+        if mc.get("qkv_has_bias") and "model_type" not in mc:
+            mc["model_type"] = "qwen2"
+        eos = mc.get("eos_token_id")
+        gen = self.data.get("generation_config")
+        if isinstance(eos, list) and eos:
+            mc["eos_token_id"] = eos[0]
+            gen = self.data.setdefault("generation_config", {}) if gen is None else gen
+            if isinstance(gen, dict):
+                gen.setdefault("eos_token_id", list(eos))
+        if "temperature" in mc and not _schema_has(f"{where}.temperature", self.schema):
+            gen = self.data.setdefault("generation_config", {}) if gen is None else gen
+            value = mc.pop("temperature")
+            if isinstance(gen, dict):
+                self.put(gen, "temperature", value, "generation_config", f"{where}.temperature")
 
     def _checkpoint_name(self, mc: dict, where: str) -> None:
         """checkpoint_name_or_path (run_mindformer.py update_checkpoint_config): in train/finetune

@@ -43,8 +43,9 @@ NO_EFFECT: dict[str, str] = {
     "eval_callbacks": "callbacks of MindFormers' evaluation (ObsMonitor); msllm logs its evaluation itself",
     "trainer": ("msllm has one trainer (causal language modelling); the model comes from "
                 "model.model_config"),
-    "processor": ("msllm takes the tokenizer from the SentencePiece model file given to the command "
-                  "(BOS/EOS/UNK ids from the file, padding = model_config.pad_token_id)"),
+    "processor": ("msllm takes the tokenizer given to the command (--tokenizer: a SentencePiece model file, or "
+                  "an HF directory / tokenizer.json for Qwen2Tokenizer or Llama3Tokenizer), not the YAML's "
+                  "processor; padding = model_config.pad_token_id"),
     "train_dataset_task": ("MindFormers replaces its dataset_config with train_dataset "
                            "(dataset/utils.py check_dataset_config); msllm reads train_dataset"),
     "eval_dataset_task": ("MindFormers replaces its dataset_config with eval_dataset "
@@ -78,13 +79,13 @@ NO_EFFECT: dict[str, str] = {
     "context.mempool_block_size": _SPEED,
     "context.ascend_config": "Ascend operator precision/tuning options; msllm sets none",
     # parallel
-    "parallel.enable_alltoall": "all-to-all communication is used by mixture-of-experts layers; LLaMA has none",
+    "parallel.enable_alltoall": ("MindSpore's all-to-all for expert parallelism; msllm's layouts imply it where "
+                                 "expert_parallel > 1 (Ascend)"),
     "parallel.parallel_optimizer_config": ("tuning of optimizer-state sharding (memory only); msllm shards "
                                            "by parallel.enable_parallel_optimizer / optimizer_shard"),
     "parallel.strategy_ckpt_config.only_trainable_params": "msllm's strategy files list every parameter",
     "parallel_config.mem_coeff": ("MindFormers' memory-balancing coefficient for its automatic pipeline "
                                   "stage split; msllm splits layers evenly"),
-    "parallel_config.expert_parallel": "expert parallelism is for mixture-of-experts layers; LLaMA has none",
     "recompute_config.select_comm_recompute": "selective recomputation of communication: memory only",
     # runner_wrapper
     "runner_wrapper.enable_check_overflow": ("msllm always checks the gradients for overflow and skips "
@@ -95,7 +96,6 @@ NO_EFFECT: dict[str, str] = {
                                       "runner_config.batch_size / generation_config.batch_size"),
     "model.model_config.offset": "pipeline layer offset; msllm assigns layers to pipeline stages evenly",
     "model.model_config.rotary_dtype": "msllm computes the rotary tables in float32",
-    "model.model_config.embedding_init_type": "msllm creates every parameter in param_init_type",
     "model.model_config.use_prompt_flash_attention": "Ascend inference kernel choice: speed only",
     "model.model_config.use_paged_attention": "Ascend paged-attention inference: speed/memory only",
     "model.model_config.block_size": "paged-attention block size (use_paged_attention only)",
@@ -114,6 +114,13 @@ NO_EFFECT: dict[str, str] = {
     "model.model_config.llm_backend": "MindFormers inference backend choice",
     "model.model_config.boost_model_type": "MindFormers inference backend choice",
     "model.model_config.pet_config.in_channels": "msllm takes the adapter shapes from the layers",
+    # read by no MindFormers LlamaConfig / LlamaForCausalLM (research/qwen2_5 YAMLs keep them
+    # "copied from Qwen"; dev branch fd4deebc)
+    "model.model_config.emb_dropout_prob": "MindFormers' LLaMA model never reads it (no embedding dropout)",
+    "model.model_config.rotary_pct": "MindFormers' LLaMA model never reads it (the whole head is rotated)",
+    "model.model_config.rotary_emb_base": "MindFormers' LLaMA model never reads it (its base is theta)",
+    "model.model_config.auto_map": ("MindFormers' custom tokenizer classes (research/*_tokenizer.py); msllm "
+                                    "reads the tokenizer given to the command (an HF directory's tokenizer.json)"),
     "model.model_config.pet_config.out_channels": "msllm takes the adapter shapes from the layers",
 }
 
@@ -130,6 +137,10 @@ NEUTRAL: dict[str, tuple[tuple, str, str]] = {
     "lr_schedule.warmup_lr_init": ((0, 0.0), "0: warmup starts from 0 as in msllm",
                                    "msllm's warmup starts from 0"),
     "model.model_config.quant": (("", None), "no quantization", "quantized models are not supported"),
+    "parallel_config.context_parallel": ((1, None), "1: no sequence split",
+                                         "context (sequence) parallelism is not implemented"),
+    "load_ckpt_format": (("ckpt", "safetensors", None), "msllm tells a checkpoint's format from its file",
+                         "msllm loads ckpt and safetensors checkpoints"),
     "model.model_config.quantization_config": ((None, {}), "no quantization",
                                                "quantized models are not supported"),
 }

@@ -46,14 +46,14 @@ def apply_layout(network, parallel_config, recompute_config=None,
     primitive or parameter raises AssertionError (the model and the table have drifted).
     """
     mc = network.config
-    dp, mp = parallel_config.data_parallel, parallel_config.model_parallel
+    dp, mp, ep = parallel_config.data_parallel, parallel_config.model_parallel, parallel_config.expert_parallel
     rules = op_rules(mc, parallel_config, stage_layers, network.kernels)
     for rule in rules:
         cell = _resolve(network, rule.path)
         prim = getattr(cell, rule.prim, None)
         if prim is None or not hasattr(prim, "shard"):
             raise AssertionError(f"layout rule {rule.name}: the network has no primitive there")
-        prim.shard(concrete(rule.in_strategy, dp, mp), concrete(rule.out_strategy, dp, mp))
+        prim.shard(concrete(rule.in_strategy, dp, mp, ep), concrete(rule.out_strategy, dp, mp, ep))
         for _, pname in rule.params:
             param = getattr(cell, pname.rsplit(".", 1)[1], None)
             if param is None or param.name != pname:
@@ -112,3 +112,28 @@ def _select_recompute_prims(layer) -> Iterable:
 
 
 __all__ = ["SELECT_RECOMPUTE", "apply_layout", "apply_recompute"]
+
+
+def apply_data_parallel_moe(network, world_size: int) -> bool:
+    """Data parallel over ``world_size`` > 1 processes (msllm's own gradient all-reduce): give a
+    mixture-of-experts ``network`` a router-count all-reduce so that its load-balancing loss counts
+    the global batch's routing (``LlamaForCausalLM.set_router_count_reducer``): the mean of the
+    ranks' losses and gradients is then exactly one process's on the whole batch. Under operator
+    sharding MindSpore's own reduction over the split batch axis does the same. Returns True when
+    applied (a dense network, or one process, is left alone)."""
+    if world_size <= 1 or not getattr(network, "moe_layers", 0):
+        return False
+    from mindspore import nn, ops
+
+    class SumOverRanks(nn.Cell):
+        """(E,) float32 -> its sum over the world group (AllReduce sum: works on CPU too)."""
+
+        def __init__(self):
+            super().__init__()
+            self.all_reduce = ops.AllReduce()
+
+        def construct(self, x):
+            return self.all_reduce(x)
+
+    network.set_router_count_reducer(SumOverRanks(), world_size)
+    return True

@@ -61,6 +61,30 @@ def layer_stages(num_layers: int, pipeline_stage: int,
     return out
 
 
+def _check_experts(mc, pc) -> None:
+    """Mixture-of-experts rules: expert_parallel only with experts and dividing expert_num; each
+    expert's and the shared expert's width divisible by model_parallel; no pipeline stages (the
+    load-balancing loss sums router statistics over every layer, which a pipeline would cut)."""
+    moe, ep, mp = mc.moe_config, pc.expert_parallel, pc.model_parallel
+    if moe is None:
+        if ep > 1:
+            raise MsllmError(f"parallel_config.expert_parallel={ep} without model.model_config.moe_config: "
+                             "a dense model has no experts to split")
+        return
+    if moe.expert_num % ep:
+        raise MsllmError(f"model.model_config.moe_config.expert_num={moe.expert_num} is not divisible by "
+                         f"parallel_config.expert_parallel={ep}: each expert-parallel rank holds expert_num / ep")
+    for key, width in (("moe_intermediate_size (each expert's width)", mc.expert_size),
+                       ("shared_expert_intermediate_size", moe.shared_expert_intermediate_size)):
+        if width % mp:
+            raise MsllmError(f"model.model_config.moe_config.{key}={width} is not divisible by "
+                             f"parallel_config.model_parallel={mp}")
+    if pc.pipeline_stage > 1:
+        raise MsllmError(f"model.model_config.moe_config with parallel_config.pipeline_stage={pc.pipeline_stage}: "
+                         "pipeline-parallel mixture of experts is not implemented (the load-balancing loss pools "
+                         "the router statistics of every layer); use data, expert and model parallel")
+
+
 def validate_layout(model_config, parallel_config, device_num: Optional[int] = None,
                     global_batch_size: Optional[int] = None,
                     stage_layers: Optional[Sequence[int]] = None) -> list[int]:
@@ -83,10 +107,7 @@ def validate_layout(model_config, parallel_config, device_num: Optional[int] = N
     pc, mc = parallel_config, model_config
     pc.validate("parallel_config")
     mp = pc.model_parallel
-    if mc.moe_config is not None and (mp > 1 or pc.pipeline_stage > 1):
-        raise MsllmError(f"model.model_config.moe_config with parallel_config.model_parallel={mp} and "
-                         f"pipeline_stage={pc.pipeline_stage}: mixture-of-experts layouts other than data "
-                         f"parallel (expert_parallel, tensor and pipeline parallel MoE) are not implemented yet")
+    _check_experts(mc, pc)
     if mc.num_heads % mp:
         raise MsllmError(f"model.model_config.num_heads={mc.num_heads} is not divisible by "
                          f"parallel_config.model_parallel={mp}: attention is split by heads")

@@ -16,10 +16,17 @@ expressed as MindSpore operator strategies the way MindFormers does it for LLaMA
 * embedding and output head: vocab-parallel (table/weight split on V by mp) when
   ``vocab_emb_dp`` is False, else replicated with the lookup/head data-parallel;
 * pipeline: embedding on stage 0, decoder layers per :func:`msllm.parallel.layout_checks.layer_stages`,
-  final norm, head and loss on the last stage (:func:`cell_stages`).
+  final norm, head and loss on the last stage (:func:`cell_stages`);
+* mixture of experts (GShard, Lepikhin et al. 2020; MindFormers' ``expert_parallel``): the
+  experts' fused weights (E, 2I, C) / (E, C, I) split on E by ``expert_parallel`` (ep) and
+  within each expert column / row parallel by mp; the (E, M, C) token buffers split (ep, dp/ep),
+  so MindSpore moves each token to its expert's ranks (all-to-all) between the router's
+  data-parallel layout and the experts'. The router and Qwen2-MoE's shared-expert gate are
+  replicated, the shared expert is an ordinary column / row parallel MLP.
 
 One source of truth: :func:`op_rules` lists, for a model config and layout, every primitive to
-shard with a *symbolic* strategy (axis names ``"dp"``, ``"mp"``, ``"dpmp"`` = both, ``None`` = 1)
+shard with a *symbolic* strategy (axis names ``"dp"``, ``"mp"``, ``"dpmp"`` = both, ``"ep"``,
+``"dp/ep"`` (the data-parallel ranks of one expert group), ``None`` = 1)
 and the parameters each op consumes. :func:`msllm.parallel.apply.apply_layout` turns the symbols
 into numbers (:func:`concrete`) and calls ``.shard()``;
 :func:`msllm.parallel.param_layout.param_layouts` turns the same symbols of the parameter inputs
@@ -35,7 +42,7 @@ from typing import Optional, Sequence
 from msllm.kernels import select
 from msllm.parallel.layout_checks import layer_stages
 
-Sym = Optional[str]          # "dp", "mp", "dpmp" or None (= not split)
+Sym = Optional[str]          # "dp", "mp", "dpmp", "ep", "dp/ep" or None (= not split)
 SymStrategy = tuple[tuple[Sym, ...], ...]
 
 
@@ -62,12 +69,12 @@ class OpRule:
         return f"{self.path}.{self.prim}" if self.path else self.prim
 
 
-def concrete(strategy: Optional[SymStrategy], dp: int, mp: int):
+def concrete(strategy: Optional[SymStrategy], dp: int, mp: int, ep: int = 1):
     """Symbolic strategy -> MindSpore strategy tuple: ``"dp"`` -> dp, ``"mp"`` -> mp,
-    ``"dpmp"`` -> dp*mp, ``None`` -> 1; ``None`` stays ``None``."""
+    ``"dpmp"`` -> dp*mp, ``"ep"`` -> ep, ``"dp/ep"`` -> dp/ep, ``None`` -> 1; ``None`` stays ``None``."""
     if strategy is None:
         return None
-    size = {"dp": dp, "mp": mp, "dpmp": dp * mp, None: 1}
+    size = {"dp": dp, "mp": mp, "dpmp": dp * mp, "ep": ep, "dp/ep": dp // ep, None: 1}
     return tuple(tuple(size[s] for s in dims) for dims in strategy)
 
 
@@ -108,15 +115,20 @@ def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False, of
 
 
 def _moe(path: str, mc, stage: int) -> list[OpRule]:
-    """A mixture-of-experts MLP (:mod:`msllm.models.llama.moe`), data parallel only: tokens split
-    by dp, the router and every expert whole on each rank (expert and tensor parallel MoE layouts
-    are refused by :func:`msllm.parallel.layout_checks.validate_layout`)."""
-    tokens3: tuple[Sym, ...] = (None, "dp", None)                            # (E, N, C) / (E, N, I)
-    whole3: tuple[Sym, ...] = (None, None, None)                             # (E, 2I, C) / (E, C, I)
+    """A mixture-of-experts MLP (:mod:`msllm.models.llama.moe`): the router replicated on
+    data-parallel tokens; the experts split on E by ep and inside by mp, their (E, M, C) token
+    buffers on E by ep and on M by the dp/ep ranks of the expert group (module docstring)."""
+    ex = f"{path}.experts"
+    buf: tuple[Sym, ...] = ("ep", "dp/ep", None)                              # (E, M, C)
+    act: tuple[Sym, ...] = ("ep", "dp/ep", "mp")                              # (E, M, 2I) / (E, M, I)
     rules = _linear(f"{path}.gate", (None, None), stage) + [
-        OpRule(f"{path}.experts", "bmm_gate_up", (tokens3, whole3), stage,
-               params=((1, f"{path}.experts.gate_up_proj"),)),
-        OpRule(f"{path}.experts", "bmm_down", (tokens3, whole3), stage, params=((1, f"{path}.experts.down_proj"),)),
+        # (E, M, C) x (E, 2I, C)^T: column parallel inside each expert
+        OpRule(ex, "bmm_gate_up", (buf, ("ep", "mp", None)), stage, params=((1, f"{ex}.gate_up_proj"),)),
+        OpRule(ex, "sigmoid", (act,), stage),
+        OpRule(ex, "mul_silu", (act, act), stage),
+        OpRule(ex, "mul", (act, act), stage),
+        # (E, M, I) x (E, C, I)^T: row parallel, partial sums over mp
+        OpRule(ex, "bmm_down", (act, ("ep", None, "mp")), stage, params=((1, f"{ex}.down_proj"),)),
     ]
     if mc.moe_config.shared_expert_intermediate_size:
         shared = f"{path}.shared_expert"

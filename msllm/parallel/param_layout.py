@@ -42,9 +42,10 @@ DEFAULT_OPT_THRESHOLD_KB = 64
 class ParamLayout(NamedTuple):
     """Where one parameter lives. The first four fields are the layout proper.
 
-    dev_matrix: per-stage device matrix ``(dp, mp)``.
-    tensor_map: per tensor axis, the device-matrix axis counted from the right (0 = mp, 1 = dp)
-        that splits it, -1 = not split.
+    dev_matrix: per-stage device matrix ``(dp, mp)``; experts' weights ``(ep, dp/ep, mp)``
+        (the same ranks, the dp axis factored).
+    tensor_map: per tensor axis, the device-matrix axis counted from the right (0 = mp, 1 = dp;
+        experts: 0 = mp, 1 = dp/ep, 2 = ep) that splits it, -1 = not split.
     full_shape: the unsharded shape.
     stage: pipeline stage holding it (its ranks are ``stage*dp*mp .. (stage+1)*dp*mp - 1``).
     opt_shard_size / opt_shard_step: parallel-optimizer split of axis 0 (0 = none), MindSpore's
@@ -84,10 +85,26 @@ class ParamLayout(NamedTuple):
 
 
 _SYM_TO_AXIS = {"mp": 0, "dp": 1, None: -1}
+# experts' weights: device matrix (ep, dp/ep, mp), the same ranks (rank = d * mp + m with
+# d = e * dp/ep + r): an expert group is dp/ep consecutive data-parallel indices
+_EXPERT_SYM_TO_AXIS = {"mp": 0, "dp/ep": 1, "ep": 2, None: -1}
 
 
 def _tensor_map(sym: tuple[Sym, ...]) -> tuple[int, ...]:
     return tuple(_SYM_TO_AXIS[s] for s in sym)
+
+
+def _expert_split(sym: tuple[Sym, ...]) -> bool:
+    return "ep" in sym
+
+
+def _layout_of(sym: tuple[Sym, ...], parallel_config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(device matrix, tensor map) of a parameter consumed with the symbolic split ``sym``."""
+    pc = parallel_config
+    if _expert_split(sym):
+        ep = pc.expert_parallel
+        return (ep, pc.data_parallel // ep, pc.model_parallel), tuple(_EXPERT_SYM_TO_AXIS[s] for s in sym)
+    return (pc.data_parallel, pc.model_parallel), _tensor_map(sym)
 
 
 def _opt_group(dev_matrix: Sequence[int], tensor_map: Sequence[int]) -> list[int]:
@@ -142,11 +159,10 @@ def layouts_from_rules(rules: Iterable[OpRule], shapes: dict, parallel_config, d
     implementation behind :func:`param_layouts` (and layouts of added parameters, e.g. LoRA
     adapters)."""
     pc = parallel_config
-    dev = (pc.data_parallel, pc.model_parallel)
     out: dict[str, ParamLayout] = {}
     for rule in rules:
         for idx, name in rule.params:
-            tmap = _tensor_map(rule.in_strategy[idx])
+            dev, tmap = _layout_of(rule.in_strategy[idx], pc)
             shape = shapes[name]
             size = step = 0
             if pc.optimizer_shard and opt_shardable(name):

@@ -55,6 +55,15 @@ Terms (bytes on the most loaded rank of each pipeline stage):
   eq. 4's ``2sbh``), plus one layer's activations while that layer is recomputed; selective
   recomputation drops the attention core ``a s N (m+c)/t`` (Korthikanti sec. 5) and the three
   recomputable SwiGLU tensors ``3 e N f/t``.
+* **mixture-of-experts layers** (:mod:`msllm.models.llama.moe`) keep, instead of the SwiGLU
+  MLP's ``5 e N f / t``: the router's fp32 probabilities and combine weights ``2 * 4 N E``, and
+  for the R rows the experts run on one rank: the gathered input ``e R h``, ``5 e R I / t``
+  (I = each expert's width) and the outputs ``e R h`` that the combine weights multiply, plus a
+  shared expert's ``5 e N S / t``. R = E N for the dropless dense-over-experts dispatch (every
+  expert on every token; with expert_parallel the rank runs E / ep experts on the ep ranks'
+  tokens: the same E N), R = E x capacity for the capacity dispatch (``capacity_factor`` > 0,
+  training). Full recomputation keeps the layer input only, as for a dense layer; selective
+  recomputation drops the three recomputable SwiGLU tensors of every expert.
 * **pipeline**: under 1F1B (Narayanan et al. 2021, sec. 2.2.1) stage i holds
   ``min(p - i, micro_batch_num)`` micro batches in flight, so stage 0 holds p micro batches of
   its L/p layers: ``L * per_layer`` as without pipelining (Korthikanti sec. 4.2.3).
@@ -114,10 +123,12 @@ def recompute_mode(recompute_config) -> str:
 
 
 def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_parallel: bool = False,
-                           recompute: str = "none", flash_attention: bool = False) -> dict[str, float]:
+                           recompute: str = "none", flash_attention: bool = False,
+                           moe_layer: bool = False) -> dict[str, float]:
     """Activation bytes one decoder layer keeps for backward, for one micro batch (module docstring).
 
     ``flash_attention``: the attention core is FlashAttentionScore (no (B, H, T, T) scores kept).
+    ``moe_layer``: the layer's MLP is the mixture of experts (module docstring).
 
     Returns ``{"stored": bytes kept per layer, "full": bytes of the layer without recompute}``.
     """
@@ -136,11 +147,24 @@ def layer_activation_bytes(model_config, micro_batch: int, tp: int = 1, seq_para
         attn_split += tokens * (mc.q_size + mc.kv_size) * (n + e) / tp
     scores = (64 * a * tokens if flash_attention else a * s * tokens * (m + c)) / tp
     mlp_split = (4 if mc.hidden_act == "gelu_pytorch_tanh" else 5) * e * tokens * f / tp
+    recomputable = 3 * e * tokens * f / tp
+    if moe_layer:
+        moe = mc.moe_config
+        rows = tokens * moe.expert_num
+        if moe.capacity_factor:
+            from msllm.models.llama.moe import expert_capacity
+
+            rows = moe.expert_num * expert_capacity(tokens, moe.num_experts_chosen, moe.capacity_factor,
+                                                    moe.expert_num)
+        shared = moe.shared_expert_intermediate_size
+        mlp_split = (8 * tokens * moe.expert_num + 2 * e * rows * h + 5 * e * rows * mc.expert_size / tp
+                     + 5 * e * tokens * shared / tp)
+        recomputable = 3 * e * (rows * mc.expert_size + tokens * shared) / tp
     full = replicated + attn_split + scores + mlp_split
     if recompute == "full":
         stored = e * tokens * h / tsp
     elif recompute == "select":
-        stored = full - scores - 3 * e * tokens * f / tp
+        stored = full - scores - recomputable
     elif recompute == "none":
         stored = full
     else:
@@ -187,6 +211,12 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
     acts = layers * per_layer["stored"] * in_flight
     if recompute == "full":
         acts += per_layer["full"]                             # the layer being recomputed
+    moe_layers = sum(mc.is_moe_layer(i) for i in range(mc.num_layers)) if mc.moe_config is not None else 0
+    if moe_layers:   # experts: no pipeline (validate_layout), so this stage holds every layer
+        sparse = layer_activation_bytes(mc, micro_batch, tp, sp, recompute, flash, moe_layer=True)
+        acts += moe_layers * (sparse["stored"] - per_layer["stored"])
+        if recompute == "full":
+            acts += max(0.0, sparse["full"] - per_layer["full"])
     tokens = mc.seq_length * micro_batch
     extra = 0.0
     if stage == pc.pipeline_stage - 1:

@@ -41,12 +41,12 @@ SUMMARY_NAME = "layout_summary.yaml"
 def stage_strategy(model_config, parallel_config, stage: int, layouts: dict[str, ParamLayout],
                    stage_layers: Optional[Sequence[int]] = None) -> dict:
     """The JSON strategy map of any rank of pipeline stage ``stage``."""
-    dp, mp = parallel_config.data_parallel, parallel_config.model_parallel
+    dp, mp, ep = parallel_config.data_parallel, parallel_config.model_parallel, parallel_config.expert_parallel
     items = {}
     for rule in op_rules(model_config, parallel_config, stage_layers):
         if rule.stage == stage:
             items[rule.name] = {"stage": stage,
-                                "parallel_strategy": [list(s) for s in concrete(rule.in_strategy, dp, mp)]}
+                                "parallel_strategy": [list(s) for s in concrete(rule.in_strategy, dp, mp, ep)]}
     layout_items = {}
     for name, lay in layouts.items():
         if lay.stage != stage:

@@ -20,7 +20,7 @@ import numpy as np
 from msllm.errors import MsllmError
 from msllm.training import checkpoint as ckpt
 from msllm.training.control import StopSignal, start_profiler, stop_profiler, target_count
-from msllm.training.monitor import LossMonitor, StepRecord
+from msllm.training.monitor import LossMonitor, StepRecord, router_summary
 from msllm.training.setup import TrainRun
 
 log = logging.getLogger("msllm")
@@ -137,7 +137,7 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
                         profiler.start()
                     t0 = time.perf_counter()
                     in_step = True
-                    loss, overflow, scale, grad_norm = step_cell(input_ids, labels)
+                    loss, overflow, scale, grad_norm, *router = step_cell(input_ids, labels)
                     loss_v = float(loss.asnumpy())  # synchronises: the time includes the whole step
                     in_step = False
                     seconds = time.perf_counter() - t0
@@ -149,7 +149,8 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
                     stop_votes, n_targets, n_positions = run.agree.sums([float(bool(stop.signum)), *targets])
                     monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),
                                            overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
-                                           data_seconds=t0 - t_data, head_fraction=n_targets / n_positions))
+                                           data_seconds=t0 - t_data, head_fraction=n_targets / n_positions,
+                                           moe=router_summary(router[0].asnumpy()) if router else None))
                     if tb is not None:
                         tb.log_step(monitor.records[-1], monitor.throughput.tgs(seconds))
                     lr_index += 0 if overflow_v else 1

@@ -7,6 +7,10 @@ throughput appended::
     overflow cond: False, loss_scale: 65536.0, grad_norm: 0.930, tgs: 1260.5 tokens/s/device,
     TFLOPs: 0.039, MFU: 5.30%, HFU: 4.12%
 
+and, with experts, ``, aux_loss: 0.02512, dropped: 3.12%, expert share min/max: 21.0%/29.5%``
+(the load-balancing loss, the token choices the capacity dropped, the experts' shares of the
+choices; with data parallel the shares and the balancing counts are the global batch's).
+
 MFU counts model FLOPs (PaLM's 6N + 12LHDT), HFU the FLOPs the step executes
 (:class:`msllm.training.throughput.Throughput`).
 
@@ -39,6 +43,17 @@ class StepRecord:
     grad_norm: float
     data_seconds: float = 0.0  # time spent waiting for the batch before the step
     head_fraction: float = 1.0  # share of positions the output head ran at (compact loss: targets)
+    # mixture of experts: (load-balancing loss, fraction of token choices dropped by the capacity,
+    # smallest and largest expert share of the token choices), from the model's router stats
+    moe: tuple | None = None
+
+
+def router_summary(stats) -> tuple:
+    """A mixture of experts' router stats (E + 2,) (``[aux loss, dropped fraction, each expert's
+    share]``, :class:`msllm.models.llama.model.LlamaForCausalLM`) -> (aux loss, dropped fraction,
+    smallest share, largest share) floats for :class:`StepRecord`."""
+    shares = [float(x) for x in stats[2:]]
+    return float(stats[0]), float(stats[1]), min(shares), max(shares)
 
 
 @dataclass
@@ -72,7 +87,9 @@ class LossMonitor:
                 f"loss:[{r.loss:.3f}/{avg:.3f}], time:{r.seconds * 1000:.3f} ms, lr:[{r.lr:.4e}], "
                 f"overflow cond: {r.overflow}, loss_scale: {r.loss_scale}, grad_norm: {r.grad_norm:.3f}, "
                 f"tgs: {self.throughput.tgs(r.seconds):.1f} tokens/s/device, "
-                f"TFLOPs: {self.throughput.tflops(r.seconds):.4f}, {self._util_text(r.seconds, r.head_fraction)}")
+                f"TFLOPs: {self.throughput.tflops(r.seconds):.4f}, {self._util_text(r.seconds, r.head_fraction)}"
+                + (f", aux_loss: {r.moe[0]:.5f}, dropped: {r.moe[1] * 100:.2f}%, "
+                   f"expert share min/max: {r.moe[2] * 100:.1f}%/{r.moe[3] * 100:.1f}%" if r.moe else ""))
 
     def add(self, r: StepRecord) -> None:
         self.records.append(r)
@@ -106,6 +123,9 @@ class LossMonitor:
                                 / max(1e-12, sum(r.data_seconds + r.seconds for r in self.records[1:])))
             if len(self.records) > 1 else 0.0,
             "losses": losses,
+            **({"aux_losses": [r.moe[0] for r in self.records], "dropped_fractions": [r.moe[1] for r in self.records],
+                "expert_share_min_max": [[r.moe[2], r.moe[3]] for r in self.records]}
+               if self.records and self.records[0].moe else {}),
         }
 
     def write(self, path: str, extra: dict | None = None) -> dict:

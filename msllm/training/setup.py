@@ -136,6 +136,43 @@ class TrainRun:
     sharded: bool
 
 
+def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
+    """The training network of ``cfg`` on this rank: (``LlamaForCausalLM``, ``LoraTraining`` or None).
+
+    LoRA adapters (the frozen base loaded from ``load_checkpoint`` by ``LoraTraining``); with
+    ``sharded`` the layout's shard strategies, stages and recompute (Ascend only), else recompute
+    and, for experts under data parallel, the global-batch router counts
+    (:func:`msllm.parallel.apply.apply_data_parallel_moe`); experts return their router stats
+    for the log."""
+    from msllm.models.llama.model import LlamaForCausalLM
+
+    mc = cfg.model_config
+    network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
+    lora = None
+    if mc.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
+        from msllm.lora.training import LoraTraining
+
+        lora = LoraTraining(network, cfg, rt.rank)
+    if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
+        from msllm.parallel.apply import apply_layout
+
+        apply_layout(network, cfg.parallel_config, cfg.recompute_config)
+        if lora is not None:
+            lora.shard(cfg.parallel_config)
+    else:
+        from msllm.parallel.apply import apply_data_parallel_moe, apply_recompute
+
+        if apply_data_parallel_moe(network, rt.world_size):
+            log.info("mixture of experts: the load-balancing loss counts the routing of all %d data-parallel "
+                     "ranks' tokens (global batch)", rt.world_size)
+        if apply_recompute(network, cfg.recompute_config):
+            log.info("recompute: %s activations of %d layers are recomputed in the backward pass",
+                     "all" if cfg.recompute_config.recompute else "attention-core and SwiGLU",
+                     mc.num_layers)
+    network.return_router_stats(True)   # experts: aux loss, dropped share, expert shares in the log
+    return network, lora
+
+
 def prepare(cfg: RunConfig) -> TrainRun:
     """Join the process group, then build data, network, optimizer and train step per ``cfg``.
 
@@ -146,7 +183,6 @@ def prepare(cfg: RunConfig) -> TrainRun:
     """
     from msllm.data.dataset import build_train_data
     from msllm.data.mindrecord import read_mindrecord_meta
-    from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.sources import adopt_hf_model_config, check_data_tokenizer
 
     rt = setup_runtime(cfg)
@@ -180,25 +216,7 @@ def prepare(cfg: RunConfig) -> TrainRun:
     log.info("data: %s, %d samples, %d steps per epoch on this rank, %d steps in %d epoch(s)",
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
-    network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
-    lora = None
-    if mc.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
-        from msllm.lora.training import LoraTraining
-
-        lora = LoraTraining(network, cfg, rt.rank)
-    if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
-        from msllm.parallel.apply import apply_layout
-
-        apply_layout(network, cfg.parallel_config, cfg.recompute_config)
-        if lora is not None:
-            lora.shard(cfg.parallel_config)
-    else:
-        from msllm.parallel.apply import apply_recompute
-
-        if apply_recompute(network, cfg.recompute_config):
-            log.info("recompute: %s activations of %d layers are recomputed in the backward pass",
-                     "all" if cfg.recompute_config.recompute else "attention-core and SwiGLU",
-                     mc.num_layers)
+    network, lora = build_network(cfg, rt, sharded)
     n_params = sum(p.size for p in network.get_parameters())
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
              n_params / 1e6, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.ffn_size,

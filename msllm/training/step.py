@@ -11,6 +11,7 @@ on every device.
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 
@@ -35,7 +36,9 @@ class TrainStep(nn.Cell):
 
     ``construct(input_ids, labels)`` returns ``(loss, overflow, loss_scale, grad_norm)``:
     fp32 scalar mean loss, bool scalar, fp32 scalar scale used this step, fp32 scalar norm of
-    the gradients before clipping.
+    the gradients before clipping; plus ``stats`` (S,) fp32 (averaged over micro batches) when the
+    network returns ``(loss, stats)`` (``network.n_router_stats`` = S > 0: a mixture of experts'
+    router statistics, :meth:`msllm.models.llama.model.LlamaForCausalLM.return_router_stats`).
     """
 
     def __init__(self, network, optimizer, loss_scale: str = "dynamic", scale_sense: float = 65536.0,
@@ -56,28 +59,39 @@ class TrainStep(nn.Cell):
         self.scale_update = (nn.DynamicLossScaleUpdateCell(scale_sense, scale_factor, scale_window)
                              if self.dynamic else None)
         self.grad_reducer = grad_reducer
+        self.n_stats = int(getattr(network, "n_router_stats", 0))
+        # the stats carry no gradient: their sensitivity is zero
+        self.zero_stats = Tensor(np.zeros(max(self.n_stats, 1), np.float32))
         self.hyper_map = ops.HyperMap()
         self.reduce_sum = ops.ReduceSum()
 
+    def _loss_and_grads(self, ids, lab, sens):
+        """(loss, stats or None, gradients) of one (micro) batch."""
+        if self.n_stats:
+            loss, stats = self.network(ids, lab)
+            return loss, stats, self.grad(self.network, self.weights)(ids, lab, (sens, self.zero_stats))
+        return self.network(ids, lab), None, self.grad(self.network, self.weights)(ids, lab, sens)
+
     def _grads(self, input_ids, labels, sens):
         if self.accum_steps == 1:
-            loss = self.network(input_ids, labels)
-            return loss, self.grad(self.network, self.weights)(input_ids, labels, sens)
+            return self._loss_and_grads(input_ids, labels, sens)
         micro = input_ids.shape[0] // self.accum_steps
-        total_loss = None
-        total = None
+        total_loss = total_stats = total = None
         for i in range(self.accum_steps):                                 # unrolled at compile time
             ids = input_ids[i * micro:(i + 1) * micro]
             lab = labels[i * micro:(i + 1) * micro]
-            loss = self.network(ids, lab)
-            grads = self.grad(self.network, self.weights)(ids, lab, sens)
+            loss, stats, grads = self._loss_and_grads(ids, lab, sens)
             if total is None:
-                total, total_loss = grads, loss
+                total, total_loss, total_stats = grads, loss, stats
             else:
                 total = self.hyper_map(ops.add, total, grads)
                 total_loss = total_loss + loss
+                if self.n_stats:
+                    total_stats = total_stats + stats
         inv = 1.0 / self.accum_steps
-        return total_loss * inv, tuple([g * inv for g in total])
+        if self.n_stats:
+            total_stats = total_stats * inv
+        return total_loss * inv, total_stats, tuple([g * inv for g in total])
 
     def _sum_of_squares(self, g):
         """sum(g^2) in fp32 as a scalar. Reduces the last axis first, then the rest: MindSpore's
@@ -91,7 +105,7 @@ class TrainStep(nn.Cell):
 
     def construct(self, input_ids, labels):
         scale = self.loss_scale * 1.0
-        loss, grads = self._grads(input_ids, labels, ops.cast(scale, ms.float32))
+        loss, stats, grads = self._grads(input_ids, labels, ops.cast(scale, ms.float32))
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
         inv_scale = 1.0 / scale
@@ -115,4 +129,6 @@ class TrainStep(nn.Cell):
             grads = tuple([g * ops.cast(coef, g.dtype) for g in grads])
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
+        if self.n_stats:
+            return loss, overflow, scale, grad_norm, stats
         return loss, overflow, scale, grad_norm

@@ -294,8 +294,10 @@ class Throughput:
         attention_executed_factor: executed / model attention FLOPs (1.0: the composed T x T path).
         recompute_flops_per_token: FLOPs of the forward pass run again by recompute.
         idle_expert_flops_per_token: FLOPs of the routed experts a token did not choose that the
-            step runs anyway (msllm's first MoE dispatch is dense over the experts,
-            :mod:`msllm.models.llama.moe`): 6 x the idle expert parameters; in HFU, not in MFU.
+            step runs anyway (the dropless dispatch is dense over the experts,
+            :mod:`msllm.models.llama.moe`): 6 x the idle expert parameters; with a capacity factor
+            the buffer's E x capacity rows minus the k routed ones per token (negative when
+            choices are dropped); in HFU, not in MFU.
     """
 
     tokens_per_step: int
@@ -387,8 +389,21 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
         # the decoder layers' forward again: 2 x their matmul weights + the attention forward
         body = mc.matmul_params() - mc.vocab_size * mc.hidden_size
         recompute = 2.0 * body + attention / 3.0 * factor
+    idle = 6.0 * mc.idle_expert_params()
+    moe = mc.moe_config
+    if moe is not None and moe.capacity_factor:
+        # the capacity dispatch runs E x capacity rows for the micro batch's N tokens, not E x N
+        # (negative when it drops choices: fewer rows than the k N the model count has)
+        from msllm.models.llama.moe import expert_capacity
+
+        n = rc.batch_size * t
+        rows_per_token = moe.expert_num * expert_capacity(n, moe.num_experts_chosen, moe.capacity_factor,
+                                                          moe.expert_num) / n
+        per_expert = 6.0 * 3 * mc.expert_size * mc.hidden_size
+        layers = sum(mc.is_moe_layer(i) for i in range(mc.num_layers))
+        idle = per_expert * layers * (rows_per_token - moe.num_experts_chosen)
     return Throughput(tokens, flops, peak_tflops, pc.model_parallel * pc.pipeline_stage, head, attention, factor,
-                      recompute, 6.0 * mc.idle_expert_params())
+                      recompute, idle)
 
 
 __all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",

@@ -299,7 +299,6 @@ REFUSED = [
     ({"model": {"model_config": {"type": "GPT2Config"}}}, "model.model_config.type"),
     ({"model": {"model_config": {"extend_method": "YaRN"}}}, "model.model_config.extend_method"),
     ({"model": {"model_config": {"pet_config": {"pet_type": "prefixtuning"}}}}, "pet_type"),
-    ({"moe_config": {"expert_num": 8}}, "moe_config.expert_num"),
     ({"runner_wrapper": {"type": "MyWrapper"}}, "runner_wrapper.type"),
     ({"runner_wrapper": {"scale_sense": {"type": "DynamicLossScaleUpdateCell"}}}, "loss_scale_value"),
     ({"lr_schedule": {"warmup_epochs": 2}}, "lr_schedule.warmup_epochs"),

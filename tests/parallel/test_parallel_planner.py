@@ -165,3 +165,33 @@ def test_family_switches_in_the_activation_and_parameter_terms():
     cfg.model.model_config = fam
     assert plan(cfg)["stages"][0]["weights"] + plan(cfg)["stages"][0]["optimizer_states"] + \
         plan(cfg)["stages"][0]["gradients"] == 16 * fam.num_params()
+
+
+def test_experts_in_the_weight_and_activation_terms():
+    """Mixture of experts: with expert_parallel 2 each rank stores half of the experts (weights,
+    gradients, AdamW moments: 16 bytes per stored fp32 parameter); a sparse layer's activations,
+    counted by hand, replace the dense MLP's five f-wide tensors by the router's fp32
+    probabilities and weights, and the experts' rows: E x N dropless, E x capacity with a
+    capacity factor (training)."""
+    from msllm.models.llama.config import MoeConfig
+
+    moe = MoeConfig(expert_num=4, num_experts_chosen=2, moe_intermediate_size=40)
+    mc = LlamaConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=96,
+                     seq_length=32, model_type="mixtral", moe_config=moe)
+    experts = mc.num_layers * 4 * 3 * 40 * 64
+    terms = plan(cfg_for(mc, data_parallel=2, expert_parallel=2))["stages"][0]
+    assert terms["weights"] + terms["gradients"] + terms["optimizer_states"] == 16 * (mc.num_params() - experts // 2)
+    n_tok, e, h = 32 * 2, 4, 64
+    dense = layer_activation_bytes(mc, 2)["stored"]
+    sparse = layer_activation_bytes(mc, 2, moe_layer=True)["stored"]
+    rows = 4 * n_tok
+    assert sparse - dense == 8 * n_tok * 4 + 2 * e * rows * h + 5 * e * rows * 40 - 5 * e * n_tok * 96
+    capped = LlamaConfig(**{**mc.__dict__, "moe_config": MoeConfig(expert_num=4, num_experts_chosen=2,
+                                                                    moe_intermediate_size=40, capacity_factor=1.0)})
+    rows_c = 4 * 32      # capacity ceil(2 * 64 * 1.0 / 4) = 32 rows per expert
+    assert layer_activation_bytes(capped, 2, moe_layer=True)["stored"] - sparse == \
+        (rows_c - rows) * (2 * e * h + 5 * e * 40)
+    # every layer is sparse here: the plan's activations are two sparse layers
+    run = cfg_for(mc)
+    run.runner_config.batch_size = 2
+    assert plan(run)["stages"][0]["activations"] == pytest.approx(2 * sparse)

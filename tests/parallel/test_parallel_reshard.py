@@ -267,3 +267,37 @@ def test_family_switches_reshard_bit_exactly(tmp_path):
     assert_rank_slices(tmp_path / "PP", full, mc, dmp)
     out = transform_checkpoints(str(tmp_path / "PP"), str(tmp_path / "PP_back"), str(tmp_path / "strategy_pp"), None)
     assert_equal_full(out[0], full)
+
+
+def test_expert_parallel_layout_reshards_bit_exactly(tmp_path):
+    """Mixture of experts with expert_parallel 2 inside data_parallel 2, and model_parallel 2 (4
+    ranks, MindFormers' convention: ep divides dp): the fused experts split on E by ep (each expert
+    group holds half of them) and inside by mp (gate/up rows, down columns), the router replicated,
+    Qwen2-MoE's shared expert column / row parallel. full -> dp 2 x ep 2 x mp 2 (optimizer shard)
+    -> dp 2 x mp 2 (every expert on every rank) -> full through MindSpore's transform_checkpoints,
+    every rank's slice as param_layouts predicts."""
+    from msllm.models.llama.config import MoeConfig
+
+    mc = preset("tiny", num_layers=2, n_kv_heads=4, model_type="qwen2_moe", qkv_has_bias=True,
+                moe_config=MoeConfig(expert_num=4, num_experts_chosen=2, moe_intermediate_size=64,
+                                     shared_expert_intermediate_size=96, norm_topk_prob=False))
+    ep = ParallelLayoutConfig(data_parallel=2, model_parallel=2, expert_parallel=2, optimizer_shard=True)
+    full = save_full_train_checkpoint(mc, str(tmp_path / "full" / "rank_0" / "full.ckpt"), 5)
+    lays = param_layouts(mc, ep)
+    gu, down = lays["model.layers.0.mlp.experts.gate_up_proj"], lays["model.layers.0.mlp.experts.down_proj"]
+    assert gu.dev_matrix == (2, 1, 2) and gu.tensor_map == (2, 0, -1) and down.tensor_map == (2, -1, 0)
+    assert gu.slice_shape == (2, 64, 128) and gu.opt_shard_size == 0   # E / ep experts, 2I / mp rows (no replica)
+    # ranks 0, 1 (data-parallel index 0) hold experts 0-1, ranks 2, 3 experts 2-3; mp splits the rows
+    w = full["model.layers.0.mlp.experts.gate_up_proj"]
+    np.testing.assert_array_equal(slice_for_rank(w, gu._replace(opt_shard_size=0), 3), w[2:4, 64:128])
+    assert lays["model.layers.0.mlp.gate.weight"].tensor_map == (-1, -1)
+    assert lays["model.layers.0.mlp.shared_expert.gate_proj.weight"].tensor_map == (0, -1)
+    write_strategy_files(mc, ep, str(tmp_path / "s_ep"), fmt="json")
+    transform_checkpoints(str(tmp_path / "full"), str(tmp_path / "EP"), None, str(tmp_path / "s_ep"))
+    assert_rank_slices(tmp_path / "EP", full, mc, ep)
+    dm = ParallelLayoutConfig(data_parallel=2, model_parallel=2)
+    write_strategy_files(mc, dm, str(tmp_path / "s_dm"), fmt="json")
+    transform_checkpoints(str(tmp_path / "EP"), str(tmp_path / "DM"), str(tmp_path / "s_ep"), str(tmp_path / "s_dm"))
+    assert_rank_slices(tmp_path / "DM", full, mc, dm)
+    out = transform_checkpoints(str(tmp_path / "DM"), str(tmp_path / "back"), str(tmp_path / "s_dm"), None)
+    assert_equal_full(out[0], full)

@@ -261,3 +261,32 @@ def test_finetune_straight_from_a_family_hf_directory(tmp_path, alpaca_mindrecor
         expected = hf(input_ids=torch.from_numpy(ids[:, :-1]).long(), labels=targets, shift_labels=targets).loss.item()
     first = json.loads((out / "train_summary_rank_0.json").read_text())["losses"][0]
     assert abs(first - expected) < 1e-4 * expected, (first, expected)
+
+
+def test_capacity_factor_drops_token_choices_and_the_log_says_how_many(tmp_path, alpaca_mindrecord):
+    """Fine-tuning an HF Mixtral directory with the YAML's moe_config.capacity_factor 0.5 (graph
+    mode, msllm's capacity dispatch): every experts' step logs the load-balancing loss, the
+    dropped share and the experts' smallest / largest share; with capacity ceil(k N 0.5 / E) the
+    experts keep at most E x capacity of the k N choices, so at least that much is dropped."""
+    from helpers.families import FAMILY_CASES
+    from msllm.convert.verify import make_random_hf_model
+    from msllm.models.llama.moe import expert_capacity
+
+    kw = {**FAMILY_CASES["mixtral_moe"], "vocab_size": 32000}
+    make_random_hf_model(str(tmp_path / "hf"), seed=7, **kw)
+    out = tmp_path / "out"
+    r = run(["--config", TINY, "--run_mode", "finetune", "--parallel_config.data_parallel=1",
+             "--model.model_config.seq_length=64", f"--train_dataset_dir={alpaca_mindrecord}",
+             f"--output_dir={out}", "--runner_config.train_steps=2", f"--load_checkpoint={tmp_path / 'hf'}",
+             "--model.model_config.moe_config.capacity_factor=0.5"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "train_summary_rank_0.json").read_text())
+    batch = load_config(TINY).runner_config.batch_size
+    n, k, e = batch * 64, 2, 4
+    floor = 1 - e * expert_capacity(n, k, 0.5, e) / (k * n)
+    assert floor > 0.4
+    assert len(s["dropped_fractions"]) == 2 and all(floor - 1e-6 <= d < 1 for d in s["dropped_fractions"])
+    assert all(a > 0 for a in s["aux_losses"])
+    assert all(0 <= lo <= 1 / e <= hi <= 1 for lo, hi in s["expert_share_min_max"])
+    log = (out / "log" / "rank_0" / "msllm.log").read_text() if (out / "log").exists() else r.stdout + r.stderr
+    assert "aux_loss: " in log and "dropped: " in log and "expert share min/max: " in log

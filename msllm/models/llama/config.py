@@ -107,8 +107,10 @@ class MoeConfig:
     aux_loss_factor: weight of the load-balancing loss added to the training loss (HF
         ``router_aux_loss_coef``; Switch Transformer eq. 4-6 as transformers'
         ``load_balancing_loss_func``); 0 = none.
-    capacity_factor: tokens an expert takes per step = capacity_factor x tokens x k / E, the rest
-        dropped (MindFormers); 0 = dropless (every routed token computed).
+    capacity_factor: in training, the token choices an expert takes per step =
+        ceil(capacity_factor x tokens x k / E), the rest dropped (MindFormers; counted and logged
+        as a fraction); 0 = dropless (every routed token computed). Inference and evaluation never
+        drop.
     decoder_sparse_step / mlp_only_layers: layer i is MoE when ``(i + 1) % decoder_sparse_step == 0``
         and i is not in ``mlp_only_layers`` (Qwen-MoE; the others are dense MLPs).
     """
@@ -127,6 +129,8 @@ class MoeConfig:
         if self.expert_num < 1 or not 1 <= self.num_experts_chosen <= self.expert_num:
             raise MsllmError(f"{where}: expected expert_num >= 1 and 1 <= num_experts_chosen <= expert_num, got "
                              f"{self.expert_num} and {self.num_experts_chosen}")
+        if self.capacity_factor < 0:
+            raise MsllmError(f"{where}.capacity_factor must be >= 0 (0 = dropless), got {self.capacity_factor}")
         if self.decoder_sparse_step < 1:
             raise MsllmError(f"{where}.decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
 
@@ -172,6 +176,8 @@ class LlamaConfig:
         compute_dtype: dtype of matmuls; ``float32`` on CPU (MindSpore 2.10 CPU has no bf16 kernels).
         layernorm_compute_type / softmax_compute_type: dtypes of RMSNorm and softmax math.
         param_init_type: dtype parameters are stored in.
+        embedding_init_type: dtype of the embedding table (MindFormers' key; its Llama-3.1 YAMLs
+            keep it in bfloat16 beside float16 weights); None = ``param_init_type``.
         initializer_range: std of the normal initialisation of weight matrices.
         use_flash_attention: attention without the (B, H, T, T) score tensor (MindFormers' key):
             msllm's CPU kernel on the CPU fast path, MindSpore's ``FlashAttentionScore`` on the
@@ -215,6 +221,7 @@ class LlamaConfig:
     layernorm_compute_type: str = "float32"
     softmax_compute_type: str = "float32"
     param_init_type: str = "float32"
+    embedding_init_type: Optional[str] = None
     initializer_range: float = 0.02
     # fused operators (msllm/kernels/select.py); None = use where available
     use_flash_attention: Optional[bool] = None
@@ -304,6 +311,9 @@ class LlamaConfig:
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
             raise MsllmError(f"{where}.max_position_embeddings={self.max_position_embeddings} "
                              f"is shorter than seq_length={self.seq_length}")
+        if self.embedding_init_type is not None and self.embedding_init_type not in DTYPES:
+            raise MsllmError(f"{where}.embedding_init_type={self.embedding_init_type!r}: expected one of {DTYPES} "
+                             "or null (= param_init_type)")
         for key in ("compute_dtype", "layernorm_compute_type", "softmax_compute_type", "param_init_type"):
             if getattr(self, key) not in DTYPES:
                 raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: expected one of {DTYPES}")
@@ -313,9 +323,6 @@ class LlamaConfig:
         moe = self.moe_config
         if moe is not None:
             moe.validate(f"{where}.moe_config")
-            if moe.capacity_factor:
-                raise MsllmError(f"{where}.moe_config.capacity_factor={moe.capacity_factor}: token dropping is not "
-                                 f"implemented yet; 0 (dropless, every routed token computed) is what msllm runs")
         if self.hidden_act not in HIDDEN_ACTS:
             raise MsllmError(f"{where}.hidden_act={self.hidden_act!r}: expected one of {HIDDEN_ACTS}")
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -408,7 +415,8 @@ run YAML."""
 
 def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig, list[str]]:
     """The model config of a run that loads an HF directory: :data:`HF_FIELDS` from its
-    ``config.json`` (``hf_cfg``), the rest from the run YAML's ``model.model_config`` (``run``).
+    ``config.json`` (``hf_cfg``), the rest from the run YAML's ``model.model_config`` (``run``),
+    and the YAML's ``moe_config.capacity_factor`` (a training setting config.json has no key for).
 
     Returns ``(config, conflicts)``: ``conflicts`` names each field the YAML sets to a value other
     than :class:`LlamaConfig`'s default that ``config.json`` overrides (``"vocab_size=32000 (config.json:
@@ -421,6 +429,10 @@ def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig
                  and not (k == "head_dim" and run.head_dim == run.hidden_size // run.num_heads)]
     keep = {f.name: getattr(run, f.name) for f in dataclasses.fields(LlamaConfig) if f.name not in HF_FIELDS}
     keep.pop("multiple_of"), keep.pop("ffn_dim_multiplier")
+    if hf_cfg.moe_config is not None and run.moe_config is not None and run.moe_config.capacity_factor:
+        # token dropping is a training setting config.json has no key for: the YAML's
+        hf_cfg = dataclasses.replace(hf_cfg, moe_config=dataclasses.replace(
+            hf_cfg.moe_config, capacity_factor=run.moe_config.capacity_factor))
     limit = hf_cfg.max_position_embeddings
     if limit is not None and keep["seq_length"] > limit:
         conflicts.append(f"seq_length={keep['seq_length']} (the model's max_position_embeddings: {limit})")

@@ -394,7 +394,8 @@ class DecoderLayer(nn.Cell):
 
     Layer ``index`` has a mixture-of-experts MLP when ``config.is_moe_layer(index)``
     (:class:`~msllm.models.llama.moe.SparseMoE`); ``construct`` then returns (x', counts (E,),
-    probs (E,)), the router statistics of the load-balancing loss (``is_moe``, a constant)."""
+    probs (E,), dropped ()), the router statistics of the load-balancing loss and the token choices
+    the capacity dropped (``is_moe``, a constant)."""
 
     def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None,
                  index: int = 0):
@@ -425,8 +426,8 @@ class DecoderLayer(nn.Cell):
             h = self.add_attn(x, a)
             normed = self.post_attention_layernorm(h)
         if self.is_moe:
-            m, counts, probs = self.mlp(self.reshape(normed, (b * t, c)))          # (B*T, C), (E,), (E,)
-            return self.add_mlp(h, self.reshape(m, (b, t, c))), counts, probs
+            m, counts, probs, dropped = self.mlp(self.reshape(normed, (b * t, c)))  # (B*T, C), (E,), (E,), ()
+            return self.add_mlp(h, self.reshape(m, (b, t, c))), counts, probs, dropped
         m = self.mlp(self.reshape(normed, (b * t, c)))                             # (B*T, C)
         return self.add_mlp(h, self.reshape(m, (b, t, c)))
 
@@ -459,7 +460,8 @@ class LlamaModel(nn.Cell):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          embedding_table=Normal(config.initializer_range),
                                          dtype=ms.int32)
-        self.embed_tokens.embedding_table.set_dtype(ms_dtype(config.param_init_type))
+        embed_dtype = ms_dtype(config.embedding_init_type or config.param_init_type)
+        self.embed_tokens.embedding_table.set_dtype(embed_dtype)
         self.layers = nn.CellList([DecoderLayer(config, fast_paths, choice, i) for i in range(config.num_layers)])
         # router statistics start from zero (E,) (E = 1 for a dense model: never used)
         experts = config.moe_config.expert_num if config.moe_config is not None else 1
@@ -472,7 +474,7 @@ class LlamaModel(nn.Cell):
         self.sin = Tensor(sin, ms_dtype(config.compute_dtype))                 # (P, D)
         self.mask = Tensor(causal_mask(p, config.sliding_window), ms_dtype(config.softmax_compute_type))  # (P, P)
         # Gemma's embedding scale, rounded to the weights' dtype first as HF does
-        self.embed_scale = Tensor(config.embedding_multiplier, ms_dtype(config.param_init_type))
+        self.embed_scale = Tensor(config.embedding_multiplier, embed_dtype)
         self.scale_embed = config.embedding_multiplier != 1.0
         self.mul_embed = ops.Mul()
         self.compute_dtype = ms_dtype(config.compute_dtype)
@@ -492,19 +494,20 @@ class LlamaModel(nn.Cell):
         return self.forward_with_router(input_ids)[0]
 
     def forward_with_router(self, input_ids):
-        """token ids (B, T) -> (hidden (B, T, C), counts (E,), probs (E,)): the MoE layers' router
-        statistics summed over the layers (zeros for a dense model)."""
+        """token ids (B, T) -> (hidden (B, T, C), counts (E,), probs (E,), dropped ()): the MoE
+        layers' router statistics and dropped token choices summed over the layers (zeros for a
+        dense model)."""
         t = input_ids.shape[1]
         x = self.embed(input_ids)                                               # (B, T, C)
         cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
-        counts, probs = self.zero_stats, self.zero_stats
+        counts, probs, dropped = self.zero_stats, self.zero_stats, self.zero_stats.sum()
         for layer in self.layers:
             if layer.is_moe:
-                x, c, p = layer(x, cos, sin, mask)
-                counts, probs = counts + c, probs + p
+                x, c, p, d = layer(x, cos, sin, mask)
+                counts, probs, dropped = counts + c, probs + p, dropped + d
             else:
                 x = layer(x, cos, sin, mask)
-        return self.norm(x), counts, probs
+        return self.norm(x), counts, probs, dropped
 
     def forward_cached(self, input_ids, positions, mask, write, caches, fresh=False):
         """New tokens over a cache -> (hidden (B, T, C), caches).
@@ -541,6 +544,9 @@ class LlamaForCausalLM(nn.Cell):
             ``input_ids[:, :-1]``. This is the MindRecord sample layout of ``llama_preprocess``.
             With experts (``moe_config.aux_loss_factor`` > 0) plus the factor times the
             load-balancing loss of the T tokens' routing (:func:`msllm.models.llama.moe.load_balancing_loss`).
+            With experts and :meth:`return_router_stats` on: (loss, stats (E + 2,) float32 without
+            gradient: [load-balancing loss, fraction of the token choices the capacity dropped,
+            each expert's share of the token choices]).
         input_ids (B, T) alone -> logits (B, T, V) fp32.
 
     ``forward_cached(input_ids, positions, mask, write, caches, last_only)``: generation with a
@@ -581,7 +587,10 @@ class LlamaForCausalLM(nn.Cell):
         moe = config.moe_config
         self.aux_loss_factor = float(moe.aux_loss_factor) if moe is not None else 0.0
         self.n_experts = moe.expert_num if moe is not None else 1
+        self.top_k = moe.num_experts_chosen if moe is not None else 1
         self.moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_layers))
+        self.count_reducer, self.count_degree = None, 1
+        self.router_stats = False
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
         self.gather_rows = ops.Gather()
@@ -625,12 +634,43 @@ class LlamaForCausalLM(nn.Cell):
             return self.logits(input_ids)
         tokens = input_ids[:, :-1]                                              # (B, T)
         targets = labels[:, 1:]                                                 # (B, T)
-        h, counts, probs = self.model.forward_with_router(tokens)              # (B, T, C), (E,), (E,)
+        h, counts, probs, dropped = self.model.forward_with_router(tokens)     # (B, T, C), (E,), (E,), ()
         loss = self.lm_loss(h, targets)
-        if self.aux_loss_factor:  # load balancing over all B*T rows of every MoE layer (moe.py)
-            rows = float(self.moe_layers * tokens.shape[0] * tokens.shape[1])
-            loss = loss + self.aux_loss_factor * load_balancing_loss(counts, probs, rows, self.n_experts)
-        return loss
+        if not self.moe_layers or not (self.aux_loss_factor or self.router_stats):
+            return loss
+        # load balancing over all B*T rows of every MoE layer (moe.py); the counts of every
+        # data-parallel rank's rows with a count reducer (global-batch balancing)
+        rows = float(self.moe_layers * tokens.shape[0] * tokens.shape[1])
+        count_rows = rows
+        if self.count_reducer is not None:
+            counts = ops.stop_gradient(self.count_reducer(counts))
+            count_rows = rows * self.count_degree
+        aux = load_balancing_loss(counts, probs, count_rows, rows, self.n_experts)
+        if self.aux_loss_factor:
+            loss = loss + self.aux_loss_factor * aux
+        if not self.router_stats:
+            return loss
+        choices = counts.sum()                                                   # k x rows (x ranks)
+        stats = ops.concat((ops.reshape(aux, (1,)), ops.reshape(dropped / (rows * self.top_k), (1,)),
+                            counts / choices))
+        return loss, ops.stop_gradient(stats)
+
+    def set_router_count_reducer(self, reducer, degree: int) -> None:
+        """Global-batch load balancing under data parallelism: ``reducer`` maps this rank's
+        router counts (E,) float32 to their sum over the ``degree`` data-parallel ranks (an
+        all-reduce, :mod:`msllm.parallel.data_parallel`); the mean of the ranks' losses is then the
+        whole batch's (moe.py). The model itself knows no process group."""
+        self.count_reducer, self.count_degree = reducer, int(degree)
+
+    def return_router_stats(self, on: bool = True) -> None:
+        """With experts, make ``construct(input_ids, labels)`` return (loss, stats) for the trainer's
+        log (see the class docstring); no effect on a dense model."""
+        self.router_stats = bool(on) and self.moe_layers > 0
+
+    @property
+    def n_router_stats(self) -> int:
+        """Length of the stats vector ``construct`` returns beside the loss (0: none)."""
+        return self.n_experts + 2 if self.router_stats else 0
 
     def lm_loss(self, h, targets):
         """hidden (B, T, C), targets (B, T) int32 -> the mean next-token cross-entropy."""

@@ -9,16 +9,28 @@ stored fused, ``gate_up_proj`` (E, 2I, C) (rows 0..I-1 the gate, I..2I-1 the up 
 ``down_proj`` (E, C, I); the token's output is the weighted sum of its k experts' outputs, plus,
 in Qwen2-MoE, a shared SwiGLU expert scaled by ``sigmoid(x w_g)`` (w_g (1, C)).
 
-Dispatch: this first implementation is **dropless and dense over the experts**: every expert
-runs on every token and the combine weights are zero outside each token's top k, which gives
-exactly the routed result but costs E / k times the routed FLOPs (a small-E fallback; the
-static-shape grouped dispatch whose cost grows with k, not E, is not built yet). Inference,
-evaluation and training all drop no token.
+Dispatch, two ways (static shapes both):
+
+* **dropless, dense over the experts** (inference, evaluation, and training with
+  ``capacity_factor`` 0): every expert runs on every token and the combine weights are zero outside
+  each token's top k. Exactly the routed result, at E / k times the routed FLOPs: a small-E
+  fallback (the grouped dispatch whose dropless cost grows with k, not E, is not built yet).
+* **capacity** (training with ``capacity_factor`` > 0, MindFormers' ``moe_config.capacity_factor``):
+  each expert takes at most ``capacity = ceil(k * N * capacity_factor / E)`` (at most N) of the
+  k * N token choices, as MindFormers' ``calculate_expert_capacity``
+  (``mindformers/modules/transformer/moe.py``). Choices queue choice-major (every token's first
+  choice before any second choice, then in token order: GShard / Switch priority), a choice past
+  its expert's capacity is dropped (its weight's share of the output is lost; the residual path
+  carries the token), and the experts run on an (E, capacity, C) buffer gathered from the tokens:
+  cost k * capacity_factor times a dense MLP's, whatever E is.
 
 Load balancing (Switch Transformer, Fedus et al. 2021, eq. 4-6, as transformers'
 ``load_balancing_loss_func``): each MoE layer returns, for its N tokens, the top-k assignment
 count per expert (E,) and the summed router probabilities per expert (E,); the model pools them
 over its MoE layers (R = layers x N rows) and the loss is ``E * sum_e (count_e / R) (prob_e / R)``.
+Under data parallelism the counts may be summed over the ranks first ("global-batch" balancing,
+Qiu et al. 2025, "Demons in the Detail", arXiv:2501.11873): the mean of the ranks' losses and
+gradients is then exactly the whole batch's (``LlamaForCausalLM.set_router_count_reducer``).
 
 Shapes: N tokens, C hidden, E experts, k chosen, I expert width, S shared-expert width.
 """
@@ -31,11 +43,21 @@ from mindspore.common.initializer import Normal, initializer
 import mindspore as ms
 
 
+def expert_capacity(tokens: int, top_k: int, capacity_factor: float, n_experts: int) -> int:
+    """Token choices one expert takes per step: ``ceil(k * N * capacity_factor / E)``, at most N
+    (MindFormers' ``calculate_expert_capacity`` / ``_v2``). Python ints: N is a static shape."""
+    q = top_k * tokens * capacity_factor / n_experts
+    cap = int(q)
+    cap = cap + 1 if cap < q else cap
+    return max(1, min(cap, tokens))
+
+
 class Experts(nn.Cell):
     """E SwiGLU experts stored fused: ``gate_up_proj`` (E, 2I, C), ``down_proj`` (E, C, I).
 
     ``construct(x (N, C), weights (N, E))`` -> (N, C) float: ``sum_e weights[:, e] * expert_e(x)``
-    (dense over the experts; weights are zero for experts a token did not choose)."""
+    (dense over the experts; weights are zero for experts a token did not choose).
+    ``with_capacity(x, top, idx, capacity)``: the capacity dispatch (module docstring)."""
 
     def __init__(self, config, dtype, compute_dtype):
         super().__init__()
@@ -52,17 +74,53 @@ class Experts(nn.Cell):
         self.mul = ops.Mul()
         self.mul_weights = ops.Mul()
         self.cast = ops.Cast()
+        self.one_hot = ops.OneHot()
+        self.on, self.off = ms.Tensor(1.0, ms.float32), ms.Tensor(0.0, ms.float32)
+        self.scatter = ops.ScatterNd()
+        self.gather_rows = ops.Gather()
+        self.concat_rows = ops.Concat(0)
+
+    def mlp(self, xe):
+        """xe (E, M, C) -> (E, M, C): expert e's SwiGLU on its M rows."""
+        i = self.width
+        h = self.bmm_gate_up(self.cast(xe, self.compute_dtype),
+                             self.cast(self.gate_up_proj, self.compute_dtype))             # (E, M, 2I)
+        gate, up = h[:, :, :i], h[:, :, i:]
+        act = self.mul(self.mul_silu(gate, self.sigmoid(gate)), up)                        # (E, M, I)
+        return self.bmm_down(act, self.cast(self.down_proj, self.compute_dtype))           # (E, M, C)
 
     def construct(self, x, weights):
         n, c = x.shape
-        e, i = self.n_experts, self.width
-        xe = ops.broadcast_to(ops.expand_dims(self.cast(x, self.compute_dtype), 0), (e, n, c))     # (E, N, C)
-        h = self.bmm_gate_up(xe, self.cast(self.gate_up_proj, self.compute_dtype))                # (E, N, 2I)
-        gate, up = h[:, :, :i], h[:, :, i:]
-        act = self.mul(self.mul_silu(gate, self.sigmoid(gate)), up)                                # (E, N, I)
-        y = self.bmm_down(act, self.cast(self.down_proj, self.compute_dtype))                      # (E, N, C)
-        w = ops.expand_dims(ops.transpose(self.cast(weights, y.dtype), (1, 0)), -1)                # (E, N, 1)
-        return self.mul_weights(y, w).sum(0)                                                       # (N, C)
+        xe = ops.broadcast_to(ops.expand_dims(x, 0), (self.n_experts, n, c))                 # (E, N, C)
+        y = self.mlp(xe)                                                                     # (E, N, C)
+        w = ops.expand_dims(ops.transpose(self.cast(weights, y.dtype), (1, 0)), -1)          # (E, N, 1)
+        return self.mul_weights(y, w).sum(0)                                                 # (N, C)
+
+    def with_capacity(self, x, top, idx, capacity: int):
+        """x (N, C), top (N, k) float32 weights of the chosen experts idx (N, k) int32 ->
+        (out (N, C), dropped: float32 scalar count of the k * N choices past their expert's
+        ``capacity``)."""
+        n, c = x.shape
+        k = top.shape[1]
+        e = self.n_experts
+        flat_e = ops.reshape(ops.transpose(idx, (1, 0)), (k * n,))                   # (kN,) choice-major
+        onehot = self.one_hot(flat_e, e, self.on, self.off)                          # (kN, E)
+        pos = self.cast((ops.cumsum(onehot, 0) * onehot).sum(-1) - 1.0, ms.int32)    # (kN,) place in its queue
+        keep = pos < capacity
+        dummy = e * capacity                                                          # one zero row past the buffer
+        slot = ops.stop_gradient(ops.where(keep, flat_e * capacity + pos, dummy))    # (kN,)
+        tok = ops.tile(ops.arange(0, n, dtype=ms.int32), (k,))                       # (kN,) token of each choice
+        filled = self.scatter(ops.expand_dims(slot, -1), ops.where(keep, tok + 1, 0), (dummy + 1,))
+        src = filled[:dummy] - 1                                                      # (E*cap,) token, -1 empty
+        src = ops.stop_gradient(ops.where(src < 0, n, src))                          # empty -> the zero row N
+        zero = ops.zeros((1, c), x.dtype)
+        xe = ops.reshape(self.gather_rows(self.concat_rows((x, zero)), src, 0), (e, capacity, c))
+        y = ops.reshape(self.mlp(xe), (e * capacity, c))                             # (E*cap, C)
+        y = self.concat_rows((y, ops.zeros((1, c), y.dtype)))                        # (E*cap + 1, C)
+        w = ops.reshape(ops.transpose(self.cast(top, y.dtype), (1, 0)), (k * n, 1))  # (kN, 1)
+        out = ops.reshape(self.mul_weights(self.gather_rows(y, slot, 0), w), (k, n, c)).sum(0)  # (N, C)
+        dropped = ops.stop_gradient(float(k * n) - self.cast(keep, ms.float32).sum())
+        return out, dropped
 
 
 class SparseMoE(nn.Cell):
@@ -70,7 +128,8 @@ class SparseMoE(nn.Cell):
     expert width S > 0 ``shared_expert`` (a SwiGLU MLP) and ``shared_expert_gate`` (1, C).
 
     ``construct(x (N, C))`` -> (out (N, C), counts (E,) float32 top-k assignments per expert (no
-    gradient), probs (E,) float32 summed router probabilities per expert).
+    gradient), probs (E,) float32 summed router probabilities per expert, dropped () float32 token
+    choices dropped by the capacity (0 unless training with ``capacity_factor`` > 0)).
 
     ``make_linear(in, out)`` / ``make_mlp(width)``: the model's own Linear and SwiGLU cells (so the
     router and the shared expert run on the same kernels as the dense layers)."""
@@ -80,6 +139,7 @@ class SparseMoE(nn.Cell):
         m = config.moe_config
         c = config.hidden_size
         self.n_experts, self.top_k, self.norm_topk = m.expert_num, m.num_experts_chosen, m.norm_topk_prob
+        self.capacity_factor = float(m.capacity_factor)
         self.gate = make_linear(c, m.expert_num)
         self.experts = Experts(config, param_dtype, compute_dtype)
         self.shared_expert = self.shared_expert_gate = None
@@ -90,37 +150,48 @@ class SparseMoE(nn.Cell):
         self.topk = ops.TopK(sorted=True)
         self.one_hot = ops.OneHot()
         self.on, self.off = ms.Tensor(1.0, ms.float32), ms.Tensor(0.0, ms.float32)
+        self.no_drop = ms.Tensor(0.0, ms.float32)
         self.cast = ops.Cast()
         self.sigmoid = ops.Sigmoid()
         self.mul_shared = ops.Mul()
         self.add_shared = ops.Add()
 
     def route(self, x):
-        """x (N, C) -> (combine weights (N, E) float32, zero outside each token's top k;
-        counts (E,); probs (E,))."""
+        """x (N, C) -> (top (N, k) float32 weights of the chosen experts, idx (N, k) int32 the
+        chosen experts (descending weight), counts (E,) (no gradient), probs (E,))."""
         logits = self.cast(self.gate(x), ms.float32)                                    # (N, E)
         probs = self.softmax(logits)
         top, idx = self.topk(probs, self.top_k)                                         # (N, k)
         if self.norm_topk:
             top = top / top.sum(-1, keepdims=True)
         chosen = self.one_hot(idx, self.n_experts, self.on, self.off)                   # (N, k, E)
-        weights = (chosen * ops.expand_dims(top, -1)).sum(1)                            # (N, E)
         counts = ops.stop_gradient(chosen.sum((0, 1)))                                  # (E,)
-        return weights, counts, probs.sum(0)
+        return top, idx, counts, probs.sum(0)
+
+    def combine_weights(self, top, idx):
+        """(N, k) weights and experts -> (N, E) float32, zero outside each token's top k."""
+        chosen = self.one_hot(idx, self.n_experts, self.on, self.off)                   # (N, k, E)
+        return (chosen * ops.expand_dims(top, -1)).sum(1)
 
     def construct(self, x):
-        weights, counts, probs = self.route(x)
-        out = self.experts(x, weights)                                                  # (N, C)
+        top, idx, counts, probs = self.route(x)
+        if self.training and self.capacity_factor > 0:
+            cap = expert_capacity(x.shape[0], self.top_k, self.capacity_factor, self.n_experts)
+            out, dropped = self.experts.with_capacity(x, top, idx, cap)                 # (N, C), ()
+        else:
+            out, dropped = self.experts(x, self.combine_weights(top, idx)), self.no_drop
         if self.shared_expert is not None:
             gate = self.sigmoid(self.cast(self.shared_expert_gate(x), out.dtype))      # (N, 1)
             out = self.add_shared(out, self.mul_shared(gate, self.cast(self.shared_expert(x), out.dtype)))
-        return out, counts, probs
+        return out, counts, probs, dropped
 
 
-def load_balancing_loss(counts, probs, rows: float, n_experts: int):
-    """``E * sum_e (counts_e / R) * (probs_e / R)`` (transformers' ``load_balancing_loss_func``
-    without an attention mask); counts / probs (E,) summed over the MoE layers, R = their rows."""
-    return n_experts * ((counts / rows) * (probs / rows)).sum()
+def load_balancing_loss(counts, probs, count_rows: float, prob_rows: float, n_experts: int):
+    """``E * sum_e (counts_e / R_c) * (probs_e / R_p)``: transformers' ``load_balancing_loss_func``
+    (without an attention mask) when R_c = R_p = the rows of every MoE layer; counts / probs (E,)
+    summed over the MoE layers. Global-batch balancing passes counts summed over the
+    data-parallel ranks with R_c their rows."""
+    return n_experts * ((counts / count_rows) * (probs / prob_rows)).sum()
 
 
-__all__ = ["Experts", "SparseMoE", "load_balancing_loss"]
+__all__ = ["Experts", "SparseMoE", "expert_capacity", "load_balancing_loss"]
