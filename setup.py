@@ -25,6 +25,9 @@ setup(
         # training curves: TensorBoard events (MindFormers 1.5+ writes them with tensorboardX) and a loss plot
         "tensorboardX",
         "matplotlib",
+        # tools/serve.py: OpenAI-compatible HTTP API (an ASGI application on a well-kept server)
+        "starlette==1.10.0",
+        "uvicorn==0.54.0",
     ],
     extras_require={
         # weight conversion only; torch 2.13.0 is the CPU build (a plain "torch" pulls CUDA wheels)
@@ -32,8 +35,10 @@ setup(
         # test references: transformers (HF models, generation), peft (LoRA), lm-eval (scoring)
         # gguf + accelerate: transformers dequantizes the real test model (SmolLM2, tools/fetch_model.py);
         # transformers is pinned: the model cache's digest and the parity tests were taken with 5.24.0
+        # openai: the official client against tools/serve.py; tenacity: lm-eval's API backends
+        # (local-completions) need it
         "dev": ["pytest", "torch==2.13.0", "transformers==5.24.0", "peft", "lm-eval==0.4.13", "tensorboard",
-                "gguf==0.19.0", "accelerate"],
+                "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity"],
     },
     entry_points={
         "console_scripts": [

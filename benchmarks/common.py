@@ -42,6 +42,10 @@ SHAPES = {
 # Mistral (sliding window 256, half the sequence, so the window cuts)
 SHAPES["medium-qwen2"] = dict(SHAPES["medium"], family="qwen2")
 SHAPES["medium-mistral"] = dict(SHAPES["medium"], family="mistral", sliding_window=256)
+# mixture of experts (issue #22): the tiny shape with Mixtral's MLPs, 4 / 8 / 16 experts of the
+# tiny FFN's width, top 2, the load-balancing loss on (coefficient 0.02) in both frameworks
+for _e in (4, 8, 16):
+    SHAPES[f"moe-tiny-e{_e}"] = dict(SHAPES["tiny"], family="mixtral", experts=_e, top_k=2, aux_loss_coef=0.02)
 
 # Optimiser of every framework: AdamW as msllm's trainer configures it (configs/llama/*.yaml),
 # MindSpore AdamWeightDecay semantics (no bias correction), constant learning rate so that the
@@ -98,14 +102,17 @@ def model_overrides(s: dict) -> list[str]:
 
 
 def matmul_params(s: dict) -> int:
-    """N of 6N: every weight that takes part in a matmul (not the embedding lookup, not norms)."""
+    """N of 6N: every weight that takes part in a matmul (not the embedding lookup, not norms);
+    with experts the k active ones and the router (PaLM's N counts what a token runs)."""
     c, f, l_ = s["hidden_size"], s["intermediate_size"], s["num_layers"]
-    return l_ * (4 * c * c + 3 * c * f) + s["vocab_size"] * c
+    mlp = 3 * c * f * s.get("top_k", 1) + c * s.get("experts", 0)
+    return l_ * (4 * c * c + mlp) + s["vocab_size"] * c
 
 
 def num_params(s: dict) -> int:
     c = s["hidden_size"]
-    return matmul_params(s) + s["vocab_size"] * c + (2 * s["num_layers"] + 1) * c
+    idle = s["num_layers"] * 3 * c * s["intermediate_size"] * (s.get("experts", 0) - s.get("top_k", 0))
+    return matmul_params(s) + idle + s["vocab_size"] * c + (2 * s["num_layers"] + 1) * c
 
 
 def flops_per_token(s: dict) -> float:
@@ -369,3 +376,24 @@ def ms_adamw(params, lr_steps: int):
     return nn.AdamWeightDecay([g for g in groups if g["params"]],
                               learning_rate=Tensor(np.full(lr_steps, o["lr"], np.float32)),
                               beta1=o["beta1"], beta2=o["beta2"], eps=o["eps"])
+
+
+def moe_hf_dir(name: str, seed: int = 0) -> str:
+    """A seeded random transformers Mixtral of MoE shape ``name`` saved under the cache (made once):
+    both frameworks start from it (msllm through its HF-directory loading)."""
+    s = shape(name)
+    out = os.path.join(CACHE, f"hf_{name}")
+    if os.path.exists(os.path.join(out, "config.json")):
+        return out
+    use_repo()
+    from msllm.convert.verify import make_random_hf_model
+
+    make_random_hf_model(out, seed=seed, model_type="mixtral", vocab_size=s["vocab_size"],
+                         hidden_size=s["hidden_size"], intermediate_size=s["intermediate_size"],
+                         num_hidden_layers=s["num_layers"], num_attention_heads=s["num_heads"],
+                         num_key_value_heads=s["num_heads"], num_local_experts=s["experts"],
+                         num_experts_per_tok=s["top_k"], max_position_embeddings=s["seq_length"],
+                         rms_norm_eps=RMS_EPS, rope_theta=10000.0, tie_word_embeddings=False,
+                         router_aux_loss_coef=s["aux_loss_coef"], output_router_logits=True,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return out

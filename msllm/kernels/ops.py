@@ -37,6 +37,8 @@ class CpuKernels:
         the target is negative (ignored)
     swiglu(g (..., F), u (..., F)) -> silu(g) * u
     rope(x (B,T,N,D), cos (P,D), sin (P,D)) -> x cos + rotate_half(x) sin over rows 0..T-1 of the tables
+    grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
+        offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
     """
 
     def __init__(self, lib: str):
@@ -126,6 +128,15 @@ class CpuKernels:
             return rope_grad(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
 
         self.rope = prim("rope", lambda x, c, s: x, bprop=rope_bprop)
+
+        # ---- grouped linear (experts): dx_g = dy_g w_g, dw_g = dy_g^T x_g (csrc/grouped.cc) ------
+        grouped_dx = prim("grouped_linear_dx", lambda dy, w, off: [dy[0], w[2]])
+        grouped_dw = prim("grouped_linear_dw", lambda dy, x, off: [off[0] - 1, dy[1], x[1]])
+
+        def grouped_bprop(x, w, off, out, dout):
+            return grouped_dx(dout, w, off), grouped_dw(dout, x, off), ops.zeros_like(off)
+
+        self.grouped_linear = prim("grouped_linear", lambda x, w, off: [x[0], w[1]], bprop=grouped_bprop)
 
     @staticmethod
     def window_tensor(window) -> Tensor:

@@ -291,8 +291,9 @@ def build_monitor(run: TrainRun) -> LossMonitor:
     from msllm.kernels.select import CPU_FLASH
 
     flash = getattr(getattr(network, "kernels", None), "attention", None) == CPU_FLASH
+    grouped = getattr(getattr(network, "kernels", None), "cpu", None) is not None   # moe.py's grouped dispatch
     throughput = throughput_for_run(cfg, peak, frozen, head_frozen=any("lm_head" in n for n in frozen_names),
-                                    flash_attention=flash)
+                                    flash_attention=flash, grouped_experts=grouped)
     # the compact loss runs the output head only at positions with a target: HFU counts those
     compact = bool(getattr(network, "compact_loss", False))
     log.info("MFU (model FLOPs, PaLM app. B / Megatron convention) = tgs x %.4g FLOPs/token (6N + 12LHDT%s) / peak %s "

@@ -359,7 +359,8 @@ FLASH_EXECUTED_PER_MODEL = 14.0 / 12.0
 
 
 def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: int = 0,
-                       head_frozen: bool = False, flash_attention: bool = False) -> Throughput:
+                       head_frozen: bool = False, flash_attention: bool = False,
+                       grouped_experts: bool = False) -> Throughput:
     """:class:`Throughput` of a run: tokens per replica per step = batch_size x
     gradient_accumulation_steps x micro_batch_num (when pipelined) x seq_length, shared by
     model_parallel x pipeline_stage devices.
@@ -369,7 +370,9 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
     token are ``6N + 12LHDT - 2 * frozen_params``; ``head_frozen``: the output head is among them.
     ``flash_attention``: the attention runs msllm's CPU flash kernel (causal blocks, scores
     recomputed in the backward pass: :func:`causal_block_fraction`, :data:`FLASH_EXECUTED_PER_MODEL`).
-    Recompute (``recompute_config.recompute``) adds the forward pass of the decoder layers again."""
+    Recompute (``recompute_config.recompute``) adds the forward pass of the decoder layers again.
+    ``grouped_experts``: the dropless experts run grouped (msllm's CPU kernels: the k routed
+    experts per token only), else dense over the experts (every expert on every token)."""
     rc, pc, mc = run_config.runner_config, run_config.parallel_config, run_config.model_config
     micro = pc.micro_batch_num if pc.pipeline_stage > 1 else 1
     t = mc.seq_length
@@ -389,7 +392,7 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
         # the decoder layers' forward again: 2 x their matmul weights + the attention forward
         body = mc.matmul_params() - mc.vocab_size * mc.hidden_size
         recompute = 2.0 * body + attention / 3.0 * factor
-    idle = 6.0 * mc.idle_expert_params()
+    idle = 0.0 if grouped_experts else 6.0 * mc.idle_expert_params()
     moe = mc.moe_config
     if moe is not None and moe.capacity_factor:
         # the capacity dispatch runs E x capacity rows for the micro batch's N tokens, not E x N

@@ -283,3 +283,22 @@ def test_cross_entropy_rows(kernels, pynative):
 
     close(grads(lambda x: kernels.cross_entropy(x, Tensor(y)), (t(z),), t(g))[0],
           grads(composed, (t(z),), t(g))[0])
+
+
+@pytest.mark.parametrize("sizes", [(3, 0, 5, 1), (200, 90, 0, 150)], ids=["small-with-empty", "threaded"])
+def test_grouped_linear_is_one_matmul_per_group(kernels, pynative, sizes):
+    """Rows sorted by expert, group g = rows offsets[g] .. offsets[g+1]-1 times w[g]^T; the
+    gradients by the formulas dx_g = dy_g w_g, dw_g = dy_g^T x_g (zero for an empty group)."""
+    r = rng()
+    e, cin, cout = len(sizes), 24, 40
+    m = sum(sizes)
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.float32)
+    x, w, dy = r.standard_normal((m, cin)), r.standard_normal((e, cout, cin)) * 0.1, r.standard_normal((m, cout))
+    want = np.concatenate([x[int(off[g]):int(off[g + 1])] @ w[g].T for g in range(e)])
+    close(kernels.grouped_linear(t(x), t(w), t(off)).asnumpy(), want)
+    dx, dw, doff = grads(kernels.grouped_linear, (t(x), t(w), t(off)), t(dy))
+    close(dx, np.concatenate([dy[int(off[g]):int(off[g + 1])] @ w[g] for g in range(e)]))
+    for g in range(e):
+        rows = slice(int(off[g]), int(off[g + 1]))
+        close(dw[g], dy[rows].T @ x[rows])
+    assert not doff.any()

@@ -60,6 +60,9 @@ def test_flops_per_token_count_the_active_experts():
     run = throughput_for_run(cfg, 1.0)
     assert run.flops_per_token == moe.train_flops_per_token()
     assert run.executed_flops_per_token(1.0) == pytest.approx(moe.train_flops_per_token() + 6 * 2 * 6 * 3 * 48 * 32)
+    # the grouped dispatch (CPU kernels) runs the k routed experts only: HFU's count is the model's
+    grouped = throughput_for_run(cfg, 1.0, grouped_experts=True)
+    assert grouped.executed_flops_per_token(1.0) == pytest.approx(moe.train_flops_per_token())
 
 
 @pytest.mark.parametrize("kw, message", [

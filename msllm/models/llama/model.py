@@ -410,7 +410,7 @@ class DecoderLayer(nn.Cell):
             std = config.initializer_range
             self.mlp = SparseMoE(config, lambda i, o: Linear(i, o, config, std, kern),
                                  lambda width: MLP(config, kern, width), ms_dtype(config.param_init_type),
-                                 ms_dtype(config.compute_dtype))
+                                 ms_dtype(config.compute_dtype), kern)
         else:
             self.mlp = MLP(config, kern)
         self.add_attn = ops.Add()

@@ -9,12 +9,19 @@ stored fused, ``gate_up_proj`` (E, 2I, C) (rows 0..I-1 the gate, I..2I-1 the up 
 ``down_proj`` (E, C, I); the token's output is the weighted sum of its k experts' outputs, plus,
 in Qwen2-MoE, a shared SwiGLU expert scaled by ``sigmoid(x w_g)`` (w_g (1, C)).
 
-Dispatch, two ways (static shapes both):
+Dispatch, three ways (static shapes all):
 
-* **dropless, dense over the experts** (inference, evaluation, and training with
-  ``capacity_factor`` 0): every expert runs on every token and the combine weights are zero outside
-  each token's top k. Exactly the routed result, at E / k times the routed FLOPs: a small-E
-  fallback (the grouped dispatch whose dropless cost grows with k, not E, is not built yet).
+* **dropless, grouped** (msllm's CPU kernels; inference, evaluation, and training with
+  ``capacity_factor`` 0): the k N token choices are sorted by expert (a counting sort: each
+  choice's place is its expert's start plus its rank among that expert's choices, so the order is
+  deterministic), the rows gathered, and each expert's SwiGLU runs on its own rows with one GEMM
+  per expert (``grouped_linear``, ``msllm/kernels/csrc/grouped.cc``, as MindSpore's GroupedMatmul
+  on Ascend); the outputs are gathered back, weighted and summed per token. Cost: k N rows,
+  whatever E is.
+* **dropless, dense over the experts** (without the CPU kernels: the layout path, Ascend, or
+  a CPU without a compiler): every expert runs on every token and the combine weights are zero
+  outside each token's top k. Exactly the routed result, at E / k times the routed FLOPs: the
+  small-E fallback.
 * **capacity** (training with ``capacity_factor`` > 0, MindFormers' ``moe_config.capacity_factor``):
   each expert takes at most ``capacity = ceil(k * N * capacity_factor / E)`` (at most N) of the
   k * N token choices, as MindFormers' ``calculate_expert_capacity``
@@ -57,10 +64,12 @@ class Experts(nn.Cell):
 
     ``construct(x (N, C), weights (N, E))`` -> (N, C) float: ``sum_e weights[:, e] * expert_e(x)``
     (dense over the experts; weights are zero for experts a token did not choose).
-    ``with_capacity(x, top, idx, capacity)``: the capacity dispatch (module docstring)."""
+    ``with_capacity(x, top, idx, capacity)``: the capacity dispatch; ``grouped(x, top, idx)``: the
+    dropless grouped dispatch on ``kernels`` (:class:`msllm.kernels.ops.CpuKernels`; module docstring)."""
 
-    def __init__(self, config, dtype, compute_dtype):
+    def __init__(self, config, dtype, compute_dtype, kernels=None):
         super().__init__()
+        self.kernels = kernels
         e, c, i = config.moe_config.expert_num, config.hidden_size, config.expert_size
         std = config.initializer_range
         self.gate_up_proj = Parameter(initializer(Normal(std), (e, 2 * i, c), dtype), name="gate_up_proj")
@@ -95,6 +104,29 @@ class Experts(nn.Cell):
         y = self.mlp(xe)                                                                     # (E, N, C)
         w = ops.expand_dims(ops.transpose(self.cast(weights, y.dtype), (1, 0)), -1)          # (E, N, 1)
         return self.mul_weights(y, w).sum(0)                                                 # (N, C)
+
+    def grouped(self, x, top, idx):
+        """x (N, C), top (N, k) float32 weights of the chosen experts idx (N, k) int32 -> (N, C):
+        every choice computed, one GEMM per expert over its rows (CPU kernels)."""
+        n, c = x.shape
+        k = top.shape[1]
+        e, i = self.n_experts, self.width
+        flat_e = ops.reshape(idx, (n * k,))                                          # (kN,) row t*k+j
+        onehot = self.one_hot(flat_e, e, self.on, self.off)                          # (kN, E)
+        counts = onehot.sum(0)                                                       # (E,)
+        ends = ops.cumsum(counts, 0)
+        rank = (ops.cumsum(onehot, 0) * onehot).sum(-1) - 1.0                        # (kN,) among its expert's
+        dest = ops.stop_gradient(self.cast((onehot * (ends - counts)).sum(-1) + rank, ms.int32))  # sorted row
+        offsets = ops.stop_gradient(self.concat_rows((ops.zeros((1,), ms.float32), ends)))        # (E+1,)
+        tok = ops.floor_divide(ops.arange(0, n * k, dtype=ms.int32), k)             # (kN,) token of each choice
+        src = ops.stop_gradient(self.scatter(ops.expand_dims(dest, -1), tok, (n * k,)))  # sorted row -> token
+        xs = self.gather_rows(self.cast(x, ms.float32), src, 0)                      # (kN, C) by expert
+        h = self.kernels.grouped_linear(xs, self.gate_up_proj, offsets)              # (kN, 2I)
+        act = self.kernels.swiglu(h[:, :i], h[:, i:])                                # (kN, I)
+        ys = self.kernels.grouped_linear(act, self.down_proj, offsets)               # (kN, C)
+        w = ops.reshape(top, (n * k, 1))
+        y = self.mul_weights(self.gather_rows(ys, dest, 0), w)                       # (kN, C) choice order
+        return ops.reshape(y, (n, k, c)).sum(1)                                      # (N, C)
 
     def with_capacity(self, x, top, idx, capacity: int):
         """x (N, C), top (N, k) float32 weights of the chosen experts idx (N, k) int32 ->
@@ -132,16 +164,18 @@ class SparseMoE(nn.Cell):
     choices dropped by the capacity (0 unless training with ``capacity_factor`` > 0)).
 
     ``make_linear(in, out)`` / ``make_mlp(width)``: the model's own Linear and SwiGLU cells (so the
-    router and the shared expert run on the same kernels as the dense layers)."""
+    router and the shared expert run on the same kernels as the dense layers); ``kernels``: msllm's
+    CPU kernels, which select the grouped dropless dispatch."""
 
-    def __init__(self, config, make_linear, make_mlp, param_dtype, compute_dtype):
+    def __init__(self, config, make_linear, make_mlp, param_dtype, compute_dtype, kernels=None):
         super().__init__()
         m = config.moe_config
         c = config.hidden_size
         self.n_experts, self.top_k, self.norm_topk = m.expert_num, m.num_experts_chosen, m.norm_topk_prob
         self.capacity_factor = float(m.capacity_factor)
         self.gate = make_linear(c, m.expert_num)
-        self.experts = Experts(config, param_dtype, compute_dtype)
+        self.experts = Experts(config, param_dtype, compute_dtype, kernels)
+        self.grouped = kernels is not None
         self.shared_expert = self.shared_expert_gate = None
         if m.shared_expert_intermediate_size:
             self.shared_expert = make_mlp(m.shared_expert_intermediate_size)
@@ -178,6 +212,8 @@ class SparseMoE(nn.Cell):
         if self.training and self.capacity_factor > 0:
             cap = expert_capacity(x.shape[0], self.top_k, self.capacity_factor, self.n_experts)
             out, dropped = self.experts.with_capacity(x, top, idx, cap)                 # (N, C), ()
+        elif self.grouped:
+            out, dropped = self.experts.grouped(x, top, idx), self.no_drop
         else:
             out, dropped = self.experts(x, self.combine_weights(top, idx)), self.no_drop
         if self.shared_expert is not None:

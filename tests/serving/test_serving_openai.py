@@ -1,0 +1,259 @@
+"""tools/serve.py, the OpenAI-compatible server, on the real SmolLM2-135M-Instruct over loopback:
+the official ``openai`` client (streaming and not) gets predict's greedy outputs, lm-evaluation-
+harness's ``local-completions`` backend scores MMLU requests as msllm's own evaluation does,
+16 concurrent clients each get their own prompt's greedy continuation while bad requests get
+their status codes, a full queue answers 429, a client that disconnects frees its row, and
+SIGTERM finishes the requests in flight before the process exits 0. One server process serves
+the module (started once, about 30 s); every wait is bounded."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from helpers import REPO
+from helpers.distributed import free_port
+
+pytestmark = pytest.mark.slow
+
+CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
+KEY = "test-key-20261126"
+MODEL = "smollm2-test"
+PROMPTS = ["The capital of France is", "Water boils at a temperature of", "def fibonacci(n):"]
+QUESTIONS = ["What is the capital of France?", "Name three primary colors."]
+NEW = 20
+
+
+class Server:
+    def __init__(self, proc, url, log):
+        self.proc, self.url, self.log = proc, url, log
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, body, key: str | None = KEY, raw: bytes | None = None) -> tuple[int, dict]:
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {key}"} if key else {})})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("MS_WORKER_NUM", "RANK_SIZE", "RANK_ID", "MS_ROLE")}
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--config", CONFIG,
+                             "--load_checkpoint", smollm2_dir, "--port", str(port), "--api_key", KEY,
+                             "--model_name", MODEL, "--max_batch", "8", "--max_queue", "16"],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=dict(env, GLOG_v="3"))
+    s = Server(proc, f"http://127.0.0.1:{port}", log)
+    t = time.time()
+    while True:
+        try:
+            s.health()
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() - t < 300, log.read_text()[-3000:]
+            time.sleep(0.5)
+    yield s
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def predict(smollm2_dir, tmp_path, records, template=None) -> list[str]:
+    """run_msllm.py predict's greedy outputs (NEW new tokens) for ``records`` (a JSONL file)."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(REPO, "run_msllm.py"), "--config", CONFIG, "--run_mode", "predict",
+           "--load_checkpoint", smollm2_dir, "--predict_data", str(data), f"--output_dir={out}",
+           f"--generation_config.max_new_tokens={NEW}", "--generation_config.do_sample=False"]
+    if template:
+        cmd += ["--template", template]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, GLOG_v="3"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "predict" / "predictions.jsonl").read_text().splitlines()]
+    return [row["output"] for row in sorted(rows, key=lambda x: x["index"])]
+
+
+def test_models_and_the_api_key(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": "x"}, key=None)
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "x"}, key="wrong")
+    assert status == 401
+
+
+def test_completions_equal_predict_greedy_streamed_or_not(smollm2_dir, client, tmp_path):
+    want = predict(smollm2_dir, tmp_path, [{"prompt": p} for p in PROMPTS], template="none")
+    for p, w in zip(PROMPTS, want):
+        r = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0)
+        assert r.choices[0].text == w, (p, r.choices[0].text, w)
+        assert r.usage.completion_tokens <= NEW and r.choices[0].finish_reason in ("stop", "length")
+        chunks = list(client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == w
+        assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    # several prompts in one request: one choice each, in order
+    r = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=NEW, temperature=0)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == want
+
+
+def test_chat_completions_equal_predict_with_the_chat_template(smollm2_dir, client, tmp_path):
+    want = predict(smollm2_dir, tmp_path, [{"messages": [{"role": "user", "content": q}]} for q in QUESTIONS])
+    for q, w in zip(QUESTIONS, want):
+        msgs = [{"role": "user", "content": q}]
+        r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=NEW, temperature=0)
+        assert r.choices[0].message.content == w, (q, r.choices[0].message.content, w)
+        parts, usage = [], None
+        for c in client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=NEW, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}):
+            if c.choices:
+                parts.append(c.choices[0].delta.content or "")
+            else:
+                usage = c.usage
+        assert "".join(parts) == w and usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_lm_eval_local_completions_scores_like_msllm_evaluation(smollm2_dir, server, tmp_path):
+    """lm-eval's local-completions backend (token-id prompts, echo + logprobs, max_tokens 1) against
+    the server: every request's log-likelihood within 1e-4 of msllm's own MMLU evaluation, and
+    the same is_greedy."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from msllm.config import load_config
+    from msllm.eval.runner import run_eval
+    from msllm.eval.tasks import mmlu
+
+    data = tmp_path / "mmlu"
+    for split in ("dev", "test"):
+        (data / split).mkdir(parents=True)
+        shutil.copy(os.path.join(REPO, "examples", "data", "eval", "mmlu", split, f"astronomy_{split}.csv"), data / split)
+    cfg = load_config(CONFIG, ["--model.model_config.seq_length=1024", f"--load_checkpoint={smollm2_dir}",
+                               f"--output_dir={tmp_path / 'out'}", "--seed=0"])
+    payload = run_eval(cfg, task="mmlu", data=str(data), num_fewshot=1, limit=2, batch_size=4)
+    ours = [(ll, g) for d in payload["docs"] for ll, g in zip(d["loglikelihoods"], d["is_greedy"])]
+    spec = mmlu.load(str(data), 1, 2)
+    pairs = [(doc.context, c) for doc in spec.docs for c in doc.continuations]
+    os.environ["OPENAI_API_KEY"] = KEY
+    lm = LocalCompletionsAPI(base_url=server.url + "/v1/completions", model=MODEL, tokenizer=smollm2_dir,
+                             tokenizer_backend="huggingface", tokenized_requests=True, max_length=1024,
+                             num_concurrent=1, max_retries=1)
+    got = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
+    assert len(got) == len(ours) == 8
+    diffs = [abs(a[0] - b[0]) for a, b in zip(got, ours)]
+    print(f"local-completions vs msllm eval: max |loglikelihood diff| {max(diffs):.2e}")
+    assert max(diffs) < 1e-4
+    assert [bool(a[1]) for a in got] == [bool(b[1]) for b in ours]
+
+
+def test_concurrent_clients_get_their_own_greedy_outputs_and_bad_requests_their_codes(server, client):
+    """16 clients x 4 requests at once (8 different prompts and lengths, so that rows of different
+    lengths share batches), batched by the engine: each answer equals the same request's answer
+    alone; bad requests sent meanwhile get 400 with OpenAI's error object; the server answers
+    afterwards."""
+    kinds = [(f"Question {i}: {PROMPTS[i % 3]}", 4 + (i * 5) % 17) for i in range(8)]
+    alone = {k: client.completions.create(model=MODEL, prompt=k[0], max_tokens=k[1], temperature=0).choices[0].text
+             for k in kinds}                     # references one by one (each its own batch)
+    before = server.health()["batches"]
+
+    def one_client(c):
+        out = []
+        for r in range(4):
+            p, n = kinds[(c + 3 * r) % 8]
+            out.append(((c, r, p, n), client.completions.create(model=MODEL, prompt=p, max_tokens=n,
+                                                                temperature=0).choices[0].text))
+        return out
+
+    bad = [(None, b"{not json"), ({"model": "nope", "prompt": "x"}, None),
+           ({"model": MODEL, "prompt": "x", "max_tokens": -3}, None),
+           ({"model": MODEL, "prompt": [[5] * 9000], "max_tokens": 1}, None),
+           ({"model": MODEL, "prompt": "x", "n": 3}, None)]
+    with cf.ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(one_client, c) for c in range(16)]
+        codes = [server.post("/v1/completions", body, raw=raw) for body, raw in bad]
+        results = [x for f in futures for x in f.result(timeout=900)]
+    assert [c for c, _ in codes] == [400] * 5
+    assert all(set(b["error"]) == {"message", "type", "param", "code"} for _, b in codes)
+    assert codes[3][1]["error"]["code"] == "context_length_exceeded"
+    assert len(results) == 64 and len({k[:2] for k, _ in results}) == 64   # none lost, none twice
+    for (c, r, p, n), text in results:
+        assert text == alone[(p, n)], (c, r, p, n)
+    h = server.health()
+    assert h["max_batch_seen"] > 1 and h["batches"] - before < 64       # they were batched
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0).choices[0].text
+
+
+def test_a_full_queue_answers_429(server):
+    """More requests than 8 running + 16 waiting: the rest get 429 with Retry-After (the queue
+    holds 16), and the server answers afterwards."""
+    body = {"model": MODEL, "prompt": "Count to one hundred:", "max_tokens": 24, "temperature": 0}
+    with cf.ThreadPoolExecutor(40) as pool:
+        codes = [f.result(timeout=900)[0] for f in [pool.submit(server.post, "/v1/completions", body)
+                                                    for _ in range(40)]]
+    assert codes.count(429) >= 1 and codes.count(200) >= 24 and set(codes) <= {200, 429}
+    assert server.post("/v1/completions", dict(body, max_tokens=2))[0] == 200
+
+
+def test_a_client_that_disconnects_frees_its_row(server):
+    """A streamed request for 2000 tokens whose client goes away after a few chunks: its row stops
+    (cancelled), far short of 2000 tokens, and the engine goes idle."""
+    import http.client
+
+    h0 = server.health()
+    conn = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "Once upon a time", "stream": True,
+                                                        "max_tokens": 2000, "temperature": 0}),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.read(200)
+    conn.close()
+    t = time.time()
+    while True:
+        h = server.health()
+        if h["cancelled_rows"] > h0["cancelled_rows"] and not h["busy"]:
+            break
+        assert time.time() - t < 120, h
+        time.sleep(0.2)
+    assert h["tokens_generated"] - h0["tokens_generated"] < 2000
+
+
+def test_sigterm_finishes_requests_in_flight_then_exits_0(server, client):
+    """Last (the server stops): a streamed request under way when SIGTERM arrives runs to its
+    end ([DONE]); the process then exits 0 and the port is closed."""
+    stream = client.completions.create(model=MODEL, prompt="List the planets:", max_tokens=40, temperature=0,
+                                       stream=True)
+    it = iter(stream)
+    first = next(it)
+    server.proc.send_signal(signal.SIGTERM)
+    rest = list(it)
+    assert rest and rest[-1].choices[0].finish_reason in ("stop", "length")
+    assert server.proc.wait(120) == 0, server.log.read_text()[-3000:]
+    with pytest.raises(OSError):
+        server.health()
+    assert first.choices[0].text is not None

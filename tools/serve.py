@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""Serve a model over OpenAI's HTTP API (completions, chat completions, models), streaming or not.
+
+    python tools/serve.py --config CONFIG --load_checkpoint CKPT_OR_HF_DIR [--adapter LORA]
+        [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000] [--api_key KEY]
+        [--model_name NAME] [--max_batch 8] [--batch_window_ms 20] [--max_queue 64] [--section.key=value ...]
+
+Requests that arrive together are decoded in one batch on the key/value cache (``--max_batch``
+rows; the first request of a batch waits up to ``--batch_window_ms`` for others), each row with its
+own settings; a request's greedy output is the same alone and in a batch. ``--max_queue`` requests
+wait at most, more are answered 429. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
+any other address needs ``--api_key`` (clients send ``Authorization: Bearer KEY``). SIGTERM (or
+Ctrl-C) stops accepting connections, finishes the requests in flight, and exits 0.
+The model name clients send is ``--model_name`` (default: the checkpoint's directory or file name).
+Chat messages are rendered with ``--template`` (default: the checkpoint's, else the tokenizer's chat
+template), as ``tools/chat.py`` renders them. Formats: ``msllm/serving/protocol.py``.
+Errors at start-up: one ``error:`` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from msllm.errors import MsllmError, cli_main  # noqa: E402
+
+LOOPBACK = ("localhost",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="serve.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="run YAML (model shape, generation_config)")
+    p.add_argument("--load_checkpoint", help="checkpoint file/directory or HF model directory")
+    p.add_argument("--adapter", help="LoRA adapter checkpoint to apply")
+    p.add_argument("--tokenizer", help="tokenizer.model, tokenizer.json or HF directory (default: the checkpoint's)")
+    p.add_argument("--template", help="chat template for /v1/chat/completions (default: the checkpoint's, else "
+                                      "the tokenizer's chat template)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api_key", help="require 'Authorization: Bearer KEY' (required off loopback)")
+    p.add_argument("--model_name", help="the model id clients send (default: the checkpoint's name)")
+    p.add_argument("--max_batch", type=int, default=8, help="rows decoded together")
+    p.add_argument("--batch_window_ms", type=float, default=20.0, help="how long a batch waits to fill")
+    p.add_argument("--max_queue", type=int, default=64, help="requests waiting at most (then 429)")
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def open_engine(cfg, args):
+    """Load model and tokenizer as ``tools/chat.py`` does; returns (engine, tokenizer, template, context, info)."""
+    from msllm.cluster.context import setup_runtime
+    from msllm.generation.config import resolve_settings
+    from msllm.generation.loading import load_for_inference, open_tokenizer
+    from msllm.generation.predict import eos_settings, predict_config
+    from msllm.generation.prompts import check_template, template_for
+    from msllm.serving.engine import Engine
+    from msllm.settings import log_settings
+
+    log_settings(cfg, "predict")
+    cfg = predict_config(cfg, 1)
+    setup_runtime(cfg)
+    check_template(args.template)
+    net, mc, info = load_for_inference(cfg, adapter=args.adapter)
+    tok = open_tokenizer(info, mc, args.tokenizer)
+    template = template_for(args.template or info.template, tok)
+    s = resolve_settings(eos_settings(cfg.generation_config, tok, mc), mc, cfg.seed, 1)
+    engine = Engine(net, mc, tok, s.eos_token_id, s.pad_token_id, args.max_batch, args.batch_window_ms / 1000.0,
+                    args.max_queue)
+    return engine, tok, template, mc.max_positions, info
+
+
+@cli_main
+def main(argv=None) -> int:
+    from msllm.cli import split_overrides
+    from msllm.config import load_config
+
+    args, rest = build_parser().parse_known_args(argv)
+    if not is_loopback(args.host) and not args.api_key:
+        raise MsllmError(f"--host {args.host} is not a loopback address: pass --api_key KEY so that only clients "
+                         "with the key are served")
+    for key in ("max_batch", "max_queue"):
+        if getattr(args, key) < 1:
+            raise MsllmError(f"--{key} must be >= 1, got {getattr(args, key)}")
+    overrides = split_overrides(rest)
+    if args.load_checkpoint:
+        overrides.append(f"--load_checkpoint={args.load_checkpoint}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    cfg = load_config(args.config, overrides)
+    engine, tok, template, context, info = open_engine(cfg, args)
+    name = args.model_name or os.path.basename(os.path.normpath(info.path))
+
+    import uvicorn
+
+    from msllm.serving.app import build_app
+
+    app = build_app(engine, name, tok, template, context, args.api_key)
+    engine.start()
+    logging.getLogger("msllm").info(
+        "serving %s as %r on http://%s:%d/v1 (batches of up to %d, window %.0f ms, queue %d, chat template %s%s)",
+        info.path, name, args.host, args.port, args.max_batch, args.batch_window_ms, args.max_queue,
+        getattr(template, "name", None) or "none", ", API key required" if args.api_key else "")
+    # uvicorn's SIGTERM / SIGINT handling: stop accepting, wait for the requests in flight (no
+    # graceful-shutdown timeout), then return; the engine then finishes anything still queued.
+    # uvicorn re-raises the signal to the handler it found once it has shut down
+    # (uvicorn/server.py capture_signals): a handler that ignores it lets the drain end in exit 0
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=None)
+    engine.stop()
+    logging.getLogger("msllm").info("serve: stopped after %d batches", engine.batches)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
