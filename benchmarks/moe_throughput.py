@@ -2,11 +2,12 @@
 ``MixtralForCausalLM`` on a Mixtral-like tiny shape (hidden 256, 4 layers, 4 heads, 8 experts of
 width 688, top 2, vocab 32000, seq 256, batch 8, the load-balancing loss on), and msllm's
 tokens/s for 4, 8 and 16 experts at top 2 (the grouped dropless dispatch: the cost should follow
-k, not E). Same random weights (one transformers Mixtral directory per expert count), the same
+k, not E). msllm runs its compact loss (the output head only at positions with a target);
+``--dense_head`` runs msllm with the head at every position against torch on E 8 (like for like). Same random weights (one transformers Mixtral directory per expert count), the same
 Alpaca batches, fp32, AdamW, one process, 2 threads; the runs alternate round by round (msllm E8,
 torch E8, msllm E4, msllm E16, then the next round).
 
-    .venv/bin/python benchmarks/moe_throughput.py [--rounds 3] [--steps 8] [--warmup 2]
+    .venv/bin/python benchmarks/moe_throughput.py [--rounds 3] [--steps 8] [--warmup 2] [--dense_head]
 
 Reports per run tokens/s (median step after warm-up), the paired msllm / torch ratio on E = 8
 (same round, median), and msllm's largest / smallest tokens/s over E = 4, 8, 16. Writes
@@ -26,6 +27,8 @@ import common  # noqa: E402
 import harness  # noqa: E402
 
 ORDER = (("msllm", "moe-tiny-e8"), ("torch", "moe-tiny-e8"), ("msllm", "moe-tiny-e4"), ("msllm", "moe-tiny-e16"))
+# --dense_head: msllm with the output head at every position (like for like) against torch, E 8
+DENSE_ORDER = (("msllm-dense", "moe-tiny-e8"), ("torch", "moe-tiny-e8"))
 
 
 def main(argv=None):
@@ -35,21 +38,24 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=os.path.join(HERE, "results", "moe_throughput.json"))
+    p.add_argument("--dense_head", action="store_true", help="msllm-dense (head at every position) vs torch, E 8")
     a = p.parse_args(argv)
+    order = DENSE_ORDER if a.dense_head else ORDER
     t0 = time.time()
-    for _, shape in ORDER:
+    for _, shape in order:
         common.moe_hf_dir(shape)   # made once, before any timing
     runs = []
     for rnd in range(a.rounds):
-        for fw, shape in ORDER:
-            r = harness.run_worker(f"{fw}-{shape}", "moe_worker.py", {"shape": shape, "framework": fw,
+        for fw, shape in order:
+            extra = {"framework": "msllm", "dense_head": True} if fw == "msllm-dense" else {"framework": fw}
+            r = harness.run_worker(f"{fw}-{shape}", "moe_worker.py", {"shape": shape, **extra,
                                    "steps": a.steps, "warmup": a.warmup}, a.timeout)
             r.update(round=rnd, name=f"{fw} {shape}")
             harness.log_run(runs, r, f"round {rnd} {fw} {shape}",
                             lambda x: f"{x['tokens_per_s']:.1f} tok/s (first step {x['first_step_s']:.1f} s, "
                                       f"load {x['load_before']})")
     table = {}
-    for fw, shape in ORDER:
+    for fw, shape in order:
         ok = [r for r in runs if r.get("name") == f"{fw} {shape}" and "error" not in r]
         bad = [r["error"] for r in runs if r.get("name") == f"{fw} {shape}" and "error" in r]
         if not ok:
@@ -62,15 +68,17 @@ def main(argv=None):
                                   "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
                                   "loss_first": ok[0]["losses"][0]}
     paired = []
+    mine = "msllm-dense moe-tiny-e8" if a.dense_head else "msllm moe-tiny-e8"
     for rnd in range(a.rounds):
         got = {r["name"]: r for r in runs if r["round"] == rnd and "error" not in r}
-        if "msllm moe-tiny-e8" in got and "torch moe-tiny-e8" in got:
-            paired.append(got["msllm moe-tiny-e8"]["tokens_per_s"] / got["torch moe-tiny-e8"]["tokens_per_s"])
-    scan = [table[f"msllm moe-tiny-e{e}"].get("tokens_per_s") for e in (4, 8, 16)]
+        if mine in got and "torch moe-tiny-e8" in got:
+            paired.append(got[mine]["tokens_per_s"] / got["torch moe-tiny-e8"]["tokens_per_s"])
+    scan = [table.get(f"msllm moe-tiny-e{e}", {}).get("tokens_per_s") for e in (4, 8, 16)]
     summary = {"ratio_msllm_vs_torch_eager_e8": common.median(paired) if paired else None,
                "ratio_msllm_vs_torch_eager_e8_all": paired,
                "msllm_tokens_per_s_e4_e8_e16": scan,
-               "msllm_max_over_min_e4_e8_e16": (max(scan) / min(scan)) if all(scan) else None}
+               "msllm_max_over_min_e4_e8_e16": (max(scan) / min(scan)) if all(scan) else None,
+               "msllm_run_compared": mine}
     result = {"machine": common.machine(), "command": harness.command_line(), "rounds": a.rounds,
               "steps": a.steps, "warmup": a.warmup, "table": table, "summary": summary, "runs": runs}
     lines = ["| run | tokens/s (median) | all rounds | step s | first step s | peak RSS MiB |",

@@ -5,7 +5,9 @@ load-balancing loss in the training loss.
 
 * ``framework: msllm``: the network, optimizer and train step as ``msllm.training.setup`` builds
   them for ``load_checkpoint`` = the HF directory (``adopt_hf_model_config``, ``build_network``,
-  ``load_base_into``), GRAPH_MODE, msllm's CPU kernels (the grouped dropless dispatch).
+  ``load_base_into``), GRAPH_MODE, msllm's CPU kernels (the grouped dropless dispatch), the
+  compact loss (the output head only at positions with a target); ``dense_head: true``: the head
+  at every position, the same work as transformers.
 * ``framework: torch``: transformers' ``MixtralForCausalLM`` (eager, which loops over the experts
   in Python), ``output_router_logits`` on, ``common.OPTIM``'s AdamW (``worker_common.torch_adamw``).
 
@@ -31,7 +33,13 @@ def run_msllm(args, s, steps, warmup, phases, hf):
     cfg = wc.msllm_run_config(s, [f"--load_checkpoint={hf}", "--run_mode=finetune"])
     rt = setup_runtime(cfg)
     cfg = adopt_hf_model_config(cfg)
-    net, _ = build_network(cfg, rt, sharded=False)
+    if args.get("dense_head"):   # like for like: the output head at every position, as transformers
+        from msllm.models.llama.model import LlamaForCausalLM
+
+        net = LlamaForCausalLM(cfg.model_config, compact_loss=False, fast_paths=cfg.fast_paths)
+        net.return_router_stats(True)
+    else:
+        net, _ = build_network(cfg, rt, sharded=False)
     load_base_into(net, hf, 0)
     lr = common.np.full(steps + warmup + 1, common.OPTIM["lr"], common.np.float32)
     step = build_train_step(net, build_optimizer(net, cfg, lr), cfg, rt)
@@ -42,7 +50,7 @@ def run_msllm(args, s, steps, warmup, phases, hf):
 
     timing = wc.timed_steps(wc.train_batches(s, warmup + steps), lambda ids, lab: (Tensor(ids), Tensor(lab)),
                             one_step, warmup, s["batch_size"] * s["seq_length"], wc.spawn_time(args), phases.rss)
-    return {"mindspore": ms.__version__, "kernels": net.kernels.describe(),
+    return {"mindspore": ms.__version__, "kernels": net.kernels.describe(), "compact_loss": bool(net.compact_loss),
             "grouped_experts": bool(net.model.layers[0].mlp.grouped), **timing}
 
 
