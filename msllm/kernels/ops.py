@@ -37,6 +37,8 @@ class CpuKernels:
         the target is negative (ignored)
     swiglu(g (..., F), u (..., F)) -> silu(g) * u
     rope(x (B,T,N,D), cos (P,D), sin (P,D)) -> x cos + rotate_half(x) sin over rows 0..T-1 of the tables
+    decode_attention(q (B,H,1,D), k (B,K,S,D), v (B,K,S,D), mask (B,1,1,S)) -> softmax(q k^T + mask) v
+        (B,H,1,D), H/K query heads per key/value head; decoding only (no gradient)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
     """
@@ -137,6 +139,9 @@ class CpuKernels:
             return grouped_dx(dout, w, off), grouped_dw(dout, x, off), ops.zeros_like(off)
 
         self.grouped_linear = prim("grouped_linear", lambda x, w, off: [x[0], w[1]], bprop=grouped_bprop)
+
+        # ---- decoding: one query per row over the key/value cache (csrc/decode.cc), no gradient --
+        self.decode_attention = prim("decode_attention", lambda q, k, v, m: q)
 
     @staticmethod
     def window_tensor(window) -> Tensor:

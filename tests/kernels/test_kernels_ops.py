@@ -44,8 +44,10 @@ def grads(fn, args, dout):
 
 @pytest.mark.parametrize("x_shape,out", [((2, 5, 12), 7),      # leading dims, one thread (small)
                                          ((300, 96), 160),      # rows cut over the threads
-                                         ((40, 64), 3000)],     # columns cut (wide output)
-                         ids=["small-3d", "row-slabs", "column-slabs"])
+                                         ((40, 64), 3000),      # columns cut (wide output)
+                                         ((3, 37), 51),         # decoding's few rows: odd sizes, a tail
+                                         ((1, 4, 576), 1537)],  # decoding's weight-streaming path, threaded
+                         ids=["small-3d", "row-slabs", "column-slabs", "gemv-odd", "gemv-threaded"])
 def test_linear_matches_matmul(kernels, pynative, x_shape, out):
     r = rng()
     x, w = r.standard_normal(x_shape), r.standard_normal((out, x_shape[-1])) * 0.1
@@ -302,3 +304,22 @@ def test_grouped_linear_is_one_matmul_per_group(kernels, pynative, sizes):
         rows = slice(int(off[g]), int(off[g + 1]))
         close(dw[g], dy[rows].T @ x[rows])
     assert not doff.any()
+
+
+@pytest.mark.parametrize("b,h,kv,s,d", [(2, 6, 2, 37, 20), (3, 4, 4, 64, 64), (1, 9, 3, 5, 64)],
+                         ids=["gqa-odd", "mha", "smollm2-heads"])
+def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b, h, kv, s, d):
+    """One query per row over a (B, K, S, D) cache with an additive mask (padding before each row's
+    first slot, nothing after its last): softmax(q k^T + mask) v with each key/value head serving
+    H / K query heads, as repeat_kv + matmuls + softmax compute it."""
+    r = rng()
+    q, k, v = r.standard_normal((b, h, 1, d)), r.standard_normal((b, kv, s, d)), r.standard_normal((b, kv, s, d))
+    mask = np.zeros((b, 1, 1, s))
+    for row in range(b):
+        lo, hi = row % 3, s - 1 - row   # each row its own visible slots lo .. hi
+        mask[row, 0, 0, :lo] = mask[row, 0, 0, hi + 1:] = -1e9
+    got = kernels.decode_attention(t(q), t(k), t(v), t(mask)).asnumpy()
+    kk, vv = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)          # (B, H, S, D)
+    scores = q @ kk.transpose(0, 1, 3, 2) + mask                                      # (B, H, 1, S)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    close(got, (p / p.sum(-1, keepdims=True)) @ vv)

@@ -223,6 +223,9 @@ class Attention(nn.Cell):
         attention = choice.attention if choice is not None else ""
         self.flash = None
         self.fa_score = None
+        # decoding (one new token over the cache): msllm/kernels/csrc/decode.cc, one pass over the
+        # cache per key/value head instead of repeat_kv + two matmuls + softmax
+        self.decode_attention = kern.decode_attention if kern is not None else None
         if attention == CPU_FLASH:
             # fused path: msllm/kernels/csrc/attention.cc (FlashAttention-2 blocking on the CPU; q, k,
             # v stay in the projections' (B, T, heads, D) layout; rotary by csrc/elementwise.cc)
@@ -307,6 +310,10 @@ class Attention(nn.Cell):
         -> (B, T, C)."""
         b, _, t, _ = q.shape
         s = k.shape[2]
+        if t == 1 and self.decode_attention is not None and self.softmax_dtype == ms.float32:
+            out = self.decode_attention(q, k, v, self.cast(mask, ms.float32))          # (B, H, 1, D)
+            out = self.reshape(out, (b, self.n_heads * self.head_dim))
+            return self.reshape(self.o_proj(out), (b, t, self.hidden))                 # (B, 1, C)
         k = self.repeat_kv(k)                                                          # (B, H, S, D)
         v = self.repeat_kv(v)                                                          # (B, H, S, D)
         scores = self.bmm_qk(q, k)                                                     # (B, H, T, S)
