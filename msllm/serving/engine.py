@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from msllm.generation.chat import _held_back   # the start of a stop string, held back while streaming
 from msllm.serving.protocol import ApiError, Job
 
 log = logging.getLogger("msllm")
@@ -53,17 +54,6 @@ class Work:
 
     def cancel(self) -> None:
         self.cancelled.set()
-
-
-def _held_back(text: str, stops) -> int:
-    """Length of the longest end of ``text`` that is the start of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:n]):
-                best = max(best, n)
-                break
-    return best
 
 
 class Engine:
