@@ -62,22 +62,10 @@ def is_loopback(host: str) -> bool:
 
 def open_engine(cfg, args):
     """Load model and tokenizer as ``tools/chat.py`` does; returns (engine, tokenizer, template, context, info)."""
-    from msllm.cluster.context import setup_runtime
-    from msllm.generation.config import resolve_settings
-    from msllm.generation.loading import load_for_inference, open_tokenizer
-    from msllm.generation.predict import eos_settings, predict_config
-    from msllm.generation.prompts import check_template, template_for
+    from msllm.generation.chat import load_session
     from msllm.serving.engine import Engine
-    from msllm.settings import log_settings
 
-    log_settings(cfg, "predict")
-    cfg = predict_config(cfg, 1)
-    setup_runtime(cfg)
-    check_template(args.template)
-    net, mc, info = load_for_inference(cfg, adapter=args.adapter)
-    tok = open_tokenizer(info, mc, args.tokenizer)
-    template = template_for(args.template or info.template, tok)
-    s = resolve_settings(eos_settings(cfg.generation_config, tok, mc), mc, cfg.seed, 1)
+    net, mc, info, tok, template, s = load_session(cfg, args.template, args.adapter, args.tokenizer)
     engine = Engine(net, mc, tok, s.eos_token_id, s.pad_token_id, args.max_batch, args.batch_window_ms / 1000.0,
                     args.max_queue)
     return engine, tok, template, mc.max_positions, info

@@ -119,6 +119,35 @@ class ChatSession:
                      time.perf_counter() - t0)
 
 
+def load_session(cfg, template: Optional[str] = None, adapter: Optional[str] = None,
+                 tokenizer: Optional[str] = None):
+    """What a conversation front needs (``tools/chat.py``, ``tools/serve.py``): set up MindSpore
+    (one process, a layout predict can run), load the model of ``cfg.load_checkpoint`` and its
+    tokenizer; returns ``(net, model_config, info, tokenizer, template, settings)`` with
+    ``template`` the one to prompt with (``template`` overrides the checkpoint's, else the
+    tokenizer's chat template, else None) and ``settings`` the resolved decoding settings (every
+    end-of-turn id). ``info``: :class:`~msllm.generation.loading.InferenceInfo`.
+
+    Raises MsllmError like :func:`msllm.generation.predict.run_predict`."""
+    from msllm.cluster.context import setup_runtime
+    from msllm.generation.config import resolve_settings
+    from msllm.generation.loading import load_for_inference, open_tokenizer
+    from msllm.generation.predict import eos_settings, predict_config
+    from msllm.generation.prompts import check_template, template_for
+    from msllm.settings import log_settings
+
+    log_settings(cfg, "predict")  # refuses a layout a single-process front cannot run
+    cfg = predict_config(cfg, 1)
+    setup_runtime(cfg)
+    check_template(template)  # an unknown name fails before the model is loaded
+    net, mc, info = load_for_inference(cfg, adapter=adapter)
+    tok = open_tokenizer(info, mc, tokenizer)
+    tmpl = template_for(template or info.template, tok)
+    settings = resolve_settings(eos_settings(cfg.generation_config, tok, mc), mc, cfg.seed, 1)
+    info.template = tmpl.name if tmpl is not None else None
+    return net, mc, info, tok, tmpl, settings
+
+
 def open_chat(cfg, template: Optional[str] = None, adapter: Optional[str] = None,
               tokenizer: Optional[str] = None) -> tuple[ChatSession, object]:
     """Set up MindSpore (one process), load the model of ``cfg.load_checkpoint`` and return
@@ -128,22 +157,8 @@ def open_chat(cfg, template: Optional[str] = None, adapter: Optional[str] = None
     Raises MsllmError like :func:`msllm.generation.predict.run_predict`."""
     import logging
 
-    from msllm.cluster.context import setup_runtime
-    from msllm.generation.config import resolve_settings
     from msllm.generation.decode import generator_for
-    from msllm.generation.loading import load_for_inference, open_tokenizer
-    from msllm.generation.predict import eos_settings, predict_config
-    from msllm.generation.prompts import check_template, template_for
-    from msllm.settings import log_settings
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    log_settings(cfg, "predict")  # refuses a layout chat cannot run
-    cfg = predict_config(cfg, 1)
-    setup_runtime(cfg)
-    check_template(template)  # an unknown name fails before the model is loaded
-    net, mc, info = load_for_inference(cfg, adapter=adapter)
-    tok = open_tokenizer(info, mc, tokenizer)
-    tmpl = template_for(template or info.template, tok)
-    settings = resolve_settings(eos_settings(cfg.generation_config, tok, mc), mc, cfg.seed, 1)
-    info.template = tmpl.name if tmpl is not None else None
+    net, mc, info, tok, tmpl, settings = load_session(cfg, template, adapter, tokenizer)
     return ChatSession(generator_for(net, mc), tok, tmpl, settings), info

@@ -111,9 +111,6 @@ def _select_recompute_prims(layer) -> Iterable:
             yield getattr(cell, p)
 
 
-__all__ = ["SELECT_RECOMPUTE", "apply_layout", "apply_recompute"]
-
-
 def apply_data_parallel_moe(network, world_size: int) -> bool:
     """Data parallel over ``world_size`` > 1 processes (msllm's own gradient all-reduce): give a
     mixture-of-experts ``network`` a router-count all-reduce so that its load-balancing loss counts
@@ -137,3 +134,6 @@ def apply_data_parallel_moe(network, world_size: int) -> bool:
 
     network.set_router_count_reducer(SumOverRanks(), world_size)
     return True
+
+
+__all__ = ["SELECT_RECOMPUTE", "apply_data_parallel_moe", "apply_layout", "apply_recompute"]

@@ -665,8 +665,8 @@ class LlamaForCausalLM(nn.Cell):
     def set_router_count_reducer(self, reducer, degree: int) -> None:
         """Global-batch load balancing under data parallelism: ``reducer`` maps this rank's
         router counts (E,) float32 to their sum over the ``degree`` data-parallel ranks (an
-        all-reduce, :mod:`msllm.parallel.data_parallel`); the mean of the ranks' losses is then the
-        whole batch's (moe.py). The model itself knows no process group."""
+        all-reduce, :func:`msllm.parallel.apply.apply_data_parallel_moe`); the mean of the ranks'
+        losses is then the whole batch's (moe.py). The model itself knows no process group."""
         self.count_reducer, self.count_degree = reducer, int(degree)
 
     def return_router_stats(self, on: bool = True) -> None:

@@ -59,13 +59,20 @@ def expert_capacity(tokens: int, top_k: int, capacity_factor: float, n_experts: 
     return max(1, min(cap, tokens))
 
 
+def queue_places(onehot):
+    """(R, E) float32 one-hot expert of each of R choices -> (R,) float32: each choice's place
+    among its expert's choices, in row order (0, 1, ...): the counting sort of both dispatches."""
+    return (ops.cumsum(onehot, 0) * onehot).sum(-1) - 1.0
+
+
 class Experts(nn.Cell):
     """E SwiGLU experts stored fused: ``gate_up_proj`` (E, 2I, C), ``down_proj`` (E, C, I).
 
     ``construct(x (N, C), weights (N, E))`` -> (N, C) float: ``sum_e weights[:, e] * expert_e(x)``
     (dense over the experts; weights are zero for experts a token did not choose).
-    ``with_capacity(x, top, idx, capacity)``: the capacity dispatch; ``grouped(x, top, idx)``: the
-    dropless grouped dispatch on ``kernels`` (:class:`msllm.kernels.ops.CpuKernels`; module docstring)."""
+    ``with_capacity(x, top, idx, chosen, capacity)``: the capacity dispatch; ``grouped(x, top,
+    chosen)``: the dropless grouped dispatch on ``kernels`` (:class:`msllm.kernels.ops.CpuKernels`;
+    module docstring). ``chosen`` is the router's (N, k, E) float32 one-hot of ``idx``."""
 
     def __init__(self, config, dtype, compute_dtype, kernels=None):
         super().__init__()
@@ -83,8 +90,6 @@ class Experts(nn.Cell):
         self.mul = ops.Mul()
         self.mul_weights = ops.Mul()
         self.cast = ops.Cast()
-        self.one_hot = ops.OneHot()
-        self.on, self.off = ms.Tensor(1.0, ms.float32), ms.Tensor(0.0, ms.float32)
         self.scatter = ops.ScatterNd()
         self.gather_rows = ops.Gather()
         self.concat_rows = ops.Concat(0)
@@ -105,17 +110,16 @@ class Experts(nn.Cell):
         w = ops.expand_dims(ops.transpose(self.cast(weights, y.dtype), (1, 0)), -1)          # (E, N, 1)
         return self.mul_weights(y, w).sum(0)                                                 # (N, C)
 
-    def grouped(self, x, top, idx):
-        """x (N, C), top (N, k) float32 weights of the chosen experts idx (N, k) int32 -> (N, C):
-        every choice computed, one GEMM per expert over its rows (CPU kernels)."""
+    def grouped(self, x, top, chosen):
+        """x (N, C), top (N, k) float32 weights of the chosen experts, chosen (N, k, E) their
+        one-hot -> (N, C): every choice computed, one GEMM per expert over its rows (CPU kernels)."""
         n, c = x.shape
         k = top.shape[1]
         e, i = self.n_experts, self.width
-        flat_e = ops.reshape(idx, (n * k,))                                          # (kN,) row t*k+j
-        onehot = self.one_hot(flat_e, e, self.on, self.off)                          # (kN, E)
+        onehot = ops.reshape(chosen, (n * k, e))                                     # (kN, E) row t*k+j
         counts = onehot.sum(0)                                                       # (E,)
         ends = ops.cumsum(counts, 0)
-        rank = (ops.cumsum(onehot, 0) * onehot).sum(-1) - 1.0                        # (kN,) among its expert's
+        rank = queue_places(onehot)                                                  # (kN,) among its expert's
         dest = ops.stop_gradient(self.cast((onehot * (ends - counts)).sum(-1) + rank, ms.int32))  # sorted row
         offsets = ops.stop_gradient(self.concat_rows((ops.zeros((1,), ms.float32), ends)))        # (E+1,)
         tok = ops.floor_divide(ops.arange(0, n * k, dtype=ms.int32), k)             # (kN,) token of each choice
@@ -128,16 +132,16 @@ class Experts(nn.Cell):
         y = self.mul_weights(self.gather_rows(ys, dest, 0), w)                       # (kN, C) choice order
         return ops.reshape(y, (n, k, c)).sum(1)                                      # (N, C)
 
-    def with_capacity(self, x, top, idx, capacity: int):
-        """x (N, C), top (N, k) float32 weights of the chosen experts idx (N, k) int32 ->
-        (out (N, C), dropped: float32 scalar count of the k * N choices past their expert's
-        ``capacity``)."""
+    def with_capacity(self, x, top, idx, chosen, capacity: int):
+        """x (N, C), top (N, k) float32 weights of the chosen experts idx (N, k) int32, chosen
+        (N, k, E) their one-hot -> (out (N, C), dropped: float32 scalar count of the k * N choices
+        past their expert's ``capacity``)."""
         n, c = x.shape
         k = top.shape[1]
         e = self.n_experts
         flat_e = ops.reshape(ops.transpose(idx, (1, 0)), (k * n,))                   # (kN,) choice-major
-        onehot = self.one_hot(flat_e, e, self.on, self.off)                          # (kN, E)
-        pos = self.cast((ops.cumsum(onehot, 0) * onehot).sum(-1) - 1.0, ms.int32)    # (kN,) place in its queue
+        onehot = ops.reshape(ops.transpose(chosen, (1, 0, 2)), (k * n, e))           # (kN, E) the same order
+        pos = self.cast(queue_places(onehot), ms.int32)                              # (kN,) place in its queue
         keep = pos < capacity
         dummy = e * capacity                                                          # one zero row past the buffer
         slot = ops.stop_gradient(ops.where(keep, flat_e * capacity + pos, dummy))    # (kN,)
@@ -192,7 +196,8 @@ class SparseMoE(nn.Cell):
 
     def route(self, x):
         """x (N, C) -> (top (N, k) float32 weights of the chosen experts, idx (N, k) int32 the
-        chosen experts (descending weight), counts (E,) (no gradient), probs (E,))."""
+        chosen experts (descending weight), chosen (N, k, E) float32 their one-hot (every dispatch
+        reads it), counts (E,) (no gradient), probs (E,))."""
         logits = self.cast(self.gate(x), ms.float32)                                    # (N, E)
         probs = self.softmax(logits)
         top, idx = self.topk(probs, self.top_k)                                         # (N, k)
@@ -200,22 +205,21 @@ class SparseMoE(nn.Cell):
             top = top / top.sum(-1, keepdims=True)
         chosen = self.one_hot(idx, self.n_experts, self.on, self.off)                   # (N, k, E)
         counts = ops.stop_gradient(chosen.sum((0, 1)))                                  # (E,)
-        return top, idx, counts, probs.sum(0)
+        return top, idx, chosen, counts, probs.sum(0)
 
-    def combine_weights(self, top, idx):
-        """(N, k) weights and experts -> (N, E) float32, zero outside each token's top k."""
-        chosen = self.one_hot(idx, self.n_experts, self.on, self.off)                   # (N, k, E)
+    def combine_weights(self, top, chosen):
+        """(N, k) weights and their (N, k, E) one-hot -> (N, E) float32, zero outside each token's top k."""
         return (chosen * ops.expand_dims(top, -1)).sum(1)
 
     def construct(self, x):
-        top, idx, counts, probs = self.route(x)
+        top, idx, chosen, counts, probs = self.route(x)
         if self.training and self.capacity_factor > 0:
             cap = expert_capacity(x.shape[0], self.top_k, self.capacity_factor, self.n_experts)
-            out, dropped = self.experts.with_capacity(x, top, idx, cap)                 # (N, C), ()
+            out, dropped = self.experts.with_capacity(x, top, idx, chosen, cap)         # (N, C), ()
         elif self.grouped:
-            out, dropped = self.experts.grouped(x, top, idx), self.no_drop
+            out, dropped = self.experts.grouped(x, top, chosen), self.no_drop
         else:
-            out, dropped = self.experts(x, self.combine_weights(top, idx)), self.no_drop
+            out, dropped = self.experts(x, self.combine_weights(top, chosen)), self.no_drop
         if self.shared_expert is not None:
             gate = self.sigmoid(self.cast(self.shared_expert_gate(x), out.dtype))      # (N, 1)
             out = self.add_shared(out, self.mul_shared(gate, self.cast(self.shared_expert(x), out.dtype)))
@@ -230,4 +234,4 @@ def load_balancing_loss(counts, probs, count_rows: float, prob_rows: float, n_ex
     return n_experts * ((counts / count_rows) * (probs / prob_rows)).sum()
 
 
-__all__ = ["Experts", "SparseMoE", "expert_capacity", "load_balancing_loss"]
+__all__ = ["Experts", "SparseMoE", "expert_capacity", "load_balancing_loss", "queue_places"]
