@@ -8,7 +8,11 @@ new tokens, rounded up).
 
 Each (variant, buffer, prompt length) runs in its own process, variants alternating within a round;
 the figure is the prefill's wall time on its second call (the first compiles), median over rounds.
-The "before" variant patches the previous code (kept below) into the same model.
+The "before" variant patches the previous code (kept below) into the same model. That patch
+fits the functional (B, K, S, D) cache the model had until commit 0a84e00; since the cache is
+written in place (msllm/models/llama/kv_cache.py) it no longer does, so this script runs only in
+a checkout of 0a84e00 or earlier (``git worktree add /tmp/old 0a84e00``), where its result file
+``benchmarks/results/ttft_prefill.json`` was made.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ def _previous_code():
     from mindspore import ops
 
     from msllm.models.llama import kv_cache, model
+
+    if hasattr(kv_cache.KVCache, "heads_first"):   # the in-place cache: see the module docstring
+        raise SystemExit("benchmarks/ttft_prefill.py patches the functional KV cache of commit 0a84e00 and "
+                         "earlier; run it in a checkout of that commit (git worktree add /tmp/old 0a84e00)")
 
     init = kv_cache.KVCache.__init__
 

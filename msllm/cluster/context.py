@@ -58,7 +58,7 @@ def launcher_role() -> tuple[str, int | None]:
     return "worker", int(raw)
 
 
-def check_device_support(cfg: RunConfig) -> None:
+def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
     """Raise one clear :class:`MsllmError` if ``cfg`` asks the device for something it cannot do.
 
     Any device: training with ``pipeline_stage`` > 1 is not implemented; semi-auto parallel needs
@@ -66,7 +66,9 @@ def check_device_support(cfg: RunConfig) -> None:
     and says so in the start-up line of :func:`msllm.settings.log_settings`.)
     CPU: no expert_parallel / model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
-    rather than silently slow).
+    rather than silently slow). ``inference`` (predict, chat, serve, evaluate): parameters may be
+    stored in bfloat16 (``param_init_type`` / ``embedding_init_type``) with float32 compute on the
+    CPU fast path, whose linear kernel reads bf16 weights (``msllm/kernels/csrc/linear.cc``).
     """
     if cfg.context.device_target != "CPU":
         check_layout_trainable(cfg)
@@ -90,12 +92,15 @@ def check_device_support(cfg: RunConfig) -> None:
             f"parallel.parallel_mode={cfg.parallel.parallel_mode!r} needs operator sharding, which "
             "MindSpore 2.10 cannot compile on CPU; use parallel_mode: 0 (data_parallel) on CPU")
     mc = cfg.model_config
-    if mc.compute_dtype != "float32" or mc.param_init_type != "float32" or \
-            (mc.embedding_init_type or "float32") != "float32":
+    stored = {mc.param_init_type, mc.embedding_init_type or mc.param_init_type}
+    bf16_inference = inference and stored <= {"float32", "bfloat16"} and cfg.fast_paths
+    if mc.compute_dtype != "float32" or (stored != {"float32"} and not bf16_inference):
         raise MsllmError(
             f"model.model_config.compute_dtype={mc.compute_dtype!r} / param_init_type="
             f"{mc.param_init_type!r} / embedding_init_type={mc.embedding_init_type!r}: MindSpore 2.10 on CPU "
-            "has no bf16 kernels (MatMul, Softmax ...) and fp16 only runs slower; use float32 on CPU")
+            "has no bf16 kernels (MatMul, Softmax ...) and fp16 only runs slower; use float32 on CPU (for "
+            "predict / chat / serve / evaluate, param_init_type bfloat16 with compute_dtype float32 keeps the "
+            "weights in bfloat16 for msllm's CPU kernels, float32 arithmetic)")
 
 
 def check_layout_trainable(cfg: RunConfig) -> None:
@@ -113,7 +118,7 @@ def check_layout_trainable(cfg: RunConfig) -> None:
                          "the global batch and MindSpore splits it by the layout")
 
 
-def setup_runtime(cfg: RunConfig) -> Runtime:
+def setup_runtime(cfg: RunConfig, inference: bool = False) -> Runtime:
     """Configure MindSpore for ``cfg``, join the process group if there is one, seed RNGs.
 
     Raises:
@@ -123,7 +128,7 @@ def setup_runtime(cfg: RunConfig) -> Runtime:
     """
     import mindspore as ms
 
-    check_device_support(cfg)
+    check_device_support(cfg, inference)
     ctx = cfg.context
     if ctx.device_target == "CPU":
         ms.set_device("CPU")

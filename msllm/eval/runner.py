@@ -38,7 +38,7 @@ def _setup(cfg):
     pc = cfg.parallel_config
     pc.model_parallel, pc.pipeline_stage = 1, 1
     pc.data_parallel = env_world_size()  # evaluation splits requests over whatever ranks were started
-    rt = setup_runtime(cfg)
+    rt = setup_runtime(cfg, inference=True)
     setup_logging(rt.rank)
     log_notes(notes)
     return rt.rank, rt.world_size

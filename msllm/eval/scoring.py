@@ -80,7 +80,7 @@ def _score_cell_class():
         def pick(self, hidden, rows, targets):
             c = hidden.shape[-1]
             h = self.gather(hidden.reshape((-1, c)), rows, 0)                 # (N, C)
-            logp = self.log_softmax(self.net.head(h))                          # (N, V) float32
+            logp = self.log_softmax(self.net.head(h, True))                    # (N, V) float32
             return self.gather_d(logp, 1, targets.reshape((-1, 1))).reshape((-1,)), self.argmax(logp)
 
         def construct(self, tokens, rows, targets):
@@ -88,23 +88,22 @@ def _score_cell_class():
 
     class CachedQueryScores(QueryScores):
         """As :class:`QueryScores` for suffixes over a cached prefix: ``construct(self, tokens (B, T),
-        positions (B, T), mask (1, 1, T, S), write (T, S), caches, rows, targets)``."""
+        positions (B, T), mask (1, 1, T, S), slots (T,), caches, rows, targets)``."""
 
-        def construct(self, tokens, positions, mask, write, caches, rows, targets):
-            hidden, _ = self.net.model.forward_cached(tokens, positions, mask, write, caches)
+        def construct(self, tokens, positions, mask, slots, caches, rows, targets):
+            hidden = self.net.model.forward_cached(tokens, positions, mask, slots, caches)
             return self.pick(hidden, rows, targets)
 
     class Prefill(nn.Cell):
-        """``construct(self, tokens (1, P), positions, mask, write, caches)`` -> caches with the
-        prefix's keys and values."""
+        """``construct(self, tokens (1, P), positions, mask, slots, caches)``: writes the prefix's
+        keys and values into the caches (in place); returns the last hidden row (1, C)."""
 
         def __init__(self, net):
             super().__init__(auto_prefix=False)
             self.net = net
 
-        def construct(self, tokens, positions, mask, write, caches):
-            _, caches = self.net.model.forward_cached(tokens, positions, mask, write, caches)
-            return caches
+        def construct(self, tokens, positions, mask, slots, caches):
+            return self.net.model.forward_cached(tokens, positions, mask, slots, caches)[:, -1]
 
     return QueryScores, CachedQueryScores, Prefill
 
@@ -160,14 +159,14 @@ class Scorer:
         if dynamic and ms.get_context("mode") == ms.GRAPH_MODE:
             i32, f32 = ms.int32, ms.float32
             k, d, layers = self.cfg.kv_heads, self.cfg.head_dim, self.cfg.num_layers
-            dyn_caches = ms.mutable(tuple(Tensor(shape=[None, k, None, d], dtype=f32) for _ in range(2 * layers)))
+            dyn_caches = ms.mutable(tuple(Tensor(shape=[None, None, k, d], dtype=f32) for _ in range(2 * layers)))
             self.plain.set_inputs(Tensor(shape=[None, None], dtype=i32), Tensor(shape=[None], dtype=i32),
                                   Tensor(shape=[None], dtype=i32))
             self.cached.set_inputs(Tensor(shape=[None, None], dtype=i32), Tensor(shape=[None, None], dtype=i32),
-                                   Tensor(shape=[1, 1, None, None], dtype=f32), Tensor(shape=[None, None], dtype=f32),
+                                   Tensor(shape=[1, 1, None, None], dtype=f32), Tensor(shape=[None], dtype=i32),
                                    dyn_caches, Tensor(shape=[None], dtype=i32), Tensor(shape=[None], dtype=i32))
             self.prefill.set_inputs(Tensor(shape=[1, None], dtype=i32), Tensor(shape=[1, None], dtype=i32),
-                                    Tensor(shape=[1, 1, None, None], dtype=f32), Tensor(shape=[None, None], dtype=f32),
+                                    Tensor(shape=[1, 1, None, None], dtype=f32), Tensor(shape=[None], dtype=i32),
                                     dyn_caches)
 
     # ---- planning -------------------------------------------------------------------------
@@ -256,7 +255,7 @@ class Scorer:
         import mindspore as ms
         from mindspore import Tensor, ops
 
-        from msllm.models.llama.kv_cache import empty_cache
+        from msllm.models.llama.kv_cache import as_cache, empty_cache
 
         p = item.prefix
         idx = sorted(item.rows, key=lambda i: (-len(rows[i].tokens), rows[i].tokens))
@@ -277,9 +276,8 @@ class Scorer:
         w = c.sliding_window or s + pb  # slot = position here; no window = wider than any distance
         key, qpos = np.arange(s)[None, :], np.arange(pb)[:, None]
         causal = np.where((key <= qpos) & (key > qpos - w), 0.0, NEG).astype(np.float32)
-        write = np.eye(pb, s, dtype=np.float32)                          # token j -> slot j
-        caches = self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]),
-                              Tensor(causal[None, None]), Tensor(write), ms.mutable(caches))
+        self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]), Tensor(causal[None, None]),
+                     Tensor(np.arange(pb, dtype=np.int32)), ms.mutable(caches))          # token j -> slot j
         for batch in batches:
             t = max(lengths[i] for i in batch)
             n_rows = len(batch)
@@ -292,11 +290,11 @@ class Scorer:
             slot, query = np.arange(s)[None, :], np.arange(t)[:, None]
             seen = (slot < p) | ((slot >= p) & (slot <= p + query))
             mask = np.where(seen & (slot > p + query - w), 0.0, NEG).astype(np.float32)
-            write = np.zeros((t, s), np.float32)
-            write[np.arange(t), p + np.arange(t)] = 1.0
-            tiled = tuple(ops.tile(x, (n_rows, 1, 1, 1)) for x in caches)
+            # the prefix's cache repeated over the batch: the suffixes write their own copy
+            tiled = as_cache(ops.tile(x, (1, n_rows, 1, 1)) for x in caches)      # (S, B, K, D)
+            slots = (p + np.arange(t)).astype(np.int32)
             flat, tgts = self._flat_queries(rows, batch, t, p)
-            logp, greedy = self.cached(Tensor(tokens), Tensor(positions), Tensor(mask[None, None]), Tensor(write),
+            logp, greedy = self.cached(Tensor(tokens), Tensor(positions), Tensor(mask[None, None]), Tensor(slots),
                                        ms.mutable(tiled), Tensor(flat), Tensor(tgts))
             self._collect(rows, batch, out, logp.asnumpy(), greedy.asnumpy())
 

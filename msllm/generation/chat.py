@@ -138,7 +138,7 @@ def load_session(cfg, template: Optional[str] = None, adapter: Optional[str] = N
 
     log_settings(cfg, "predict")  # refuses a layout a single-process front cannot run
     cfg = predict_config(cfg, 1)
-    setup_runtime(cfg)
+    setup_runtime(cfg, inference=True)
     check_template(template)  # an unknown name fails before the model is loaded
     net, mc, info = load_for_inference(cfg, adapter=adapter)
     tok = open_tokenizer(info, mc, tokenizer)

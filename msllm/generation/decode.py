@@ -13,8 +13,9 @@ Layout of a batch (B rows, prompts of lengths n_b, padded to P >= max n_b):
 
 Static shapes: the prefill graph has shape (B, P, S) and the decode graph (B, 1, S), so in
 GRAPH_MODE the decode step compiles once per (batch size, buffer length) and runs for every
-token; caches are passed as ``ms.mutable`` tuples (otherwise MindSpore treats them as constants
-and recompiles each step). :attr:`Generator.shapes` records the shapes called (tests check it).
+token; caches are Parameters written in place (:mod:`msllm.models.llama.kv_cache`), passed as
+``ms.mutable`` tuples (otherwise MindSpore treats them as constants and recompiles each step).
+:attr:`Generator.shapes` records the shapes called (tests check it).
 
 Without the cache (``use_past: False``) each step runs the whole sequence again, right-aligned
 in a buffer of W = P + max_new slots (shape (B, W, W), one graph): the reference path
@@ -52,7 +53,8 @@ def _cells():
     from mindspore import nn, ops
 
     class CachedStep(nn.Cell):
-        """``(ids, positions, mask, write, caches) -> (last-position logits (B, V), caches)``;
+        """``(ids, positions, mask, slots, caches) -> last-position logits (B, V)`` (the caches
+        written in place);
         ``fresh``: the prefill's cell (an empty cache filled at slots 0..T-1, a compile-time
         constant of the model's ``forward_cached``)."""
 
@@ -61,22 +63,22 @@ def _cells():
             self.net = net
             self.fresh = fresh
 
-        def construct(self, input_ids, positions, mask, write, caches):
-            return self.net.forward_cached(input_ids, positions, mask, write, caches, True, self.fresh)
+        def construct(self, input_ids, positions, mask, slots, caches):
+            return self.net.forward_cached(input_ids, positions, mask, slots, caches, True, self.fresh)
 
     class ReorderedStep(nn.Cell):
-        """As CachedStep after taking the cache rows ``beam_idx`` (B,) int32 (beam search)."""
+        """As CachedStep after reordering the cache rows in place to ``beam_idx`` (B,) int32
+        (beam search: row b continues beam ``beam_idx[b]``)."""
 
         def __init__(self, net):
             super().__init__(auto_prefix=False)
             self.net = net
             self.gather = ops.Gather()
 
-        def construct(self, beam_idx, input_ids, positions, mask, write, caches):
-            picked = ()
-            for c in caches:
-                picked = picked + (self.gather(c, beam_idx, 0),)
-            return self.net.forward_cached(input_ids, positions, mask, write, picked, True)
+        def construct(self, beam_idx, input_ids, positions, mask, slots, caches):
+            for c in caches:                                   # (S, B, K, D): rows on axis 1
+                ops.assign(c, self.gather(c, beam_idx, 1))
+            return self.net.forward_cached(input_ids, positions, mask, slots, caches, True)
 
     return CachedStep, ReorderedStep
 
@@ -107,13 +109,6 @@ def mask_for(pads: np.ndarray, query_slots: np.ndarray, buffer: int, window: Opt
     return np.where(ok, 0.0, MASKED).astype(np.float32)[:, None]
 
 
-def write_for(slots: np.ndarray, buffer: int) -> np.ndarray:
-    """(T, S) float32 one-hot: new token t goes to cache slot ``slots[t]``."""
-    w = np.zeros((len(slots), buffer), np.float32)
-    w[np.arange(len(slots)), slots] = 1.0
-    return w
-
-
 class Generator:
     """Generation for one network: keeps the compiled step cells, so each shape compiles once
     over any number of :meth:`generate` calls (GRAPH_MODE; in PYNATIVE_MODE nothing compiles).
@@ -142,20 +137,22 @@ class Generator:
         c = self.config
         return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(c.compute_dtype))
 
-    def run(self, kind: str, ids, positions, mask, write, caches, beam_idx=None):
-        """One call of the compiled step; numpy in, (logits (B, V) float32 numpy, caches) out."""
+    def run(self, kind: str, ids, positions, mask, slots, caches, beam_idx=None):
+        """One call of the compiled step, writing the T new tokens to cache ``slots`` (T,);
+        numpy in, (logits (B, V) float32 numpy, caches) out (the same caches, written in place)."""
         import mindspore as ms
 
         key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1])
         new = key not in self.first_call_s
         t0 = time.perf_counter()
-        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(write), ms.mutable(caches))
+        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(np.asarray(slots, np.int32)),
+                ms.mutable(caches))
         if kind in ("prefill", "full"):        # a fresh cache filled at slots 0..T-1
-            logits, caches = self.prefill_step(*args)
+            logits = self.prefill_step(*args)
         elif beam_idx is None:
-            logits, caches = self.step(*args)
+            logits = self.step(*args)
         else:
-            logits, caches = self.reordered_step(ms.Tensor(beam_idx.astype(np.int32)), *args)
+            logits = self.reordered_step(ms.Tensor(beam_idx.astype(np.int32)), *args)
         logits = logits.asnumpy()
         if new:
             self.shapes.append(key)
@@ -169,14 +166,14 @@ class Generator:
         slots = np.arange(length)
         w = self.config.sliding_window
         logits, caches = self.run("prefill", ids, positions_for(pads, slots), mask_for(pads, slots, buffer, w),
-                                  write_for(slots, buffer), self.empty_cache(len(prompts), buffer))
+                                  slots, self.empty_cache(len(prompts), buffer))
         return logits, caches, pads
 
     def decode_step(self, tokens: np.ndarray, slot: int, pads: np.ndarray, buffer: int, caches, beam_idx=None):
         """Feed one token per row (B,) at cache slot ``slot``; returns (logits (B, V), caches)."""
         q = np.array([slot])
         return self.run("decode", tokens.astype(np.int32)[:, None], positions_for(pads, q),
-                        mask_for(pads, q, buffer, self.config.sliding_window), write_for(q, buffer), caches,
+                        mask_for(pads, q, buffer, self.config.sliding_window), q, caches,
                         beam_idx)
 
     def full_forward(self, sequences: Sequence[Sequence[int]], width: int, pad_id: int) -> np.ndarray:
@@ -186,7 +183,7 @@ class Generator:
         slots = np.arange(width)
         logits, _ = self.run("full", ids, positions_for(pads, slots),
                              mask_for(pads, slots, width, self.config.sliding_window),
-                             write_for(slots, width), self.empty_cache(len(sequences), width))
+                             slots, self.empty_cache(len(sequences), width))
         return logits
 
     # -- the loop ---------------------------------------------------------------------------

@@ -142,7 +142,9 @@ def _load_hf(path: str, mc_run: LlamaConfig, fast_paths: bool, device: str):
             ref = src.params.get(p.name)
             if ref is None:
                 raise MsllmError(f"{path}: no tensor for the model's parameter {p.name}")
-            p.set_data(ms.Tensor(to_float32(ref.load(), ref.dtype).astype(np.float32)))
+            # into the parameter's own dtype: float32, or bfloat16 (param_init_type) where a
+            # released bf16 checkpoint round-trips exactly
+            p.set_data(ms.Tensor(to_float32(ref.load(), ref.dtype).astype(np.float32), p.dtype))
         eos = src.raw_config.get("eos_token_id") if isinstance(src.raw_config, dict) else None
     finally:
         src.close()
@@ -242,7 +244,8 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
         fast_paths: the model's builder argument; None = ``cfg.fast_paths`` (benchmarks compare).
 
     Returns:
-        ``(net, model_config, info)``: a ``LlamaForCausalLM`` in inference mode (float32 on CPU)
+        ``(net, model_config, info)``: a ``LlamaForCausalLM`` in inference mode (float32 on CPU,
+        or bfloat16 parameters with ``param_init_type: bfloat16``)
         with the weights loaded, the :class:`LlamaConfig` it was built from, and
         :class:`InferenceInfo`.
 

@@ -177,7 +177,7 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
     notes = check_settings(cfg, "predict")  # refuses a layout predict cannot run
     setup_logging(int(os.environ.get("RANK_ID", "0") or 0))
     cfg = predict_config(cfg, env_world_size())
-    rt = setup_runtime(cfg)            # a CPU scheduler process never gets past this line
+    rt = setup_runtime(cfg, inference=True)  # a CPU scheduler process never gets past this line
     setup_logging(rt.rank)
     log_notes(notes)
     records, from_file = read_predict_data(predict_data)

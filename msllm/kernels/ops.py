@@ -26,7 +26,7 @@ def _same(*dtypes):
 class CpuKernels:
     """The operators of one compiled library (``lib``: path of libmsllm_kernels.so).
 
-    linear(x (..., in), w (out, in)) -> x w^T (..., out)          [torch.nn.Linear layout]
+    linear(x (..., in), w (out, in) float32 or bfloat16 (inference)) -> x w^T (..., out)          [torch.nn.Linear layout]
     linear_dynamic_rows: the same for x whose leading dimension is known only at run time
     flash_attention(q (B,T,H,D), k (B,T,K,D), v (B,T,K,D), window (1,)) -> (o (B,T,H,D), lse (B,H,T))
         causal softmax(q k^T / sqrt(D)) v, H/K query heads per key/value head, no (B,H,T,T) tensor;
@@ -37,8 +37,11 @@ class CpuKernels:
         the target is negative (ignored)
     swiglu(g (..., F), u (..., F)) -> silu(g) * u
     rope(x (B,T,N,D), cos (P,D), sin (P,D)) -> x cos + rotate_half(x) sin over rows 0..T-1 of the tables
-    decode_attention(q (B,H,1,D), k (B,K,S,D), v (B,K,S,D), mask (B,1,1,S)) -> softmax(q k^T + mask) v
+    decode_attention(q (B,H,1,D), k (S,B,K,D), v (S,B,K,D), mask (B,1,1,S)) -> softmax(q k^T + mask) v
         (B,H,1,D), H/K query heads per key/value head; decoding only (no gradient)
+    flash_attention_padded(q, k, v, window, start (B,) float32) -> o (B,T,H,D): causal attention of
+        left-padded rows, row b's keys from slot start[b] (a prefill; no gradient)
+    embedding(table (V,C) float32 or bfloat16, ids (...) int32) -> (..., C) float32 (inference)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
     """
@@ -142,6 +145,10 @@ class CpuKernels:
 
         # ---- decoding: one query per row over the key/value cache (csrc/decode.cc), no gradient --
         self.decode_attention = prim("decode_attention", lambda q, k, v, m: q)
+        # a batched prefill of left-padded rows (csrc/attention.cc), no gradient
+        self.flash_attention_padded = prim("flash_attention_padded", lambda q, k, v, w, start: q)
+        # embedding rows from a float32 or bfloat16 table (csrc/decode.cc), float32 out, no gradient
+        self.embedding = prim("embedding", lambda table, ids: list(ids) + [table[1]], lambda table, ids: ms.float32)
 
     @staticmethod
     def window_tensor(window) -> Tensor:

@@ -87,10 +87,14 @@ def choose(config, fast_paths: bool, device: str = "CPU") -> KernelChoice:
         cpu = None
         if want_cpu is not False:
             why = kernels.unavailable_reason()
-            dtypes = {getattr(config, k, "float32") for k in ("compute_dtype", "param_init_type",
-                                                            "layernorm_compute_type", "softmax_compute_type")}
-            if why is None and dtypes != {"float32"}:
-                why = f"msllm's CPU kernels compute in float32 only (the config has {sorted(dtypes)})"
+            dtypes = {getattr(config, k, "float32") for k in ("compute_dtype", "layernorm_compute_type",
+                                                            "softmax_compute_type")}
+            # parameters may be stored in bfloat16 (the linear kernel reads bf16 weights and
+            # computes in float32); the arithmetic itself is float32 only
+            stored = {getattr(config, k, None) or "float32" for k in ("param_init_type", "embedding_init_type")}
+            if why is None and (dtypes != {"float32"} or not stored <= {"float32", "bfloat16"}):
+                why = (f"msllm's CPU kernels compute in float32 only, with float32 or bfloat16 parameters "
+                       f"(the config has compute {sorted(dtypes)}, parameters {sorted(stored)})")
             if why is None:
                 cpu = kernels.cpu_kernels()
             else:

@@ -309,17 +309,75 @@ def test_grouped_linear_is_one_matmul_per_group(kernels, pynative, sizes):
 @pytest.mark.parametrize("b,h,kv,s,d", [(2, 6, 2, 37, 20), (3, 4, 4, 64, 64), (1, 9, 3, 5, 64)],
                          ids=["gqa-odd", "mha", "smollm2-heads"])
 def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b, h, kv, s, d):
-    """One query per row over a (B, K, S, D) cache with an additive mask (padding before each row's
+    """One query per row over an (S, B, K, D) cache with an additive mask (padding before each row's
     first slot, nothing after its last): softmax(q k^T + mask) v with each key/value head serving
-    H / K query heads, as repeat_kv + matmuls + softmax compute it."""
+    H / K query heads, as repeat_kv + matmuls + softmax compute it (numpy, on (B, K, S, D))."""
     r = rng()
     q, k, v = r.standard_normal((b, h, 1, d)), r.standard_normal((b, kv, s, d)), r.standard_normal((b, kv, s, d))
     mask = np.zeros((b, 1, 1, s))
     for row in range(b):
         lo, hi = row % 3, s - 1 - row   # each row its own visible slots lo .. hi
         mask[row, 0, 0, :lo] = mask[row, 0, 0, hi + 1:] = -1e9
-    got = kernels.decode_attention(t(q), t(k), t(v), t(mask)).asnumpy()
+    slots_first = (2, 0, 1, 3)          # (B, K, S, D) -> the cache layout (S, B, K, D)
+    cache = lambda x: t(np.ascontiguousarray(x.transpose(slots_first)))  # noqa: E731
+    got = kernels.decode_attention(t(q), cache(k), cache(v), t(mask)).asnumpy()
     kk, vv = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)          # (B, H, S, D)
     scores = q @ kk.transpose(0, 1, 3, 2) + mask                                      # (B, H, 1, S)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     close(got, (p / p.sum(-1, keepdims=True)) @ vv)
+
+
+def bf16_round(a):
+    """float32 values rounded to bfloat16 by MindSpore (round to nearest even), widened back to
+    float64: the values a bfloat16 tensor holds."""
+    return Tensor(np.asarray(a, np.float32), ms.bfloat16).astype(ms.float32).asnumpy().astype(np.float64)
+
+
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 300], ids=["gemv-1", "gemv-5", "gemv-8", "slabs-9", "slabs-300"])
+def test_linear_with_bfloat16_weights_is_float32_math_on_the_rounded_weights(kernels, pynative, m):
+    """``param_init_type: bfloat16`` inference: the kernel widens each bf16 weight (exactly) and
+    computes in float32, so its output is x times the rounded weights, to float32 rounding
+    (streaming path up to 8 rows, widened slabs + sgemm beyond)."""
+    r = rng()
+    x, w = r.standard_normal((m, 200)), r.standard_normal((1001, 200)) * 0.1   # odd sizes: tails
+    got = kernels.linear(t(x), Tensor(np.asarray(w, np.float32), ms.bfloat16)).asnumpy()
+    assert got.dtype == np.float32
+    close(got, np.asarray(x, np.float32).astype(np.float64) @ bf16_round(w).T)
+    # and the rounding is what separates it from the float32 weights (the check above can fail)
+    assert np.abs(got - x @ w.T).max() > 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embedding_rows_from_a_float32_or_bfloat16_table(kernels, pynative, dtype):
+    r = rng()
+    table = r.standard_normal((50, 24)).astype(np.float32)
+    ids = np.array([[3, 0, 49], [7, 7, 50]], np.int32)           # 50 is out of range: a zero row
+    got = kernels.embedding(Tensor(table, getattr(ms, dtype)), Tensor(ids)).asnumpy()
+    ref = table.astype(np.float64) if dtype == "float32" else bf16_round(table)
+    want = np.concatenate([ref, np.zeros((1, 24))])[np.minimum(ids, 50)]
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("tq,window,starts", [(70, 0, [0, 5, 69]),     # one row fully padded but its last slot
+                                              (130, 0, [64, 0, 100]),  # padding past a whole 64-row block
+                                              (90, 7, [3, 40, 0])],    # sliding window and padding together
+                         ids=["pads", "pad-a-block", "window"])
+def test_flash_attention_padded_rows(kernels, pynative, tq, window, starts):
+    """A prefill of left-padded rows: row b's query t sees keys max(start[b], t - W + 1) .. t (numpy,
+    the additive mask the composed path uses), and the padding rows give exactly 0."""
+    r = rng()
+    b, h, kv, d = len(starts), 6, 2, 16
+    q, k, v = (r.standard_normal((b, tq, n, d)) for n in (h, kv, kv))
+    out = kernels.flash_attention_padded(t(q), t(k), t(v), kernels.window_tensor(window),
+                                         t(np.array(starts, np.float32))).asnumpy()
+    kk, vv = np.repeat(k, h // kv, axis=2), np.repeat(v, h // kv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(d)
+    key, query = np.arange(tq)[None, :], np.arange(tq)[:, None]
+    for row, st in enumerate(starts):
+        seen = (key <= query) & (key >= st) & ((key > query - window) if window else True)
+        s[row] = np.where(seen, s[row], -np.inf)
+        pad = slice(0, st)
+        p = np.exp(s[row, :, st:] - s[row, :, st:].max(-1, keepdims=True))
+        ref = np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), vv[row])
+        close(out[row, st:], ref)
+        np.testing.assert_array_equal(out[row, pad], 0.0)

@@ -19,12 +19,13 @@ CFG = LlamaConfig(vocab_size=97, hidden_size=64, num_layers=2, num_heads=4, n_kv
 
 
 class Cached(nn.Cell):
-    def __init__(self, net):
+    def __init__(self, net, fresh=False):
         super().__init__()
         self.net = net
+        self.fresh = fresh
 
-    def construct(self, ids, positions, mask, write, caches):
-        return self.net.forward_cached(ids, positions, mask, write, caches)
+    def construct(self, ids, positions, mask, index, caches):
+        return self.net.forward_cached(ids, positions, mask, index, caches, False, self.fresh)
 
 
 def additive_mask(pads, query_slots, slots):
@@ -42,8 +43,11 @@ def graph_mode():
     yield from context_mode("graph")
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["prefill_over_buffer", "fresh_prefill"])
 @pytest.mark.parametrize("fast", [False, True], ids=["ascend_path", "cpu_fast_path"])
-def test_prefill_and_decode_match_the_full_forward(graph_mode, fast):
+def test_prefill_and_decode_match_the_full_forward(graph_mode, fast, fresh):
+    """``fresh``: the prefill attends over its own keys only (the generator's prefill graph); its
+    cache writes must still happen, which the decode steps after it check."""
     print("seed", SEED)
     ms.set_seed(SEED)
     net = LlamaForCausalLM(CFG, fast_paths=fast)
@@ -59,8 +63,8 @@ def test_prefill_and_decode_match_the_full_forward(graph_mode, fast):
     buf[1, 2:], pos[1, 2:] = ids[1, :4], np.arange(4)
     step = Cached(net)
     caches = ms.mutable(empty_cache(2, CFG.kv_heads, slots, CFG.head_dim, CFG.num_layers))
-    logits, caches = step(ms.Tensor(buf), ms.Tensor(pos), ms.Tensor(additive_mask(pads, range(prompt), slots)),
-                          ms.Tensor(np.eye(prompt, slots, dtype=np.float32)), caches)
+    logits = Cached(net, fresh)(ms.Tensor(buf), ms.Tensor(pos), ms.Tensor(additive_mask(pads, range(prompt), slots)),
+                  ms.Tensor(np.arange(prompt, dtype=np.int32)), caches)
     logits = logits.asnumpy()
     np.testing.assert_allclose(logits[0], full[0, :6], atol=1e-4)
     np.testing.assert_allclose(logits[1, 2:], full[1, :4], atol=1e-4)
@@ -68,10 +72,8 @@ def test_prefill_and_decode_match_the_full_forward(graph_mode, fast):
         slot = prompt + k
         nxt = np.array([[ids[0, 6 + k]], [ids[1, 4 + k]]], np.int32)
         p = np.array([[6 + k], [4 + k]], np.int32)
-        write = np.zeros((1, slots), np.float32)
-        write[0, slot] = 1.0
-        out, caches = step(ms.Tensor(nxt), ms.Tensor(p), ms.Tensor(additive_mask(pads, [slot], slots)),
-                           ms.Tensor(write), ms.mutable(caches))
+        out = step(ms.Tensor(nxt), ms.Tensor(p), ms.Tensor(additive_mask(pads, [slot], slots)),
+                   ms.Tensor(np.array([slot], np.int32)), caches)
         out = out.asnumpy()
         np.testing.assert_allclose(out[0, 0], full[0, 6 + k], atol=1e-4)
         np.testing.assert_allclose(out[1, 0], full[1, 4 + k], atol=1e-4)

@@ -50,24 +50,21 @@ bool read_dims(int *ndims, int64_t **shapes, Dims *out) {
 }
 }  // namespace
 
-// q (B,T,H,D), k (B,T,K,D), v (B,T,K,D), window (1) -> o (B,T,H,D), lse (B,H,T)
-MSLLM_AOT(msllm_flash_attention) {
-  if (nparam != 6 || !all_f32(nparam, dtypes)) return 1;
-  Dims dm;
-  if (!read_dims(ndims, shapes, &dm)) return 2;
-  const float *q = static_cast<const float *>(params[0]);
-  const float *k = static_cast<const float *>(params[1]);
-  const float *v = static_cast<const float *>(params[2]);
-  const int64_t W = read_window(params[3]);
-  float *o = static_cast<float *>(params[4]);
-  float *lse = static_cast<float *>(params[5]);
+namespace {
+// The forward pass; ``start`` (B,) or null: row b's keys before slot start[b] are hidden (left
+// padding), and its query rows before start[b] see no key at all (output 0, lse -inf). ``lse``
+// may be null (inference).
+void flash_forward(const Dims &dm, const float *q, const float *k, const float *v, int64_t W, const float *start,
+                   float *o, float *lse) {
   const int64_t T = dm.t, D = dm.d, BQ = block_rows(T), nqb = (T + BQ - 1) / BQ;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t nbh = dm.b * dm.h;
   // task i: the longest (last) query blocks first, so that dynamic hand-out balances the load
   Pool::get().run(static_cast<int>(nbh * nqb), [&](int i) {
     const int64_t qb = nqb - 1 - i / nbh, bh = i % nbh, b = bh / dm.h, h = bh % dm.h, g = h / dm.rep;
-    const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), k0 = first_key(q0, W), kend = q0 + nq;
+    const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), kend = q0 + nq;
+    const int64_t sb = start ? std::min<int64_t>(std::max<int64_t>(0, static_cast<int64_t>(start[b])), T) : 0;
+    const int64_t k0 = std::max(first_key(q0, W), std::min(sb, kend - 1));
     const int64_t nk = kend - k0;  // keys k0..kend-1
     const float *qp = q + (b * T + q0) * dm.ldq() + h * D;
     const float *kp = k + (b * T + k0) * dm.ldk() + g * D;
@@ -77,12 +74,18 @@ MSLLM_AOT(msllm_flash_attention) {
     float inv_l[kMaxBlock];
     for (int64_t r = 0; r < nq; ++r) {
       float *row = s + r * nk;
-      const int64_t lo = first_key(q0 + r, W) - k0, valid = q0 + r + 1 - k0;  // keys lo..valid-1 of the row
+      const int64_t lo = std::max(first_key(q0 + r, W), sb) - k0, valid = q0 + r + 1 - k0;  // keys lo..valid-1
+      if (lo >= valid) {  // a padding row: nothing visible
+        std::memset(row, 0, sizeof(float) * nk);
+        if (lse) lse[bh * T + q0 + r] = -INFINITY;
+        inv_l[r] = 0.f;
+        continue;
+      }
       const float m = row_max(row + lo, valid - lo);
       const float l = exp_shift_sum(row + lo, row + lo, valid - lo, 1.f, m);
       std::memset(row, 0, sizeof(float) * lo);
       std::memset(row + valid, 0, sizeof(float) * (nk - valid));
-      lse[bh * T + q0 + r] = m + std::log(l);
+      if (lse) lse[bh * T + q0 + r] = m + std::log(l);
       inv_l[r] = 1.f / l;
     }
     float *op = o + (b * T + q0) * dm.ldq() + h * D;
@@ -90,6 +93,31 @@ MSLLM_AOT(msllm_flash_attention) {
     for (int64_t r = 0; r < nq; ++r)
       for (int64_t c = 0; c < D; ++c) op[r * dm.ldq() + c] *= inv_l[r];
   });
+}
+}  // namespace
+
+// q (B,T,H,D), k (B,T,K,D), v (B,T,K,D), window (1) -> o (B,T,H,D), lse (B,H,T)
+MSLLM_AOT(msllm_flash_attention) {
+  if (nparam != 6 || !all_f32(nparam, dtypes)) return 1;
+  Dims dm;
+  if (!read_dims(ndims, shapes, &dm)) return 2;
+  flash_forward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                static_cast<const float *>(params[2]), read_window(params[3]), nullptr, static_cast<float *>(params[4]),
+                static_cast<float *>(params[5]));
+  return 0;
+}
+
+// Left-padded rows (a batched prefill; inference only, no gradient): q (B,T,H,D), k, v (B,T,K,D),
+// window (1), start (B,) float32 = each row's first real slot -> o (B,T,H,D); row b's query t
+// sees keys max(start[b], t - W + 1) .. t, and rows before start[b] give 0.
+MSLLM_AOT(msllm_flash_attention_padded) {
+  if (nparam != 6 || !all_f32(nparam, dtypes)) return 1;
+  Dims dm;
+  if (!read_dims(ndims, shapes, &dm)) return 2;
+  if (ndims[4] != 1 || shapes[4][0] != dm.b) return 2;
+  flash_forward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                static_cast<const float *>(params[2]), read_window(params[3]), static_cast<const float *>(params[4]),
+                static_cast<float *>(params[5]), nullptr);
   return 0;
 }
 

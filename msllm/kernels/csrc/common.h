@@ -27,6 +27,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace msllm {
 
@@ -221,6 +224,19 @@ class Pool {
   std::mutex owner_;
   std::function<void(int)> *job_ = nullptr;
   int ntasks_ = 0;
+};
+
+// Flush denormal results and inputs to zero on this thread for the scope (MXCSR FTZ | DAZ), then
+// restore the caller's mode: attention over a long cache multiplies values by probabilities down
+// to ~1e-38, whose denormal products run ~25x slower (measured on decode_attention with widely
+// spread scores: 3.3 ms vs 0.13 ms per call); a value below 1.2e-38 changes nothing at float32's
+// relative precision.
+struct FlushDenormals {
+#if defined(__SSE__)
+  unsigned saved;
+  FlushDenormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved); }
+#endif
 };
 
 // Per-thread scratch buffer of at least n floats (kept between calls, 64-byte aligned).

@@ -1,16 +1,68 @@
 // Attention of one new token per sequence over the key/value cache (decoding), grouped-query:
-// q (B, H, 1, D) (already scaled by 1/sqrt(D)), k / v (B, K, S, D) the cache, mask (B, 1, 1, S)
-// additive (0 = visible, -1e9 = not) -> o (B, H, 1, D) = softmax(q k^T + mask) v.
+// q (B, H, 1, D) (already scaled by 1/sqrt(D)), k / v (S, B, K, D) the cache (slots first, the
+// layout msllm/models/llama/kv_cache.py writes in place), mask (B, 1, 1, S)
+// additive (0 = visible; at or below -1e8, msllm's -1e9 or -inf = hidden) -> o (B, H, 1, D) =
+// softmax(q k^T + mask) v.
 // What the composed operators do in four steps (repeat_kv's copy of the cache to H heads, the
-// score matmul, the softmax, the value matmul), here in one pass over the cache: each task takes
-// one (row, key/value head) and its H / K query heads, reads each cached key and value once, and
-// keeps an online softmax (Milakov & Gimelshein 2018: running max, rescaled sum and output).
-// Inference only (no gradient).
+// score matmul, the softmax, the value matmul), here in one read of the cache. The slots are
+// split into chunks (split-KV, "Flash-Decoding": Dao, Haziza, Massa & Sizov 2023), one task per
+// chunk: a slot's keys and values for every row and head are one contiguous (B, K, D) block, so
+// each task streams its slots' blocks in memory order (a task per (row, head) instead reads 256
+// bytes out of every B K D x 4 bytes: measured 3.4x slower at SmolLM2's batch 8). Per chunk: the
+// scores of every (row, query head) with AVX-512 dot products, their max and exp-sum, then the
+// probabilities times the values; the chunks' partial results are merged with the usual
+// rescaling by exp(chunk max - overall max) (Milakov & Gimelshein 2018). Hidden keys are
+// skipped: they contribute exactly 0, as exp(-1e9 - max) does in float32 in the composed
+// softmax. Inference only (no gradient).
 #include "common.h"
 
 #include <cmath>
+#include <cstring>
+#include <memory>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 using namespace msllm;
+
+namespace {
+constexpr float kHidden = -1e8f;  // mask values at or below this hide the key
+
+#if defined(__AVX512F__)
+// acc (D,) += p * v (D,)
+inline void axpy(float *acc, const float *v, float p, int64_t d) {
+  const __m512 pv = _mm512_set1_ps(p);
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = tail_mask(d - i);
+    _mm512_mask_storeu_ps(acc + i, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, acc + i)));
+  }
+}
+// acc (G, D) += p[g * p_stride] * v (D,) for each of G heads sharing the value row v: v is read
+// into registers once when D <= 128
+inline void axpy_group(float *acc, const float *v, const float *p, int64_t p_stride, int64_t groups, int64_t d) {
+  if (d % 16 != 0 || d > 128) {
+    for (int64_t g = 0; g < groups; ++g) axpy(acc + g * d, v, p[g * p_stride], d);
+    return;
+  }
+  __m512 vv[8];
+  const int64_t nv = d / 16;
+  for (int64_t i = 0; i < nv; ++i) vv[i] = _mm512_loadu_ps(v + 16 * i);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 pv = _mm512_set1_ps(p[g * p_stride]);
+    float *a = acc + g * d;
+    for (int64_t i = 0; i < nv; ++i) _mm512_storeu_ps(a + 16 * i, _mm512_fmadd_ps(pv, vv[i], _mm512_loadu_ps(a + 16 * i)));
+  }
+}
+#else
+inline void axpy(float *acc, const float *v, float p, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) acc[i] += p * v[i];
+}
+inline void axpy_group(float *acc, const float *v, const float *p, int64_t p_stride, int64_t groups, int64_t d) {
+  for (int64_t g = 0; g < groups; ++g) axpy(acc + g * d, v, p[g * p_stride], d);
+}
+#endif
+}  // namespace
 
 MSLLM_AOT(msllm_decode_attention) {
   if (nparam != 5 || !all_f32(nparam, dtypes)) return 1;
@@ -21,44 +73,102 @@ MSLLM_AOT(msllm_decode_attention) {
   float *o = static_cast<float *>(params[4]);
   if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 4) return 2;
   const int64_t b = shapes[0][0], h = shapes[0][1], t = shapes[0][2], d = shapes[0][3];
-  const int64_t kv = shapes[1][1], s = shapes[1][2];
-  if (t != 1 || shapes[1][0] != b || shapes[1][3] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s ||
-      (shapes[3][0] != b && shapes[3][0] != 1))
+  const int64_t s = shapes[1][0], kv = shapes[1][2];
+  if (t != 1 || shapes[1][1] != b || shapes[1][3] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s ||
+      (shapes[3][0] != b && shapes[3][0] != 1) || shapes[2][0] != s || shapes[2][1] != b || shapes[2][2] != kv)
     return 2;
-  const int64_t group = h / kv;
+  const int64_t group = h / kv, bh = b * h;
+  const int64_t stride = b * kv * d;                        // from one slot to the next
   const int64_t mask_rows = shapes[3][0];
-  Pool::get().run(static_cast<int>(b * kv), [&](int task) {
-    const int64_t bi = task / kv, ki = task % kv;
-    const float *kb = k + (bi * kv + ki) * s * d;
-    const float *vb = v + (bi * kv + ki) * s * d;
-    const float *mb = mask + (mask_rows == 1 ? 0 : bi) * s;
-    const float *qg = q + (bi * h + ki * group) * d;        // the group's query heads, consecutive
-    float *og = o + (bi * h + ki * group) * d;
-    std::vector<float> acc(group * d, 0.f), mx(group, -INFINITY), sum(group, 0.f);
-    for (int64_t j = 0; j < s; ++j) {
-      const float m = mb[j];
-      if (m <= -1e30f) continue;                            // -inf: contributes exactly nothing
-      const float *kj = kb + j * d, *vj = vb + j * d;
-      for (int64_t g = 0; g < group; ++g) {
-        const float *qv = qg + g * d;
-        float dot = 0.f;
-        for (int64_t i = 0; i < d; ++i) dot += qv[i] * kj[i];
-        const float x = dot + m;
-        float *a = acc.data() + g * d;
-        if (x > mx[g]) {
-          const float c = std::exp(mx[g] - x);            // rescale what was summed so far
-          sum[g] *= c;
-          for (int64_t i = 0; i < d; ++i) a[i] *= c;
-          mx[g] = x;
+  // chunks of at least 32 slots, about 4 per thread so the pool can balance them
+  const int64_t want = 4 * static_cast<int64_t>(Pool::get().size());
+  const int64_t len = std::max<int64_t>(32, (s + want - 1) / want);
+  const int64_t chunks = (s + len - 1) / len;
+  // per chunk: scores (B*H, len), then max (B*H), sum (B*H), acc (B*H, D)
+  const int64_t per = bh * len + 2 * bh + bh * d;
+  std::unique_ptr<float[]> work(new float[chunks * per]);   // every element written before it is read
+  Pool::get().run(static_cast<int>(chunks), [&](int c) {
+    FlushDenormals ftz;
+    const int64_t j0 = c * len, j1 = std::min<int64_t>(s, j0 + len), n = j1 - j0;
+    float *score = work.get() + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
+    for (int64_t j = j0; j < j1; ++j) {                     // keys: slot j's (B, K, D) block
+      const float *kj = k + j * stride;
+      for (int64_t bi = 0; bi < b; ++bi) {
+        const float m = mask[(mask_rows == 1 ? 0 : bi) * s + j];
+        for (int64_t ki = 0; ki < kv; ++ki) {               // one key, its group's query heads
+          const float *key = kj + (bi * kv + ki) * d;
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t hi = ki * group + g;
+            score[(bi * h + hi) * len + (j - j0)] = m <= kHidden ? -INFINITY : dot(q + (bi * h + hi) * d, key, d) + m;
+          }
         }
-        const float p = std::exp(x - mx[g]);
-        sum[g] += p;
-        for (int64_t i = 0; i < d; ++i) a[i] += p * vj[i];
       }
     }
-    for (int64_t g = 0; g < group; ++g) {
-      const float inv = sum[g] > 0.f ? 1.f / sum[g] : 0.f;
-      for (int64_t i = 0; i < d; ++i) og[g * d + i] = acc[g * d + i] * inv;
+    for (int64_t r = 0; r < bh; ++r) {                      // softmax numerators of the chunk
+      float *sr = score + r * len;
+      mx[r] = row_max(sr, n);
+      sum[r] = mx[r] == -INFINITY ? 0.f : exp_shift_sum(sr, sr, n, 1.f, mx[r]);
+    }
+    std::fill(acc, acc + bh * d, 0.f);
+    for (int64_t j = j0; j < j1; ++j) {                     // values: slot j's (B, K, D) block
+      const float *vj = v + j * stride;
+      for (int64_t bi = 0; bi < b; ++bi) {
+        if (mask[(mask_rows == 1 ? 0 : bi) * s + j] <= kHidden) continue;
+        for (int64_t ki = 0; ki < kv; ++ki)
+          axpy_group(acc + (bi * h + ki * group) * d, vj + (bi * kv + ki) * d, score + (bi * h + ki * group) * len + (j - j0),
+                     len, group, d);
+      }
+    }
+  });
+  for (int64_t r = 0; r < bh; ++r) {                        // merge the chunks
+    float top = -INFINITY;
+    for (int64_t c = 0; c < chunks; ++c) top = std::max(top, work[c * per + bh * len + r]);
+    float *out = o + r * d;
+    std::fill(out, out + d, 0.f);
+    if (top == -INFINITY) continue;                         // nothing visible: output 0
+    float total = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float *mc = work.get() + c * per + bh * len;
+      if (mc[r] == -INFINITY) continue;
+      const float w = std::exp(mc[r] - top);
+      total += w * mc[bh + r];
+      axpy(out, mc + 2 * bh + r * d, w, d);
+    }
+    const float inv = 1.f / total;
+    for (int64_t i = 0; i < d; ++i) out[i] *= inv;
+  }
+  return 0;
+}
+
+// Embedding lookup from a float32 or bfloat16 table (V, C) -> float32 rows: ids (...) int32 ->
+// (..., C). MindSpore 2.10's CPU Gather has no bfloat16 kernel, and a table kept in bfloat16 for
+// the output head (tied embeddings, inference with param_init_type bfloat16) would otherwise need
+// a float32 copy of the whole table per call. Widening bf16 -> f32 is exact. Ids outside [0, V)
+// give zero rows (nn.Embedding's CPU Gather does the same). Inference only (no gradient).
+MSLLM_AOT(msllm_embedding) {
+  if (nparam != 3 || std::strcmp(dtypes[1], "int32") != 0 || !all_f32(1, dtypes + 2)) return 1;
+  const bool bf16 = std::strcmp(dtypes[0], "bfloat16") == 0;
+  if (!bf16 && !all_f32(1, dtypes)) return 1;
+  if (ndims[0] != 2) return 2;
+  const int64_t v = shapes[0][0], c = shapes[0][1], n = numel(ndims[1], shapes[1]);
+  const int32_t *ids = static_cast<const int32_t *>(params[1]);
+  float *out = static_cast<float *>(params[2]);
+  parallel_rows(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float *row = out + r * c;
+      const int64_t id = ids[r];
+      if (id < 0 || id >= v) {
+        std::fill(row, row + c, 0.f);
+      } else if (bf16) {
+        const uint16_t *src = static_cast<const uint16_t *>(params[0]) + id * c;
+        for (int64_t i = 0; i < c; ++i) {
+          const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+          std::memcpy(row + i, &bits, 4);
+        }
+      } else {
+        const float *src = static_cast<const float *>(params[0]) + id * c;
+        std::copy(src, src + c, row);
+      }
     }
   });
   return 0;

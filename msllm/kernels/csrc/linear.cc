@@ -2,6 +2,8 @@
 // oneDNN's sgemm split over the pool (common.h). x may have any leading dimensions.
 #include "common.h"
 
+#include <cstring>
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -13,22 +15,33 @@ namespace {
 constexpr int64_t kGemvRows = 4;   // up to this many rows of x (measured: at 8 rows oneDNN's sgemm is as fast)
 
 #if defined(__AVX512F__)
-// y (m, out) = x (m, in) w^T for m <= kGemvRows: decoding's shape (one token per sequence). A
+// Weights as float32 or as bfloat16 (the upper 16 bits of a float32: widening is a shift, exact),
+// 16 at a time into float32 lanes; the arithmetic is float32 either way.
+inline __m512 load_w(const float *p) { return _mm512_loadu_ps(p); }
+inline __m512 load_w(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))), 16));
+}
+inline __m512 load_w(__mmask16 m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_w(__mmask16 m, const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+// y (m, out) = x (m, in) w^T for a few rows m: decoding's shape (one token per sequence). A
 // GEMM library packs W for reuse across many rows; with a handful of rows the step is the read
 // of W itself (memory-bound: every weight is used m times), so each thread streams its share of
 // W's rows once, two rows at a time, against all m rows of x held in cache, with m x 2 AVX-512
 // accumulators. Sum order: 16 lanes, then the lanes reduced: differs from a GEMM's in the last bits.
-template <int M>
-void gemv_rows(const float *x, const float *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1) {
+template <int M, class W>
+void gemv_rows(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1) {
   const int64_t vec = in / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (in - vec)) - 1u);
   int64_t o = o0;
   for (; o + 1 < o1; o += 2) {
-    const float *w0 = w + o * in, *w1 = w0 + in;
+    const W *w0 = w + o * in, *w1 = w0 + in;
     __m512 a0[M], a1[M];
     for (int r = 0; r < M; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < vec; i += 16) {
-      const __m512 v0 = _mm512_loadu_ps(w0 + i), v1 = _mm512_loadu_ps(w1 + i);
+      const __m512 v0 = load_w(w0 + i), v1 = load_w(w1 + i);
       for (int r = 0; r < M; ++r) {
         const __m512 xv = _mm512_loadu_ps(x + r * in + i);
         a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
@@ -36,7 +49,7 @@ void gemv_rows(const float *x, const float *w, float *y, int64_t in, int64_t out
       }
     }
     if (tail) {
-      const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + vec), v1 = _mm512_maskz_loadu_ps(tail, w1 + vec);
+      const __m512 v0 = load_w(tail, w0 + vec), v1 = load_w(tail, w1 + vec);
       for (int r = 0; r < M; ++r) {
         const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * in + vec);
         a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
@@ -49,15 +62,15 @@ void gemv_rows(const float *x, const float *w, float *y, int64_t in, int64_t out
     }
   }
   for (; o < o1; ++o) {   // an odd last row
-    const float *w0 = w + o * in;
+    const W *w0 = w + o * in;
     __m512 a0[M];
     for (int r = 0; r < M; ++r) a0[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < vec; i += 16) {
-      const __m512 v0 = _mm512_loadu_ps(w0 + i);
+      const __m512 v0 = load_w(w0 + i);
       for (int r = 0; r < M; ++r) a0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * in + i), v0, a0[r]);
     }
     if (tail) {
-      const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + vec);
+      const __m512 v0 = load_w(tail, w0 + vec);
       for (int r = 0; r < M; ++r)
         a0[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x + r * in + vec), v0, a0[r]);
     }
@@ -65,21 +78,22 @@ void gemv_rows(const float *x, const float *w, float *y, int64_t in, int64_t out
   }
 }
 
-template <int M>
-void gemv_parallel(const float *x, const float *w, float *y, int64_t in, int64_t out) {
+template <int M, class W>
+void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
   Pool &pool = Pool::get();
-  int64_t rows = std::max<int64_t>(16, (int64_t(1) << 14) / std::max<int64_t>(in, 1));
+  int64_t rows = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(in * int64_t(sizeof(W)), 1));
   rows = std::min<int64_t>(rows, std::max<int64_t>(2, out / (4 * pool.size())));
   rows += rows & 1;
   const int tasks = static_cast<int>((out + rows - 1) / rows);
   pool.run(tasks, [&](int t) {
     const int64_t o0 = t * rows, o1 = std::min<int64_t>(out, o0 + rows);
-    gemv_rows<M>(x, w, y, in, out, o0, o1);
+    gemv_rows<M, W>(x, w, y, in, out, o0, o1);
   });
 }
 
-bool gemv(const float *x, const float *w, float *y, int64_t m, int64_t in, int64_t out) {
+template <class W>
+bool gemv(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t out) {
   if (std::getenv("MSLLM_NO_GEMV")) return false;
   switch (m) {
     case 1: gemv_parallel<1>(x, w, y, in, out); return true;
@@ -94,20 +108,54 @@ bool gemv(const float *x, const float *w, float *y, int64_t m, int64_t in, int64
   }
 }
 #else
-bool gemv(const float *, const float *, float *, int64_t, int64_t, int64_t) { return false; }
+template <class W>
+bool gemv(const float *, const W *, float *, int64_t, int64_t, int64_t) { return false; }
 #endif
+
+// y (m, out) = x (m, in) w^T with bfloat16 w, for more rows than the streaming path takes (a
+// prefill, scoring): W widened to float32 (exact) in slabs of at most 2^24 weights (64 MiB), each
+// slab by all threads, then times x on the pool's parallel sgemm as for float32 weights. One
+// widening pass over W per call, small beside the m x out x in product (measured on SmolLM2's
+// 512-token prefill: per-slab single-thread sgemm instead cost 15% over float32 weights).
+void bf16_sgemm(const float *x, const uint16_t *w, float *y, int64_t m, int64_t in, int64_t out) {
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(out, (int64_t(1) << 24) / std::max<int64_t>(in, 1)));
+  float *slab = scratch(3, rows * in);
+  for (int64_t o0 = 0; o0 < out; o0 += rows) {
+    const int64_t n = std::min(rows, out - o0);
+    const uint16_t *src = w + o0 * in;
+    parallel_rows(n * in, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+        std::memcpy(slab + i, &bits, 4);
+      }
+    });
+    parallel_sgemm('N', 'T', m, n, in, 1.f, x, in, slab, in, 0.f, y + o0, out);  // columns o0.. of y
+  }
+}
 
 }  // namespace
 
-// x (..., in), w (out, in) -> y (..., out); up to kGemvRows rows of x: the weight-streaming path above
+// x (..., in) float32, w (out, in) float32 or bfloat16 -> y (..., out) float32. Float32 w: up to
+// kGemvRows rows of x on the weight-streaming path above, more on oneDNN's sgemm. Bfloat16 w
+// (inference with param_init_type bfloat16: half the bytes per token): up to 8 rows streamed,
+// more through bf16_sgemm; float32 arithmetic throughout.
 MSLLM_AOT(msllm_linear) {
-  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  const char *f32[] = {dtypes[0], dtypes[2]};
+  if (nparam != 3 || !all_f32(2, f32)) return 1;
+  const bool bf16 = std::strcmp(dtypes[1], "bfloat16") == 0;
+  if (!bf16 && !all_f32(1, dtypes + 1)) return 1;
   const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
   float *y = static_cast<float *>(params[2]);
   int64_t in = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
   int64_t out = shapes[1][0];
   if (shapes[1][1] != in) return 2;
+  if (bf16) {
+    const uint16_t *w = static_cast<const uint16_t *>(params[1]);
+    if (m >= 1 && m <= 8 && in > 0 && gemv(x, w, y, m, in, out)) return 0;
+    bf16_sgemm(x, w, y, m, in, out);
+    return 0;
+  }
+  const float *w = static_cast<const float *>(params[1]);
   if (m >= 1 && m <= kGemvRows && in > 0 && gemv(x, w, y, m, in, out)) return 0;
   parallel_sgemm('N', 'T', m, out, in, 1.f, x, in, w, in, 0.f, y, out);
   return 0;

@@ -1,77 +1,74 @@
 """A key/value cache for incremental decoding, kept beside the attention (litgpt's ``KVCache``).
 
-The cache is functional: each layer's keys and values live in two tensors (B, K, S, D) that the
-caller passes in and gets back updated, so one compiled graph serves every decode step (static
-shapes: S is the buffer length, fixed for a generation) and the training graph has no cache.
+Each layer's keys and values live in two ``mindspore.Parameter`` buffers (S, B, K, D) that the
+caller allocates (:func:`empty_cache`), passes into the compiled step and keeps: the step writes
+the new tokens' keys and values into them **in place** (``ScatterUpdate`` of whole slots along
+the first axis, a side effect MindSpore orders before the attention's read of the same buffer),
+so one compiled graph serves every decode step (static shapes: S is the buffer length, fixed for
+a generation) and a step costs O(T B K D) for the write, not a rewrite of the whole buffer. This
+is the design of MindFormers' ``KVCacheMgr`` (``mindformers/modules/kvcache_mgr.py``:
+``key_past`` / ``value_past`` Parameters updated by in-place cache operators).
 
-Writing: ``write`` (T, S) is a one-hot matrix, ``write[t, s] = 1`` puts new token t at cache slot s.
+Why this layout and operator, measured (MindSpore 2.10 CPU, SmolLM2's 30 layers at batch 8 with
+544 slots, 60 writes of one slot per decode step; BENCHMARKS.md "decode step"):
 
-* decode (T = 1): one token into slot s, a select over the cache,
-  ``cache' = where(write[0, s], new, cache)`` (the masked update MindFormers' ``KVCacheMgr`` uses
-  where no fused cache kernel exists, ``mindformers/modules/kvcache_mgr.py``);
-* several tokens at any slots (the evaluation scorer writes a continuation after a cached
-  prefix): ``cache' = cache * (1 - sum_t write[t, :]) + write^T @ new``, O(T S K D) per layer
-  (the masked-add update, written for any number of tokens);
-* ``fresh`` (a compile-time constant): a prefill into an empty cache, the T tokens to slots
-  0..T-1 (:meth:`msllm.generation.decode.Generator.prefill`): a concatenation,
-  ``cache' = concat(new, cache[:, :, T:])``, O(S K D) (with chat's buffer of the whole context,
-  8192 slots for SmolLM2, the one-hot matmul was a real share of the time to the first token:
-  ``benchmarks/ttft_prefill.py``).
+* msllm's first cache was functional, a ``select`` over the whole (B, K, S, D) buffer per layer
+  returned as a new tensor: 33 ms of a 150 ms step;
+* ``ScatterNdUpdate`` into a (B, K, S, D) Parameter copies the whole buffer before writing on
+  CPU: 15 ms for the 60 writes;
+* ``ScatterUpdate`` of slot rows into an (S, B, K, D) Parameter writes in place: 3 ms, and that
+  includes reading back one element of each buffer.
 
-Slot s of the buffer is position ``s - pad`` of a row that was left-padded by ``pad`` slots; the
-attention mask, not the cache, hides the pad slots.
+Slots first also means a slot of every row is one contiguous (B, K, D) block. Writing: ``slots``
+(T,) int32 puts new token t of every row at slot ``slots[t]`` (rows are left-padded to a common
+length, so a step's token sits at one slot in all of them): a prefill writes slots 0..T-1, a
+decode step one slot, the evaluation scorer a continuation after a cached prefix. The attention
+reads the (S, B, K, D) buffer directly in msllm's decode kernel and through
+:meth:`KVCache.heads_first`, a (B, K, S, D) copy, on the composed path.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Parameter, nn, ops
 
 
 class KVCache(nn.Cell):
-    """Update one layer's cache with new keys or values.
+    """Write one layer's new keys or values into its cache, in place.
 
-    ``construct(cache, new, write, fresh=False)``:
-        cache (B, K, S, D), new (B, K, T, D) in the compute dtype, write (T, S) float32 one-hot,
-        ``fresh``: an empty cache filled at slots 0..T-1 (module doc) -> updated cache (B, K, S, D),
-        same dtype as ``cache``.
+    ``construct(cache, new, slots)``:
+        cache (S, B, K, D) Parameter, new (T, B, K, D) (cast to the cache's dtype), slots (T,)
+        int32 -> the cache after the write (the same Parameter: later reads of it in the graph
+        see the new slots).
     """
 
     def __init__(self):
         super().__init__()
-        self.matmul = ops.MatMul(transpose_a=True)
-        self.reduce_sum = ops.ReduceSum(keep_dims=False)
-        self.reshape = ops.Reshape()
-        self.transpose = ops.Transpose()
-        self.concat = ops.Concat(axis=2)
+        self.scatter = ops.ScatterUpdate()
         self.cast = ops.Cast()
+        self.transpose = ops.Transpose()
 
-    def construct(self, cache, new, write, fresh=False):
-        b, k, s, d = cache.shape
-        t = new.shape[2]
-        if t == 1:
-            # decode: one select over the cache instead of the one-hot matmul and its transposes
-            # (measured 23% faster decode at the medium shape, batch 1; benchmarks/decode_speed.py)
-            hit = self.reshape(write, (1, 1, s, 1)) > 0.5
-            return ops.where(hit, new, cache)
-        if fresh:
-            new = self.cast(new, cache.dtype)
-            if t == s:
-                return new                                                       # (B, K, S, D)
-            return self.concat((new, cache[:, :, t:, :]))                        # slots 0..T-1, then the rest
-        write = self.cast(write, cache.dtype)
-        keep = 1.0 - self.reduce_sum(write, 0)                                  # (S,)
-        # write^T @ new over the token axis: (T, S)^T x (T, B*K*D) -> (S, B*K*D)
-        flat = self.reshape(self.transpose(new, (2, 0, 1, 3)), (t, b * k * d))  # (T, B*K*D)
-        placed = self.reshape(self.matmul(write, flat), (s, b, k, d))            # (S, B, K, D)
-        placed = self.transpose(placed, (1, 2, 0, 3))                            # (B, K, S, D)
-        return cache * self.reshape(keep, (1, 1, s, 1)) + placed
+    def construct(self, cache, new, slots):
+        return ops.depend(cache, self.scatter(cache, slots, self.cast(new, cache.dtype)))
+
+    def heads_first(self, cache):
+        """(S, B, K, D) -> (B, K, S, D), the composed attention's layout (a copy)."""
+        return self.transpose(cache, (1, 2, 0, 3))
+
+
+def as_cache(tensors) -> tuple:
+    """Tensors (S, B, K, D) -> a tuple of cache Parameters holding them (e.g. a prefix's cache
+    repeated over a batch, which the batch then writes into without changing the prefix's own)."""
+    return tuple(Parameter(t, name=f"kv_cache_{i}", requires_grad=False) for i, t in enumerate(tensors))
 
 
 def empty_cache(batch: int, kv_heads: int, length: int, head_dim: int, num_layers: int, dtype=ms.float32):
-    """Zero caches for a whole model: a tuple of ``2 * num_layers`` tensors (B, K, S, D), keys and
-    values of layer 0, then layer 1, ... (the order ``LlamaForCausalLM.forward_cached`` takes)."""
-    import numpy as np
-
-    zeros = np.zeros((batch, kv_heads, length, head_dim), np.float32)
-    return tuple(ms.Tensor(zeros, dtype) for _ in range(2 * num_layers))
+    """Zero caches for a whole model: a tuple of ``2 * num_layers`` Parameters (S, B, K, D) with
+    S = ``length`` slots, keys and values of layer 0, then layer 1, ... (the order
+    ``LlamaForCausalLM.forward_cached`` takes); pass them as ``ms.mutable(caches)`` (otherwise
+    GRAPH_MODE treats them as constants)."""
+    zeros = np.zeros((length, batch, kv_heads, head_dim), np.float32)
+    return tuple(Parameter(ms.Tensor(zeros, dtype), name=f"kv_cache_{i}", requires_grad=False)
+                 for i in range(2 * num_layers))

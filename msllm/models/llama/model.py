@@ -66,6 +66,12 @@ log = logging.getLogger("msllm")
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
+def bf16_weights(config: LlamaConfig) -> bool:
+    """Parameters stored in bfloat16 with float32 arithmetic (inference on msllm's CPU kernels:
+    :func:`msllm.cluster.context.check_device_support`)."""
+    return config.param_init_type == "bfloat16" and config.compute_dtype == "float32"
+
+
 def ms_dtype(name: str):
     """MindSpore dtype for a config dtype name (``float32`` / ``float16`` / ``bfloat16``)."""
     return _DTYPES[name]
@@ -94,11 +100,14 @@ class Linear(nn.Cell):
             self.matmul = ops.MatMul(transpose_b=True)
         else:  # fused path: msllm/kernels/csrc/linear.cc (oneDNN sgemm from the mindspore wheel)
             self.matmul = kernels.linear_dynamic_rows if dynamic_rows else kernels.linear
+        # the kernel reads bfloat16 weights itself (float32 arithmetic): no float32 copy per call
+        self.weight_as_stored = kernels is not None and bf16_weights(config)
         self.add_bias = ops.Add()
         self.cast = ops.Cast()
 
     def construct(self, x):
-        y = self.matmul(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype))
+        w = self.weight if self.weight_as_stored else self.cast(self.weight, self.compute_dtype)
+        y = self.matmul(self.cast(x, self.compute_dtype), w)
         if self.bias is None:
             return y
         return self.add_bias(y, self.cast(self.bias, self.compute_dtype))
@@ -201,7 +210,8 @@ class Attention(nn.Cell):
 
     ``choice.attention`` (:func:`msllm.kernels.select.choose`) picks how ``construct`` attends:
     msllm's CPU flash kernel, MindSpore's Ascend ``FlashAttentionScore``, or the composed
-    operators (scores (B, H, T, T) -> mask -> softmax -> x V). The cached path is always composed.
+    operators (scores (B, H, T, T) -> mask -> softmax -> x V). The cached path is composed, except
+    one new token per row on msllm's CPU kernels (:meth:`decode_one`).
     """
 
     def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
@@ -221,15 +231,16 @@ class Attention(nn.Cell):
             self.k_norm = RMSNorm(d, config.rms_norm_eps, config, fast_paths, norm, kern)
         window = config.sliding_window
         attention = choice.attention if choice is not None else ""
-        self.flash = None
+        self.flash = self.flash_padded = None
         self.fa_score = None
         # decoding (one new token over the cache): msllm/kernels/csrc/decode.cc, one pass over the
         # cache per key/value head instead of repeat_kv + two matmuls + softmax
         self.decode_attention = kern.decode_attention if kern is not None else None
+        self.rope = kern.rope if kern is not None else None
         if attention == CPU_FLASH:
             # fused path: msllm/kernels/csrc/attention.cc (FlashAttention-2 blocking on the CPU; q, k,
             # v stay in the projections' (B, T, heads, D) layout; rotary by csrc/elementwise.cc)
-            self.flash, self.rope = kern.flash_attention, kern.rope
+            self.flash, self.flash_padded = kern.flash_attention, kern.flash_attention_padded
             self.window = kern.window_tensor(window)
         elif attention == ASCEND_FLASH:
             # fused path: MindSpore's FlashAttentionScore (Ascend; its docstring in mindspore 2.10
@@ -310,10 +321,6 @@ class Attention(nn.Cell):
         -> (B, T, C)."""
         b, _, t, _ = q.shape
         s = k.shape[2]
-        if t == 1 and self.decode_attention is not None and self.softmax_dtype == ms.float32:
-            out = self.decode_attention(q, k, v, self.cast(mask, ms.float32))          # (B, H, 1, D)
-            out = self.reshape(out, (b, self.n_heads * self.head_dim))
-            return self.reshape(self.o_proj(out), (b, t, self.hidden))                 # (B, 1, C)
         k = self.repeat_kv(k)                                                          # (B, H, S, D)
         v = self.repeat_kv(v)                                                          # (B, H, S, D)
         scores = self.bmm_qk(q, k)                                                     # (B, H, T, S)
@@ -353,20 +360,68 @@ class Attention(nn.Cell):
         q, k, v = self.project(x, cos, sin)
         return self.attend(q, k, v, mask)                                              # causal mask (T, T)
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write, fresh=False):
-        """x (B, T, C); cos/sin (B, 1, T, D); mask (B, 1, T, S); caches (B, K, S, D); write (T, S)
-        -> (out (B, T, C), k_cache, v_cache) with x's keys/values written to their slots.
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, slots, fresh=False, start=None):
+        """x (B, T, C); cos/sin (B, 1, T, D); mask (B, 1, T, S); caches (S, B, K, D) Parameters;
+        slots (T,) int32 -> out (B, T, C), with x's keys/values written into the caches' slots in
+        place (:class:`~msllm.models.llama.kv_cache.KVCache`).
         ``fresh`` (a compile-time constant): the caches are empty and x fills slots 0..T-1 (a
         prefill), so every later slot is masked and attending over x's own keys gives the same
         output at O(T^2), not O(T S) (with chat's whole-context buffer that was most of the first
-        token's time: benchmarks/ttft_prefill.py)."""
-        q, k, v = self.project(x, cos, sin)
-        k_cache = self.kv_cache(k_cache, k, write, fresh)
-        v_cache = self.kv_cache(v_cache, v, write, fresh)
-        t, s = q.shape[2], k_cache.shape[2]
-        if fresh and t < s:
-            return self.attend(q, k, v, mask[:, :, :, :t]), k_cache, v_cache
-        return self.attend(q, k_cache, v_cache, mask), k_cache, v_cache
+        token's time: benchmarks/ttft_prefill.py); ``start`` (B,) float32 with ``fresh``: each
+        row's first real slot (left padding), for msllm's flash kernel (:meth:`prefill_flash`)."""
+        b, t, c = x.shape
+        if t == 1 and self.decode_attention is not None and self.softmax_dtype == ms.float32:
+            return self.decode_one(x, cos, sin, mask, k_cache, v_cache, slots)
+        if fresh and start is not None and self.flash is not None:
+            return self.prefill_flash(x, cos, sin, k_cache, v_cache, slots, start)
+        q, k, v = self.project(x, cos, sin)                                            # (B, H|K, T, D)
+        k_cache = self.kv_cache(k_cache, self.transpose(k, (2, 0, 1, 3)), slots)        # (T, B, K, D) in
+        v_cache = self.kv_cache(v_cache, self.transpose(v, (2, 0, 1, 3)), slots)
+        if fresh and t < k_cache.shape[0]:
+            # attends over x's own keys; the depends keep the cache writes (a write whose result
+            # no output uses is pruned from the graph)
+            out = self.attend(q, k, v, mask[:, :, :, :t])
+            return ops.depend(ops.depend(out, k_cache), v_cache)
+        return self.attend(q, self.kv_cache.heads_first(k_cache), self.kv_cache.heads_first(v_cache), mask)
+
+    def prefill_flash(self, x, cos, sin, k_cache, v_cache, slots, start):
+        """A prefill of left-padded rows on msllm's CPU kernels: x (B, T, C) -> (B, T, C). Rotary
+        by the ``rope`` kernel over the B*T (row, slot) pairs, each with its own position's table
+        row; causal (and windowed) attention by ``flash_attention_padded``, row b's keys from
+        slot ``start[b]`` (what the additive mask says, without the (B, H, T, T) scores: the
+        composed attention was ~30% of SmolLM2's 512-token prefill; BENCHMARKS.md)."""
+        b, t, c = x.shape
+        d = self.head_dim
+        q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)                      # (B, T, H|K, D)
+        cos, sin = self.reshape(cos, (b * t, d)), self.reshape(sin, (b * t, d))       # per (row, slot)
+        q = self.reshape(self.rope(self.reshape(q, (1, b * t, self.n_heads, d)), cos, sin), (b, t, self.n_heads, d))
+        k = self.reshape(self.rope(self.reshape(k, (1, b * t, self.n_kv, d)), cos, sin), (b, t, self.n_kv, d))
+        k_cache = self.kv_cache(k_cache, self.transpose(k, (1, 0, 2, 3)), slots)     # (T, B, K, D) in
+        v_cache = self.kv_cache(v_cache, self.transpose(v, (1, 0, 2, 3)), slots)
+        out = self.flash_padded(q, k, v, self.window, start)                          # (B, T, H, D)
+        out = self.o_proj(self.reshape(out, (b * t, self.n_heads * d)))               # (B*T, C)
+        out = self.reshape(out, (b, t, self.hidden))
+        return ops.depend(ops.depend(out, k_cache), v_cache)    # keep the cache writes (see above)
+
+    def decode_one(self, x, cos, sin, mask, k_cache, v_cache, slots):
+        """One new token per row on msllm's CPU kernels: x (B, 1, C) -> (B, 1, C). The heads stay
+        in the projections' layout (with T = 1, (B, 1, N, D) is (B, N, 1, D) and (1, B, N, D) in
+        memory, so no transposes), rotary by the ``rope`` kernel with each row's own position as a
+        table row, attention by ``decode_attention`` straight from the (S, B, K, D) caches: a
+        decode step is ~15 operator launches per layer instead of ~30 (MindSpore's launch cost
+        per operator is tens of microseconds on CPU)."""
+        b, _, c = x.shape
+        q, k, v = self.heads(self.reshape(x, (b, c)), b, 1)                          # (B, 1, H|K, D)
+        d = self.head_dim
+        cos, sin = self.reshape(cos, (b, d)), self.reshape(sin, (b, d))               # row b's position
+        q = self.rope(self.reshape(q, (1, b, self.n_heads, d)), cos, sin)            # (1, B, H, D)
+        k = self.rope(self.reshape(k, (1, b, self.n_kv, d)), cos, sin)               # (1, B, K, D)
+        q = self.mul_scale(self.reshape(q, (b, self.n_heads, 1, d)), self.scale)     # (B, H, 1, D)
+        k_cache = self.kv_cache(k_cache, k, slots)
+        v_cache = self.kv_cache(v_cache, self.reshape(v, (1, b, self.n_kv, d)), slots)
+        out = self.decode_attention(q, k_cache, v_cache, self.cast(mask, ms.float32))  # (B, H, 1, D)
+        out = self.o_proj(self.reshape(out, (b, self.n_heads * d)))                  # (B, C)
+        return self.reshape(out, (b, 1, self.hidden))
 
 
 class MLP(nn.Cell):
@@ -441,14 +496,14 @@ class DecoderLayer(nn.Cell):
     def construct(self, x, cos, sin, mask):
         return self.feed_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, write, fresh=False):
-        """As ``construct`` for new tokens x (B, T, C) over a cache; returns (x', k_cache, v_cache)
-        (``fresh``: :meth:`Attention.construct_cached`)."""
-        a, k_cache, v_cache = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask,
-                                                              k_cache, v_cache, write, fresh)
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, slots, fresh=False, start=None):
+        """As ``construct`` for new tokens x (B, T, C) over a cache (written in place); returns x'
+        (``slots``, ``fresh``, ``start``: :meth:`Attention.construct_cached`)."""
+        a = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots, fresh,
+                                            start)
         if self.is_moe:
-            return self.feed_forward(x, a)[0], k_cache, v_cache
-        return self.feed_forward(x, a), k_cache, v_cache
+            return self.feed_forward(x, a)[0]
+        return self.feed_forward(x, a)
 
 
 class LlamaModel(nn.Cell):
@@ -469,6 +524,11 @@ class LlamaModel(nn.Cell):
                                          dtype=ms.int32)
         embed_dtype = ms_dtype(config.embedding_init_type or config.param_init_type)
         self.embed_tokens.embedding_table.set_dtype(embed_dtype)
+        # MindSpore 2.10's CPU Gather has no bfloat16 kernel: a bf16 table is read by msllm's
+        # lookup kernel (inference only: it has no gradient)
+        self.embed_rows = None
+        if choice.cpu is not None and embed_dtype == ms.bfloat16:
+            self.embed_rows = choice.cpu.embedding
         self.layers = nn.CellList([DecoderLayer(config, fast_paths, choice, i) for i in range(config.num_layers)])
         # router statistics start from zero (E,) (E = 1 for a dense model: never used)
         experts = config.moe_config.expert_num if config.moe_config is not None else 1
@@ -492,6 +552,11 @@ class LlamaModel(nn.Cell):
     def embed(self, input_ids):
         """token ids (B, T) int32 -> embeddings (B, T, C) in compute dtype (times
         ``embedding_multiplier`` in the weights' dtype when it is not 1)."""
+        if self.embed_rows is not None:  # bfloat16 table on CPU: msllm's lookup, float32 rows
+            x = self.embed_rows(self.embed_tokens.embedding_table, input_ids)     # (B, T, C)
+            if self.scale_embed:
+                x = self.mul_embed(x, self.cast(self.embed_scale, ms.float32))
+            return self.cast(x, self.compute_dtype)
         x = self.embed_tokens(input_ids)                                        # (B, T, C)
         if self.scale_embed:
             x = self.mul_embed(x, self.embed_scale)
@@ -516,13 +581,15 @@ class LlamaModel(nn.Cell):
                 x = layer(x, cos, sin, mask)
         return self.norm(x), counts, probs, dropped
 
-    def forward_cached(self, input_ids, positions, mask, write, caches, fresh=False):
-        """New tokens over a cache -> (hidden (B, T, C), caches).
+    def forward_cached(self, input_ids, positions, mask, slots, caches, fresh=False):
+        """New tokens over a cache -> hidden (B, T, C); the new keys and values are written into
+        ``caches`` in place.
 
         input_ids / positions (B, T) int32 (each row's own positions, so left padding is
         invisible to the rotary embedding); mask (B, 1, T, S) additive float (0 = attend,
-        -1e9 = not); write (T, S) float32 one-hot slots; caches: ``2 * num_layers`` tensors
-        (B, K, S, D), keys then values per layer (:func:`~msllm.models.llama.kv_cache.empty_cache`);
+        -1e9 = not); slots (T,) int32: the cache slot of each new token (the same in every row);
+        caches: ``2 * num_layers`` Parameters (S, B, K, D), keys then values per layer
+        (:func:`~msllm.models.llama.kv_cache.empty_cache`);
         ``fresh``: the caches are empty and the T tokens go to slots 0..T-1 (a prefill; a
         compile-time constant, :meth:`Attention.construct_cached`).
         """
@@ -532,14 +599,14 @@ class LlamaModel(nn.Cell):
         cos = self.reshape(self.gather_pos(self.cos, positions, 0), (b, 1, t, d))  # (B, 1, T, D)
         sin = self.reshape(self.gather_pos(self.sin, positions, 0), (b, 1, t, d))
         mask = self.cast(mask, self.mask.dtype)
-        new_caches = ()
+        start = None
+        if fresh:  # left padding: a row's last slot holds position n - 1, so its first real slot is T - n
+            start = self.cast(t - 1 - positions[:, t - 1], ms.float32)              # (B,)
         i = 0
         for layer in self.layers:
-            x, k_cache, v_cache = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], write,
-                                                         fresh)
-            new_caches = new_caches + (k_cache, v_cache)
+            x = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], slots, fresh, start)
             i += 1
-        return self.norm(x), new_caches
+        return self.norm(x)
 
 
 class LlamaForCausalLM(nn.Cell):
@@ -556,9 +623,9 @@ class LlamaForCausalLM(nn.Cell):
             each expert's share of the token choices]).
         input_ids (B, T) alone -> logits (B, T, V) fp32.
 
-    ``forward_cached(input_ids, positions, mask, write, caches, last_only)``: generation with a
-    key/value cache (see :meth:`LlamaModel.forward_cached`) -> (logits (B, T, V) or with
-    ``last_only`` (B, V) fp32, caches).
+    ``forward_cached(input_ids, positions, mask, slots, caches, last_only)``: generation with a
+    key/value cache written in place (see :meth:`LlamaModel.forward_cached`) -> logits (B, T, V)
+    or with ``last_only`` (B, V) fp32.
 
     ``compact_loss`` (default ``fast_paths``): for the loss, run the output head
     and the softmax only on the K positions that have a target, instead of all B*T. The loss and
@@ -580,16 +647,21 @@ class LlamaForCausalLM(nn.Cell):
         log.info(self.kernels.describe())
         self.model = LlamaModel(config, fast_paths, self.kernels)
         self.compact_loss = fast_paths if compact_loss is None else compact_loss
+        # the compact loss's head takes a row count known only at run time (C++ shape inference,
+        # re-inferred at every launch); generation and scoring call :meth:`head` with
+        # ``static_rows`` on the plain kernel (float32 or bfloat16 weights)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, config, config.initializer_range,
                                   self.kernels.cpu, dynamic_rows=self.compact_loss)
+        self.table_as_stored = self.kernels.cpu is not None and bf16_weights(config)
         if self.kernels.cpu is None:                     # for tied embeddings
-            self.head_matmul = ops.MatMul(transpose_b=True)
+            self.head_matmul = self.head_matmul_static = ops.MatMul(transpose_b=True)
         else:  # fused path: msllm/kernels/csrc/linear.cc
             kern = self.kernels.cpu
             self.head_matmul = kern.linear_dynamic_rows if self.compact_loss else kern.linear
+            self.head_matmul_static = kern.linear
         self.loss = CausalLMLoss(config.ignore_token_id, self.kernels.cpu)
         moe = config.moe_config
         self.aux_loss_factor = float(moe.aux_loss_factor) if moe is not None else 0.0
@@ -607,11 +679,22 @@ class LlamaForCausalLM(nn.Cell):
         self.extra_row = Tensor([0], ms.int64)
         self.extra_target = Tensor([config.ignore_token_id], ms.int32)
 
-    def head(self, h):
-        """h (N, C) -> logits (N, V) float32."""
+    def head(self, h, static_rows=False):
+        """h (N, C) -> logits (N, V) float32. ``static_rows`` (a compile-time constant): N is known
+        when the graph compiles (generation, scoring), so the plain kernel serves it (module
+        comment in ``__init__``)."""
         if self.lm_head is None:
-            table = self.cast(self.model.embed_tokens.embedding_table, h.dtype)
-            out = self.head_matmul(h, table)
+            table = self.model.embed_tokens.embedding_table
+            if not self.table_as_stored:
+                table = self.cast(table, h.dtype)
+            out = (self.head_matmul_static if static_rows else self.head_matmul)(h, table)
+        elif static_rows:
+            w = self.lm_head.weight
+            if not self.lm_head.weight_as_stored:
+                w = self.cast(w, h.dtype)
+            out = self.head_matmul_static(h, w)
+            if self.lm_head.bias is not None:
+                out = self.lm_head.add_bias(out, self.cast(self.lm_head.bias, out.dtype))
         else:
             out = self.lm_head(h)
         return self.cast(out, ms.float32)
@@ -626,15 +709,15 @@ class LlamaForCausalLM(nn.Cell):
         out = self.head(self.reshape(h, (b * t, c)))                            # (B*T, V)
         return self.reshape(out, (b, t, self.config.vocab_size))
 
-    def forward_cached(self, input_ids, positions, mask, write, caches, last_only=False, fresh=False):
-        """Generation step over a key/value cache; shapes in :meth:`LlamaModel.forward_cached`.
-        Returns (logits (B, T, V) float32, or (B, V) of the last position with ``last_only``,
-        updated caches)."""
-        h, caches = self.model.forward_cached(input_ids, positions, mask, write, caches, fresh)  # (B, T, C)
+    def forward_cached(self, input_ids, positions, mask, slots, caches, last_only=False, fresh=False):
+        """Generation step over a key/value cache (written in place); shapes in
+        :meth:`LlamaModel.forward_cached`. Returns logits (B, T, V) float32, or (B, V) of the last
+        position with ``last_only``."""
+        h = self.model.forward_cached(input_ids, positions, mask, slots, caches, fresh)  # (B, T, C)
         b, t, c = h.shape
         if last_only:
-            return self.head(self.reshape(h[:, t - 1:t, :], (b, c))), caches            # (B, V)
-        return self.reshape(self.head(self.reshape(h, (b * t, c))), (b, t, self.config.vocab_size)), caches
+            return self.head(self.reshape(h[:, t - 1:t, :], (b, c)), True)                # (B, V)
+        return self.reshape(self.head(self.reshape(h, (b * t, c)), True), (b, t, self.config.vocab_size))
 
     def construct(self, input_ids, labels=None):
         if labels is None:

@@ -1,0 +1,92 @@
+"""Inference with ``param_init_type: bfloat16`` on the CPU fast path: the weights are stored in
+bfloat16 (half the bytes a decoded token reads) and the arithmetic stays float32.
+
+Parity (stated in docs/serving.md): storing a weight in bfloat16 rounds it to 8 significant
+bits (relative error at most 2^-9); nothing else changes. So a bf16-stored model must give the
+logits of a float32 model holding the same rounded weights to float32 rounding (1e-5 relative
+here, summation order only): exact for a checkpoint whose weights are bf16 values. What the
+rounding itself does to a real float32 checkpoint is bounded in
+``tests/generation/test_real_model_bf16_weights.py``.
+"""
+
+import numpy as np
+import pytest
+from helpers import context_mode
+
+import mindspore as ms
+
+from msllm.errors import MsllmError
+from msllm.generation.decode import Generator
+from msllm.models.llama.config import LlamaConfig
+from msllm.models.llama.model import LlamaForCausalLM
+
+SEED = 11
+
+
+@pytest.fixture
+def graph_mode():
+    yield from context_mode("graph")
+
+
+def tiny(param_init_type, tie):
+    return LlamaConfig(vocab_size=101, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2,
+                       intermediate_size=96, seq_length=64, initializer_range=0.2,
+                       param_init_type=param_init_type, tie_word_embeddings=tie)
+
+
+def rounded_weights(net):
+    """{name: float32 array rounded to bfloat16} of every parameter."""
+    return {p.name: ms.Tensor(p.asnumpy(), ms.bfloat16).astype(ms.float32).asnumpy() for p in net.get_parameters()}
+
+
+def run(net, cfg, prompts):
+    """Prefill + 6 decode steps of greedy tokens; (every step's logits (steps, B, V), tokens)."""
+    gen = Generator(net, cfg)
+    buffer, length = 32, max(map(len, prompts))
+    logits, caches, pads = gen.prefill(prompts, length, buffer, 0)
+    out, toks = [logits], []
+    for step in range(6):
+        tok = logits.argmax(-1)
+        toks.append(tok)
+        logits, caches = gen.decode_step(tok, length + step, pads, buffer, caches)
+        out.append(logits)
+    return np.stack(out), np.stack(toks)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["own_head", "tied_embeddings"])
+def test_bf16_weights_give_the_logits_of_float32_on_the_rounded_weights(graph_mode, tie):
+    from msllm.kernels import available
+
+    assert available(), "msllm's CPU kernels are built by the test setup (python -m msllm.kernels.build)"
+    print("seed", SEED)
+    ms.set_seed(SEED)
+    ref_cfg, bf_cfg = tiny("float32", tie), tiny("bfloat16", tie)
+    ref = LlamaForCausalLM(ref_cfg, fast_paths=True)
+    weights = rounded_weights(ref)
+    for p in ref.get_parameters():
+        p.set_data(ms.Tensor(weights[p.name]))
+    bf = LlamaForCausalLM(bf_cfg, fast_paths=True)
+    for p in bf.get_parameters():
+        p.set_data(ms.Tensor(weights[p.name], ms.bfloat16))
+    assert {p.dtype for p in bf.get_parameters()} == {ms.bfloat16}
+    prompts = np.random.default_rng(SEED).integers(3, 101, (3, 9)).tolist()
+    prompts[1] = prompts[1][:5]                                        # left padding in the batch
+    want, want_tokens = run(ref, ref_cfg, prompts)
+    got, got_tokens = run(bf, bf_cfg, prompts)
+    assert np.abs(want).std() > 0.5                                    # logits carry signal
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_array_equal(got_tokens, want_tokens)
+
+
+def test_bf16_parameters_are_for_inference_only_on_cpu():
+    from msllm.cluster.context import check_device_support
+    from msllm.config import RunConfig
+
+    cfg = RunConfig()
+    cfg.model_config.param_init_type = "bfloat16"
+    check_device_support(cfg, inference=True)                         # predict / chat / serve / evaluate
+    with pytest.raises(MsllmError, match="param_init_type='bfloat16'.*use float32 on CPU"):
+        check_device_support(cfg)                                     # training
+    cfg.model_config.compute_dtype = "bfloat16"
+    with pytest.raises(MsllmError, match="compute_dtype='bfloat16'"):
+        check_device_support(cfg, inference=True)                     # the arithmetic stays float32
