@@ -10,7 +10,8 @@ FFN 352, vocab 32000), and the shared NOTES ``tiny`` (hidden 256, 4 layers, 4 he
 Prompts: real text (the bundled Alpaca records, LLaMA tokenizer), ``[bos]`` + 127 tokens, 8
 different windows; batch 1 uses the first. 128 new tokens, greedy, no EOS stop.
 
-Runs alternate (msllm, torch, torch with ``OMP_WAIT_POLICY=PASSIVE``, msllm-nocache) per shape
+Runs alternate (msllm, torch, torch with ``OMP_WAIT_POLICY=PASSIVE``, msllm-nocache, and with
+``--frameworks``: msllm-composed, msllm-bf16 = weights kept in bfloat16) per shape
 and batch size, round after round, so the machine's background load hits them alike
 (msllm-nocache only at ``--nocache_batches``, default 1). Per run: one cold ``generate``
 (compiles; its extra time over a warm one is reported as compile time) and ``--reps`` warm ones.
@@ -55,7 +56,10 @@ WORKERS = {"msllm": ("decode_msllm.py", {"use_past": True}, {}),
            "torch-eager-passive": ("decode_torch.py", {}, {"OMP_WAIT_POLICY": "PASSIVE"}),
            "msllm-nocache": ("decode_msllm.py", {"use_past": False}, {}),
            # the model without its CPU fast paths (MindSpore's own operators instead of msllm's kernels)
-           "msllm-composed": ("decode_msllm.py", {"use_past": True, "fast_paths": False}, {})}
+           "msllm-composed": ("decode_msllm.py", {"use_past": True, "fast_paths": False}, {}),
+           # weights kept in bfloat16 (param_init_type), float32 arithmetic: half the bytes per token
+           "msllm-bf16": ("decode_msllm.py", {"use_past": True,
+                                              "overrides": ["--model.model_config.param_init_type=bfloat16"]}, {})}
 # the real model of issue #19 (SmolLM2-135M-Instruct, tied head, 9 / 3 heads, vocab 49152): its own
 # HF directory (msllm.convert.real_model), not random weights
 REAL = ("smollm2",)
@@ -129,7 +133,7 @@ def summarise(runs: list[dict]) -> dict:
         for r in rows:
             if "error" not in r:
                 by_round.setdefault(r["round"], {})[r["framework"]] = r
-        for n in ("msllm", "msllm-nocache"):
+        for n in ("msllm", "msllm-bf16", "msllm-nocache"):
             for ref, suffix in (("torch-eager", ""), ("torch-eager-passive", "_passive")):
                 pairs = [(d[n], d[ref]) for d in by_round.values() if n in d and ref in d]
                 if pairs and n in table and "error" not in table[n]:
@@ -137,11 +141,12 @@ def summarise(runs: list[dict]) -> dict:
                         [a["decode_tokens_per_s"] / b["decode_tokens_per_s"] for a, b in pairs])
                     table[n]["ttft_ratio" + suffix] = common.median([a["ttft_s"] / b["ttft_s"] for a, b in pairs])
                     table[n]["tokens_equal_torch"] = all(a["tokens_row0"] == b["tokens_row0"] for a, b in pairs)
-        m = table.get("msllm", {})
-        if "decode_ratio" in m:
-            m["decode_target"] = TARGETS.get(key[1], 1.0)
-            m["decode_target_met"] = m["decode_ratio"] >= m["decode_target"]
-            m["ttft_target_met"] = m["ttft_ratio"] <= TTFT_LIMIT
+        for n in ("msllm", "msllm-bf16"):
+            m = table.get(n, {})
+            if "decode_ratio" in m:
+                m["decode_target"] = TARGETS.get(key[1], 1.0)
+                m["decode_target_met"] = m["decode_ratio"] >= m["decode_target"]
+                m["ttft_target_met"] = m["ttft_ratio"] <= TTFT_LIMIT
         out[f"{key[0]}/b{key[1]}"] = table
     return out
 

@@ -6,7 +6,8 @@
         [--model_name NAME] [--max_batch 8] [--batch_window_ms 20] [--max_queue 64] [--section.key=value ...]
 
 Requests that arrive together are decoded in one batch on the key/value cache (``--max_batch``
-rows; the first request of a batch waits up to ``--batch_window_ms`` for others), each row with its
+rows; a batch being gathered waits ``--batch_window_ms`` after each request for another, at most
+10 windows), each row with its
 own settings; a request's greedy output is the same alone and in a batch. ``--max_queue`` requests
 wait at most, more are answered 429. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
 any other address needs ``--api_key`` (clients send ``Authorization: Bearer KEY``). SIGTERM (or
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api_key", help="require 'Authorization: Bearer KEY' (required off loopback)")
     p.add_argument("--model_name", help="the model id clients send (default: the checkpoint's name)")
     p.add_argument("--max_batch", type=int, default=8, help="rows decoded together")
-    p.add_argument("--batch_window_ms", type=float, default=20.0, help="how long a batch waits to fill")
+    p.add_argument("--batch_window_ms", type=float, default=20.0, help="how long a batch being gathered waits for one more request (at most 10 windows in all)")
     p.add_argument("--max_queue", type=int, default=64, help="requests waiting at most (then 429)")
     return p
 

@@ -6,7 +6,8 @@ warm.
 Usage: python decode_msllm.py '{"model_dir": ..., "prompts": ".npz", "batch": 1, "new": 128,
                                 "reps": 3, "use_past": true, "threads": 2, "spawn_time": ...}'
 ``fast_paths``: false builds the model without its CPU fast paths / msllm kernels (default: the
-run config's choice, True on CPU).
+run config's choice, True on CPU); ``overrides``: run-config overrides (``--section.key=value``,
+e.g. ``param_init_type=bfloat16``).
 Prints one ``BENCH_RESULT {json}`` line: per warm run the time to first token (prefill + first
 token) and decode tokens/s (B x (new - 1) tokens after the first, over their wall time); the
 cold run's extra time = compile time; the new tokens of row 0 (to check against transformers);
@@ -37,7 +38,7 @@ def main():
 
     cfg = load_config(os.path.join(common.ROOT, "configs", "llama", "run_llama_tiny.yaml"),
                       ["--parallel_config.data_parallel=1"] + list(args.get("overrides", [])))
-    setup_runtime(cfg)
+    setup_runtime(cfg, inference=True)
     if args.get("threads"):
         ms.set_context(runtime_num_threads=int(args["threads"]))
     net, mc, _ = load_for_inference(cfg, args["model_dir"], fast_paths=args.get("fast_paths"))

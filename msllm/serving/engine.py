@@ -2,8 +2,9 @@
 as one batch on the key/value cache (static batching with a collection window).
 
 A job waits in a bounded queue (full: :class:`QueueFull`, answered 429). The engine thread takes
-the first job, then gathers more for up to ``window_s`` seconds or until ``max_batch`` jobs, and
-decodes them together (:class:`msllm.generation.passes.Passes`: left-padded rows, each row masked
+the first job, then gathers more until ``window_s`` seconds pass without a new one (a burst of
+clients forms one batch; at most :data:`BURST_WINDOWS` windows after the first job) or until
+``max_batch`` jobs, and decodes them together (:class:`msllm.generation.passes.Passes`: left-padded rows, each row masked
 to its own tokens and positions, so a row's logits do not depend on the other rows'). Each row
 chooses its tokens with its own settings and random generator (temperature, top-k, top-p, seed:
 :func:`msllm.generation.processors.choose` on that row alone), stops at its own EOS ids, stop
@@ -39,6 +40,9 @@ log = logging.getLogger("msllm")
 SCORE_MULTIPLE = 32
 
 
+# a batch being gathered waits at most this many windows after its first job
+BURST_WINDOWS = 10
+
 class QueueFull(Exception):
     """The engine's queue holds ``max_queue`` jobs."""
 
@@ -63,7 +67,7 @@ class Engine:
         net, config: the model and its :class:`~msllm.models.llama.config.LlamaConfig`.
         tokenizer: msllm's tokenizer (``decode``, ``id_to_token``, ``eos_ids``).
         eos_ids: the ids that end a row; pad_id: fed to finished rows.
-        max_batch: rows per batch; window_s: how long the first job of a batch waits for others;
+        max_batch: rows per batch; window_s: how long a batch being gathered waits for one more job;
         max_queue: jobs waiting at most (more: :class:`QueueFull`).
     """
 
@@ -119,7 +123,8 @@ class Engine:
             except queue.Empty:
                 continue
             batch = [first]
-            deadline = time.monotonic() + self.window_s
+            start = time.monotonic()
+            deadline = start + self.window_s
             while len(batch) < self.max_batch:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -128,6 +133,10 @@ class Engine:
                     batch.append(self.queue.get(timeout=left))
                 except queue.Empty:
                     break
+                # still arriving: one more window after each job, BURST_WINDOWS windows at most (8
+                # streaming clients started together reached a 20 ms window over 20-60 ms, and a
+                # split batch runs twice as long: benchmarks/serve_throughput.py)
+                deadline = min(time.monotonic() + self.window_s, start + BURST_WINDOWS * self.window_s)
             self.busy.set()
             try:
                 self.run_batch(batch)

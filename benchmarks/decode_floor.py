@@ -1,0 +1,98 @@
+"""Batch-1 decoding's memory floor on this machine: the bytes a decoded token must read (every
+weight once, plus the cached keys and values it attends to) over the machine's measured
+streaming-read bandwidth, and the share of that floor each framework's measured decode step
+reaches (floor ms / step ms, from a ``benchmarks/decode_speed.py`` result file).
+
+Bandwidth: the best of ``--rounds`` alternating measurements of two independent readers of one
+1 GiB float32 matrix W (65536 x 4096), neither msllm's: torch's ``mv`` (W x, 2 threads: each
+weight read once, the decoding access pattern) and numpy's ``W.sum()`` (one thread). Bytes per
+token for SmolLM2-135M-Instruct (30 layers, hidden 576, 9 / 3 heads of 64, FFN 1536, vocab
+49152, tied head): the linear weights and the head table (float32: 4 bytes, bfloat16: 2) plus
+2 x layers x kv heads x head_dim x 4 bytes per cached slot, at the mean slot count of the
+benchmark's decode steps (prompt + new / 2).
+
+    .venv/bin/python benchmarks/decode_floor.py --decode benchmarks/results/decode_speed_smollm2_amd_zen4.json
+        [--out benchmarks/results/decode_floor_smollm2_amd_zen4.json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+import harness  # noqa: E402
+
+SMOLLM2 = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
+
+
+def weight_params(m: dict) -> int:
+    c, d = m["hidden"], m["head_dim"]
+    per_layer = c * m["heads"] * d * 2 + c * m["kv_heads"] * d * 2 + 3 * c * m["ffn"]
+    return m["layers"] * per_layer + m["vocab"] * c           # + the (tied) output head's table
+
+
+def bytes_per_token(m: dict, weight_bytes: int, slots: float) -> float:
+    cache = 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * 4 * slots
+    return weight_params(m) * weight_bytes + cache
+
+
+def bandwidth(rounds: int) -> dict:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(2)
+    w = np.random.default_rng(0).standard_normal((65536, 4096), dtype=np.float32)
+    tw, x = torch.from_numpy(w), torch.ones(4096)
+    gb = w.nbytes / 1e9
+    out = {"torch_mv_2_threads_gb_s": [], "numpy_sum_1_thread_gb_s": []}
+    for _ in range(rounds):
+        torch.mv(tw, x)
+        t = time.perf_counter()
+        for _ in range(3):
+            torch.mv(tw, x)
+        out["torch_mv_2_threads_gb_s"].append(3 * gb / (time.perf_counter() - t))
+        t = time.perf_counter()
+        for _ in range(3):
+            w.sum()
+        out["numpy_sum_1_thread_gb_s"].append(3 * gb / (time.perf_counter() - t))
+    out["best_gb_s"] = max(max(v) for v in out.values())
+    return out
+
+
+def main(argv=None):
+    p = harness.arg_parser(__doc__)
+    p.add_argument("--decode", required=True, help="a decode_speed.py result file with --shapes smollm2")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "decode_floor_smollm2.json"))
+    a = p.parse_args(argv)
+    t0 = time.time()
+    dec = json.load(open(a.decode))
+    bw = bandwidth(a.rounds)
+    slots = dec["settings"]["prompt"] + dec["settings"]["new"] / 2
+    rows = {}
+    for name, r in dec["summary"].get("smollm2/b1", {}).items():
+        if "decode_step_ms" not in r:
+            continue
+        wbytes = 2 if name.endswith("bf16") else 4
+        need = bytes_per_token(SMOLLM2, wbytes, slots)
+        floor_ms = 1e3 * need / (bw["best_gb_s"] * 1e9)
+        rows[name] = {"weight_bytes": wbytes, "bytes_per_token_mb": need / 1e6, "floor_ms": floor_ms,
+                      "step_ms": r["decode_step_ms"], "share_of_floor": floor_ms / r["decode_step_ms"]}
+    result = {"machine": common.machine(), "command": harness.command_line(), "decode_file": a.decode,
+              "model": SMOLLM2, "weight_params": weight_params(SMOLLM2), "mean_slots": slots,
+              "bandwidth": bw, "batch1": rows}
+    table = ["| framework | weights | MB read per token | floor ms (at %.1f GB/s) | measured ms/step | share of floor |"
+             % bw["best_gb_s"], "|---|---|---|---|---|---|"]
+    for n, r in rows.items():
+        table.append(f"| {n} | {'bf16' if r['weight_bytes'] == 2 else 'fp32'} | {r['bytes_per_token_mb']:.0f} "
+                     f"| {r['floor_ms']:.1f} | {r['step_ms']:.1f} | {100 * r['share_of_floor']:.0f}% |")
+    harness.finish(a.out, result, "\n".join(table), t0)
+
+
+if __name__ == "__main__":
+    main()
