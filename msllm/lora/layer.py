@@ -72,7 +72,8 @@ class LoRALinear(nn.Cell):
     Adapter parameters are float32 whatever the base dtype (PEFT's ``autocast_adapter_dtype``
     likewise keeps adapters in float32); they are cast to the compute dtype for the matmuls.
 
-    ``construct(x)``: x (N, in) -> (N, out) in ``compute_dtype``.
+    ``construct(x, static_rows=False)``: x (N, in) -> (N, out) in ``compute_dtype``
+    (``static_rows``: as :meth:`msllm.models.llama.model.Linear.construct`).
     """
 
     def __init__(self, base, rank: int, alpha: float, dropout: float, a: np.ndarray, b: np.ndarray):
@@ -87,7 +88,7 @@ class LoRALinear(nn.Cell):
         if self.bias is not None:
             self.bias.requires_grad = False
         self.add_bias = base.add_bias
-        self.matmul = base.matmul
+        self.matmul, self.matmul_static = base.matmul, base.matmul_static
         self.compute_dtype = base.compute_dtype
         self.cast = ops.Cast()
         self.lora_A = LoRAMatrix(a)
@@ -101,9 +102,10 @@ class LoRALinear(nn.Cell):
         self.use_dropout = dropout > 0
         self.lora_dropout = nn.Dropout(p=float(dropout)) if dropout > 0 else None
 
-    def construct(self, x):
+    def construct(self, x, static_rows=False):
         x = self.cast(x, self.compute_dtype)                                         # (N, in)
-        out = self.matmul(x, self.cast(self.weight, self.compute_dtype))             # (N, out)
+        matmul = self.matmul_static if static_rows else self.matmul
+        out = matmul(x, self.cast(self.weight, self.compute_dtype))                  # (N, out)
         if self.bias is not None:   # the base layer's output, bias included, then the update (PEFT's order)
             out = self.add_bias(out, self.cast(self.bias, self.compute_dtype))
         h = self.lora_dropout(x) if self.use_dropout else x

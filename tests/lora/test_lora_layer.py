@@ -150,3 +150,22 @@ def test_dropout_acts_on_the_adapter_input_in_training_only():
     update = y1 - x.asnumpy() @ base.weight.asnumpy().T                        # (N, out)
     residual = update - (update @ np.linalg.pinv(b).T) @ b.T                   # remove the span of B
     assert np.abs(update).max() > 0.1 and np.abs(residual).max() < 1e-4
+
+
+@pytest.mark.parametrize("fast_paths", [False, True], ids=["composed", "cpu_kernels"])
+def test_generation_runs_the_output_heads_adapter(fast_paths):
+    """A LoRA on ``lm_head`` (untied head) acts in generation as in the full forward pass (which
+    tests/lora/test_lora_peft.py checks against PEFT): the generator's head call with a row count
+    known at compile time goes through the adapter, not around it."""
+    from msllm.generation.decode import Generator
+
+    cfg = tiny_config(tie_word_embeddings=False)
+    net = build(cfg, fast_paths=fast_paths)
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    base = logits(net, ids)[:, -1]
+    apply_lora(net, PetConfig(lora_rank=4, target_modules="lm_head"), dropout=0.0)
+    random_adapters(net)
+    want = logits(net, ids)[:, -1]
+    got, _, _ = Generator(net, cfg).prefill(ids.tolist(), 12, 16, 0)
+    assert np.max(np.abs(want - base)) > 1e-2                         # the adapter changes the head
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -97,17 +97,21 @@ class Linear(nn.Cell):
                               name="bias") if bias else None
         self.compute_dtype = ms_dtype(config.compute_dtype)
         if kernels is None:
-            self.matmul = ops.MatMul(transpose_b=True)
+            self.matmul = self.matmul_static = ops.MatMul(transpose_b=True)
         else:  # fused path: msllm/kernels/csrc/linear.cc (oneDNN sgemm from the mindspore wheel)
             self.matmul = kernels.linear_dynamic_rows if dynamic_rows else kernels.linear
+            self.matmul_static = kernels.linear
         # the kernel reads bfloat16 weights itself (float32 arithmetic): no float32 copy per call
         self.weight_as_stored = kernels is not None and bf16_weights(config)
         self.add_bias = ops.Add()
         self.cast = ops.Cast()
 
-    def construct(self, x):
+    def construct(self, x, static_rows=False):
+        """x (..., in) -> (..., out); ``static_rows`` (a compile-time constant): the row count is
+        known when the graph compiles, so a ``dynamic_rows`` layer runs the plain kernel
+        (generation and scoring through the output head)."""
         w = self.weight if self.weight_as_stored else self.cast(self.weight, self.compute_dtype)
-        y = self.matmul(self.cast(x, self.compute_dtype), w)
+        y = (self.matmul_static if static_rows else self.matmul)(self.cast(x, self.compute_dtype), w)
         if self.bias is None:
             return y
         return self.add_bias(y, self.cast(self.bias, self.compute_dtype))
@@ -688,15 +692,8 @@ class LlamaForCausalLM(nn.Cell):
             if not self.table_as_stored:
                 table = self.cast(table, h.dtype)
             out = (self.head_matmul_static if static_rows else self.head_matmul)(h, table)
-        elif static_rows:
-            w = self.lm_head.weight
-            if not self.lm_head.weight_as_stored:
-                w = self.cast(w, h.dtype)
-            out = self.head_matmul_static(h, w)
-            if self.lm_head.bias is not None:
-                out = self.lm_head.add_bias(out, self.cast(self.lm_head.bias, out.dtype))
         else:
-            out = self.lm_head(h)
+            out = self.lm_head(h, static_rows)   # a Linear, or a LoRALinear around it
         return self.cast(out, ms.float32)
 
     def logits(self, tokens):
