@@ -39,9 +39,9 @@ from msllm.serving.protocol import ApiError, Job
 log = logging.getLogger("msllm")
 SCORE_MULTIPLE = 32
 
-
 # a batch being gathered waits at most this many windows after its first job
 BURST_WINDOWS = 10
+
 
 class QueueFull(Exception):
     """The engine's queue holds ``max_queue`` jobs."""

@@ -239,6 +239,14 @@ struct FlushDenormals {
 #endif
 };
 
+// dst[0:n) = src[0:n) widened from bfloat16 (the upper 16 bits of a float32: exact).
+inline void widen_bf16(const uint16_t *src, float *dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, 4);
+  }
+}
+
 // Per-thread scratch buffer of at least n floats (kept between calls, 64-byte aligned).
 inline float *scratch(int slot, int64_t n) {
   struct Buf {

@@ -17,12 +17,7 @@
 #include "common.h"
 
 #include <cmath>
-#include <cstring>
 #include <memory>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 using namespace msllm;
 
@@ -38,28 +33,9 @@ inline void axpy(float *acc, const float *v, float p, int64_t d) {
     _mm512_mask_storeu_ps(acc + i, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, acc + i)));
   }
 }
-// acc (G, D) += p[g * p_stride] * v (D,) for each of G heads sharing the value row v: v is read
-// into registers once when D <= 128
-inline void axpy_group(float *acc, const float *v, const float *p, int64_t p_stride, int64_t groups, int64_t d) {
-  if (d % 16 != 0 || d > 128) {
-    for (int64_t g = 0; g < groups; ++g) axpy(acc + g * d, v, p[g * p_stride], d);
-    return;
-  }
-  __m512 vv[8];
-  const int64_t nv = d / 16;
-  for (int64_t i = 0; i < nv; ++i) vv[i] = _mm512_loadu_ps(v + 16 * i);
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m512 pv = _mm512_set1_ps(p[g * p_stride]);
-    float *a = acc + g * d;
-    for (int64_t i = 0; i < nv; ++i) _mm512_storeu_ps(a + 16 * i, _mm512_fmadd_ps(pv, vv[i], _mm512_loadu_ps(a + 16 * i)));
-  }
-}
 #else
 inline void axpy(float *acc, const float *v, float p, int64_t d) {
   for (int64_t i = 0; i < d; ++i) acc[i] += p * v[i];
-}
-inline void axpy_group(float *acc, const float *v, const float *p, int64_t p_stride, int64_t groups, int64_t d) {
-  for (int64_t g = 0; g < groups; ++g) axpy(acc + g * d, v, p[g * p_stride], d);
 }
 #endif
 }  // namespace
@@ -95,13 +71,9 @@ MSLLM_AOT(msllm_decode_attention) {
       const float *kj = k + j * stride;
       for (int64_t bi = 0; bi < b; ++bi) {
         const float m = mask[(mask_rows == 1 ? 0 : bi) * s + j];
-        for (int64_t ki = 0; ki < kv; ++ki) {               // one key, its group's query heads
-          const float *key = kj + (bi * kv + ki) * d;
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t hi = ki * group + g;
-            score[(bi * h + hi) * len + (j - j0)] = m <= kHidden ? -INFINITY : dot(q + (bi * h + hi) * d, key, d) + m;
-          }
-        }
+        for (int64_t hi = 0; hi < h; ++hi)
+          score[(bi * h + hi) * len + (j - j0)] =
+              m <= kHidden ? -INFINITY : dot(q + (bi * h + hi) * d, kj + (bi * kv + hi / group) * d, d) + m;
       }
     }
     for (int64_t r = 0; r < bh; ++r) {                      // softmax numerators of the chunk
@@ -114,9 +86,8 @@ MSLLM_AOT(msllm_decode_attention) {
       const float *vj = v + j * stride;
       for (int64_t bi = 0; bi < b; ++bi) {
         if (mask[(mask_rows == 1 ? 0 : bi) * s + j] <= kHidden) continue;
-        for (int64_t ki = 0; ki < kv; ++ki)
-          axpy_group(acc + (bi * h + ki * group) * d, vj + (bi * kv + ki) * d, score + (bi * h + ki * group) * len + (j - j0),
-                     len, group, d);
+        for (int64_t hi = 0; hi < h; ++hi)
+          axpy(acc + (bi * h + hi) * d, vj + (bi * kv + hi / group) * d, score[(bi * h + hi) * len + (j - j0)], d);
       }
     }
   });
@@ -160,11 +131,7 @@ MSLLM_AOT(msllm_embedding) {
       if (id < 0 || id >= v) {
         std::fill(row, row + c, 0.f);
       } else if (bf16) {
-        const uint16_t *src = static_cast<const uint16_t *>(params[0]) + id * c;
-        for (int64_t i = 0; i < c; ++i) {
-          const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-          std::memcpy(row + i, &bits, 4);
-        }
+        widen_bf16(static_cast<const uint16_t *>(params[0]) + id * c, row, c);
       } else {
         const float *src = static_cast<const float *>(params[0]) + id * c;
         std::copy(src, src + c, row);

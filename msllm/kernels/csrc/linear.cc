@@ -2,8 +2,6 @@
 // oneDNN's sgemm split over the pool (common.h). x may have any leading dimensions.
 #include "common.h"
 
-#include <cstring>
-
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -123,12 +121,7 @@ void bf16_sgemm(const float *x, const uint16_t *w, float *y, int64_t m, int64_t 
   for (int64_t o0 = 0; o0 < out; o0 += rows) {
     const int64_t n = std::min(rows, out - o0);
     const uint16_t *src = w + o0 * in;
-    parallel_rows(n * in, 1 << 14, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-        std::memcpy(slab + i, &bits, 4);
-      }
-    });
+    parallel_rows(n * in, 1 << 14, [&](int64_t i0, int64_t i1) { widen_bf16(src + i0, slab + i0, i1 - i0); });
     parallel_sgemm('N', 'T', m, n, in, 1.f, x, in, slab, in, 0.f, y + o0, out);  // columns o0.. of y
   }
 }

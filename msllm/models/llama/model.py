@@ -66,12 +66,6 @@ log = logging.getLogger("msllm")
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-def bf16_weights(config: LlamaConfig) -> bool:
-    """Parameters stored in bfloat16 with float32 arithmetic (inference on msllm's CPU kernels:
-    :func:`msllm.cluster.context.check_device_support`)."""
-    return config.param_init_type == "bfloat16" and config.compute_dtype == "float32"
-
-
 def ms_dtype(name: str):
     """MindSpore dtype for a config dtype name (``float32`` / ``float16`` / ``bfloat16``)."""
     return _DTYPES[name]
@@ -101,8 +95,9 @@ class Linear(nn.Cell):
         else:  # fused path: msllm/kernels/csrc/linear.cc (oneDNN sgemm from the mindspore wheel)
             self.matmul = kernels.linear_dynamic_rows if dynamic_rows else kernels.linear
             self.matmul_static = kernels.linear
-        # the kernel reads bfloat16 weights itself (float32 arithmetic): no float32 copy per call
-        self.weight_as_stored = kernels is not None and bf16_weights(config)
+        # the kernel reads float32 or bfloat16 weights itself (float32 arithmetic; msllm.kernels.select
+        # builds the kernels for no other dtype): no float32 copy of a bf16 weight per call
+        self.weight_as_stored = kernels is not None
         self.add_bias = ops.Add()
         self.cast = ops.Cast()
 
@@ -659,7 +654,7 @@ class LlamaForCausalLM(nn.Cell):
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, config, config.initializer_range,
                                   self.kernels.cpu, dynamic_rows=self.compact_loss)
-        self.table_as_stored = self.kernels.cpu is not None and bf16_weights(config)
+        self.table_as_stored = self.kernels.cpu is not None   # as Linear.weight_as_stored
         if self.kernels.cpu is None:                     # for tied embeddings
             self.head_matmul = self.head_matmul_static = ops.MatMul(transpose_b=True)
         else:  # fused path: msllm/kernels/csrc/linear.cc
