@@ -5,10 +5,11 @@
         [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000] [--api_key KEY]
         [--model_name NAME] [--max_batch 8] [--batch_window_ms 20] [--max_queue 64] [--section.key=value ...]
 
-Requests that arrive together are decoded in one batch on the key/value cache (``--max_batch``
-rows; a batch being gathered waits ``--batch_window_ms`` after each request for another, at most
-10 windows), each row with its
-own settings; a request's greedy output is the same alone and in a batch. ``--max_queue`` requests
+Requests decode in one continuous batch on the key/value cache (``--max_batch`` rows): waiting
+requests join between two decode steps, a finished row is free at the next; when idle, the first
+request waits ``--batch_window_ms`` after each arrival for another (at most 10 windows), so a burst
+starts together. Each row has its own settings; a request's greedy output is the same alone and in
+a batch. ``--max_queue`` requests
 wait at most, more are answered 429. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
 any other address needs ``--api_key`` (clients send ``Authorization: Bearer KEY``). SIGTERM (or
 Ctrl-C) stops accepting connections, finishes the requests in flight, and exits 0.
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api_key", help="require 'Authorization: Bearer KEY' (required off loopback)")
     p.add_argument("--model_name", help="the model id clients send (default: the checkpoint's name)")
     p.add_argument("--max_batch", type=int, default=8, help="rows decoded together")
-    p.add_argument("--batch_window_ms", type=float, default=20.0, help="how long a batch being gathered waits for one more request (at most 10 windows in all)")
+    p.add_argument("--batch_window_ms", type=float, default=20.0, help="when idle, how long a batch being gathered waits for one more request (at most 10 windows in all)")
     p.add_argument("--max_queue", type=int, default=64, help="requests waiting at most (then 429)")
     return p
 
@@ -99,7 +100,8 @@ def main(argv=None) -> int:
     app = build_app(engine, name, tok, template, context, args.api_key)
     engine.start()
     logging.getLogger("msllm").info(
-        "serving %s as %r on http://%s:%d/v1 (batches of up to %d, window %.0f ms, queue %d, chat template %s%s)",
+        "serving %s as %r on http://%s:%d/v1 (continuous batch of up to %d rows, window %.0f ms, queue %d, "
+        "chat template %s%s)",
         info.path, name, args.host, args.port, args.max_batch, args.batch_window_ms, args.max_queue,
         getattr(template, "name", None) or "none", ", API key required" if args.api_key else "")
     # uvicorn's SIGTERM / SIGINT handling: stop accepting, wait for the requests in flight (no

@@ -88,22 +88,22 @@ def _score_cell_class():
 
     class CachedQueryScores(QueryScores):
         """As :class:`QueryScores` for suffixes over a cached prefix: ``construct(self, tokens (B, T),
-        positions (B, T), mask (1, 1, T, S), slots (T,), caches, rows, targets)``."""
+        positions (B, T), mask (1, 1, T, S), index (T, B) cache rows, caches, rows, targets)``."""
 
-        def construct(self, tokens, positions, mask, slots, caches, rows, targets):
-            hidden = self.net.model.forward_cached(tokens, positions, mask, slots, caches)
+        def construct(self, tokens, positions, mask, index, caches, rows, targets):
+            hidden = self.net.model.forward_cached(tokens, positions, mask, index, caches)
             return self.pick(hidden, rows, targets)
 
     class Prefill(nn.Cell):
-        """``construct(self, tokens (1, P), positions, mask, slots, caches)``: writes the prefix's
-        keys and values into the caches (in place); returns the last hidden row (1, C)."""
+        """``construct(self, tokens (1, P), positions, mask, index (P, 1), caches)``: writes the
+        prefix's keys and values into the caches (in place); returns the last hidden row (1, C)."""
 
         def __init__(self, net):
             super().__init__(auto_prefix=False)
             self.net = net
 
-        def construct(self, tokens, positions, mask, slots, caches):
-            return self.net.model.forward_cached(tokens, positions, mask, slots, caches)[:, -1]
+        def construct(self, tokens, positions, mask, index, caches):
+            return self.net.model.forward_cached(tokens, positions, mask, index, caches)[:, -1]
 
     return QueryScores, CachedQueryScores, Prefill
 
@@ -255,7 +255,7 @@ class Scorer:
         import mindspore as ms
         from mindspore import Tensor, ops
 
-        from msllm.models.llama.kv_cache import as_cache, empty_cache
+        from msllm.models.llama.kv_cache import as_cache, cache_index, empty_cache
 
         p = item.prefix
         idx = sorted(item.rows, key=lambda i: (-len(rows[i].tokens), rows[i].tokens))
@@ -277,7 +277,7 @@ class Scorer:
         key, qpos = np.arange(s)[None, :], np.arange(pb)[:, None]
         causal = np.where((key <= qpos) & (key > qpos - w), 0.0, NEG).astype(np.float32)
         self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]), Tensor(causal[None, None]),
-                     Tensor(np.arange(pb, dtype=np.int32)), ms.mutable(caches))          # token j -> slot j
+                     Tensor(cache_index(np.arange(pb), 1)), ms.mutable(caches))          # token j -> slot j
         for batch in batches:
             t = max(lengths[i] for i in batch)
             n_rows = len(batch)
@@ -291,10 +291,12 @@ class Scorer:
             seen = (slot < p) | ((slot >= p) & (slot <= p + query))
             mask = np.where(seen & (slot > p + query - w), 0.0, NEG).astype(np.float32)
             # the prefix's cache repeated over the batch: the suffixes write their own copy
-            tiled = as_cache(ops.tile(x, (1, n_rows, 1, 1)) for x in caches)      # (S, B, K, D)
-            slots = (p + np.arange(t)).astype(np.int32)
+            kd = caches[0].shape[1:]
+            tiled = as_cache(ops.tile(x.reshape((s, 1) + kd), (1, n_rows, 1, 1)).reshape((s * n_rows,) + kd)
+                             for x in caches)                                     # (S * B, K, D)
+            index = cache_index(p + np.arange(t), n_rows)
             flat, tgts = self._flat_queries(rows, batch, t, p)
-            logp, greedy = self.cached(Tensor(tokens), Tensor(positions), Tensor(mask[None, None]), Tensor(slots),
+            logp, greedy = self.cached(Tensor(tokens), Tensor(positions), Tensor(mask[None, None]), Tensor(index),
                                        ms.mutable(tiled), Tensor(flat), Tensor(tgts))
             self._collect(rows, batch, out, logp.asnumpy(), greedy.asnumpy())
 

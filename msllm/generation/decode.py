@@ -53,18 +53,18 @@ def _cells():
     from mindspore import nn, ops
 
     class CachedStep(nn.Cell):
-        """``(ids, positions, mask, slots, caches) -> last-position logits (B, V)`` (the caches
-        written in place);
-        ``fresh``: the prefill's cell (an empty cache filled at slots 0..T-1, a compile-time
-        constant of the model's ``forward_cached``)."""
+        """``(ids, positions, mask, index, caches) -> last-position logits (B, V)`` (the caches
+        written in place at the cache rows ``index`` (T, B): :func:`~msllm.models.llama.kv_cache.cache_index`);
+        ``fresh``: the prefill's cell (rows attending over their own new tokens only, a
+        compile-time constant of the model's ``forward_cached``)."""
 
         def __init__(self, net, fresh: bool = False):
             super().__init__(auto_prefix=False)  # keep the network's parameter names
             self.net = net
             self.fresh = fresh
 
-        def construct(self, input_ids, positions, mask, slots, caches):
-            return self.net.forward_cached(input_ids, positions, mask, slots, caches, True, self.fresh)
+        def construct(self, input_ids, positions, mask, index, caches):
+            return self.net.forward_cached(input_ids, positions, mask, index, caches, True, self.fresh)
 
     class ReorderedStep(nn.Cell):
         """As CachedStep after reordering the cache rows in place to ``beam_idx`` (B,) int32
@@ -75,10 +75,12 @@ def _cells():
             self.net = net
             self.gather = ops.Gather()
 
-        def construct(self, beam_idx, input_ids, positions, mask, slots, caches):
-            for c in caches:                                   # (S, B, K, D): rows on axis 1
-                ops.assign(c, self.gather(c, beam_idx, 1))
-            return self.net.forward_cached(input_ids, positions, mask, slots, caches, True)
+        def construct(self, beam_idx, input_ids, positions, mask, index, caches):
+            b = beam_idx.shape[0]
+            for c in caches:                                   # (S * B, K, D): rows on axis 1 of (S, B, K, D)
+                rows, k, d = c.shape
+                ops.assign(c, self.gather(c.reshape((rows // b, b, k, d)), beam_idx, 1).reshape((rows, k, d)))
+            return self.net.forward_cached(input_ids, positions, mask, index, caches, True)
 
     return CachedStep, ReorderedStep
 
@@ -126,7 +128,7 @@ class Generator:
         self.step = CachedStep(net)
         self.prefill_step = CachedStep(net, fresh=True)
         self.reordered_step = ReorderedStep(net)
-        self.shapes: list = []   # (kind, B, T, S) in first-call order
+        self.shapes: list = []   # (kind, B, T, S, cache rows) in first-call order
         self.first_call_s: dict = {}
 
     # -- low level ------------------------------------------------------------------------
@@ -137,17 +139,22 @@ class Generator:
         c = self.config
         return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(c.compute_dtype))
 
-    def run(self, kind: str, ids, positions, mask, slots, caches, beam_idx=None):
-        """One call of the compiled step, writing the T new tokens to cache ``slots`` (T,);
-        numpy in, (logits (B, V) float32 numpy, caches) out (the same caches, written in place)."""
+    def run(self, kind: str, ids, positions, mask, slots, caches, beam_idx=None, rows=None, width=None):
+        """One call of the compiled step, writing the T new tokens of the B rows of ``ids`` to
+        cache ``slots``: (T,) the same in every row, or (B, T) each row its own; ``rows`` (B,)
+        the cache rows they are (default all ``width`` = B rows of the cache); numpy in,
+        (logits (B, V) float32 numpy, caches) out (the same caches, written in place)."""
         import mindspore as ms
 
-        key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1])
+        from msllm.models.llama.kv_cache import cache_index
+
+        width = ids.shape[0] if width is None else width
+        key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1], width)
         new = key not in self.first_call_s
         t0 = time.perf_counter()
-        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(np.asarray(slots, np.int32)),
+        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(cache_index(slots, width, rows)),
                 ms.mutable(caches))
-        if kind in ("prefill", "full"):        # a fresh cache filled at slots 0..T-1
+        if kind in ("prefill", "full"):        # rows attending over their own new tokens only
             logits = self.prefill_step(*args)
         elif beam_idx is None:
             logits = self.step(*args)

@@ -1,16 +1,17 @@
-"""The server's decoding engine: one thread owns the model and runs the jobs that arrive together
-as one batch on the key/value cache (static batching with a collection window).
+"""The server's decoding engine: one thread owns the model and decodes the requests in one
+continuous batch on the key/value cache (:mod:`msllm.serving.batch`): between two decode steps,
+waiting requests are prefilled into free rows; a row that finishes or is cancelled is free at the
+next step.
 
-A job waits in a bounded queue (full: :class:`QueueFull`, answered 429). The engine thread takes
-the first job, then gathers more until ``window_s`` seconds pass without a new one (a burst of
-clients forms one batch; at most :data:`BURST_WINDOWS` windows after the first job) or until
-``max_batch`` jobs, and decodes them together (:class:`msllm.generation.passes.Passes`: left-padded rows, each row masked
-to its own tokens and positions, so a row's logits do not depend on the other rows'). Each row
-chooses its tokens with its own settings and random generator (temperature, top-k, top-p, seed:
-:func:`msllm.generation.processors.choose` on that row alone), stops at its own EOS ids, stop
-strings (cut from the text; text that could start a stop string is held back while streaming, as
-``tools/chat.py`` does) or ``max_tokens``; a cancelled job (client gone) stops at the next step
-and frees nothing else. The batch ends when every row has; then the next batch starts.
+A job waits in a bounded queue (full: :class:`QueueFull`, answered 429). When the engine is idle
+it takes the first job, then gathers more until ``window_s`` seconds pass without a new one (a
+burst of clients starts one batch as wide as it needs; at most :data:`BURST_WINDOWS` windows
+after the first job) or until ``max_batch`` jobs; while rows are decoding, it takes whatever
+waits, up to the free rows, before each step. Each row chooses its tokens with its own settings
+and random generator (temperature, top-k, top-p, seed: :func:`msllm.generation.processors.choose`
+on that row alone), stops at its own EOS ids, stop strings (cut from the text; text that could
+start a stop string is held back while streaming, as ``tools/chat.py`` does) or ``max_tokens``;
+a cancelled job (client gone) stops at the next step and frees its row.
 
 Log-probabilities: of generated tokens from each step's raw logits; of the prompt (``echo`` with
 ``logprobs``) from one forward pass over the prompt (right-padded to a multiple of 32 tokens: a
@@ -33,13 +34,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from msllm.generation.chat import _held_back   # the start of a stop string, held back while streaming
+from msllm.serving.batch import ContinuousBatch, result
 from msllm.serving.protocol import ApiError, Job
 
 log = logging.getLogger("msllm")
 SCORE_MULTIPLE = 32
 
-# a batch being gathered waits at most this many windows after its first job
+# a batch being gathered from idle waits at most this many windows after its first job
 BURST_WINDOWS = 10
 
 
@@ -54,7 +55,7 @@ class Work:
     job: Job
     sink: Callable
     cancelled: threading.Event = field(default_factory=threading.Event)
-    tokens: list = field(default_factory=list)
+    tokens: Optional[list] = None     # set when the job starts decoding
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -67,8 +68,8 @@ class Engine:
         net, config: the model and its :class:`~msllm.models.llama.config.LlamaConfig`.
         tokenizer: msllm's tokenizer (``decode``, ``id_to_token``, ``eos_ids``).
         eos_ids: the ids that end a row; pad_id: fed to finished rows.
-        max_batch: rows per batch; window_s: how long a batch being gathered waits for one more job;
-        max_queue: jobs waiting at most (more: :class:`QueueFull`).
+        max_batch: rows decoding at once; window_s: when idle, how long a batch being gathered
+        waits for one more job; max_queue: jobs waiting at most (more: :class:`QueueFull`).
     """
 
     def __init__(self, net, config, tokenizer, eos_ids, pad_id: int, max_batch: int = 8, window_s: float = 0.02,
@@ -83,19 +84,33 @@ class Engine:
         self.queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self.running = True
         self.busy = threading.Event()
-        self.batches = 0                 # batches run, rows per batch, tokens made, rows cancelled
-        self.batch_sizes: list = []
+        # batches started from idle, most rows at once, jobs that joined a running batch,
+        # decode steps, tokens made, rows cancelled
+        self.batches = 0
+        self.max_rows = 0
+        self.joined = 0
+        self.steps = 0
         self.tokens_generated = 0
         self.cancelled_rows = 0
+        self.batch = ContinuousBatch(self.gen, tokenizer, self.eos, self.pad_id, max_batch, self._token_logprob,
+                                     self._count_token, self._count_done)
         self.thread = threading.Thread(target=self._loop, name="msllm-engine", daemon=True)
 
     # ---- life -----------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Counters for ``GET /health``: batches, the largest batch, tokens generated, rows
-        cancelled, jobs waiting, whether a batch is running."""
-        return {"batches": self.batches, "max_batch_seen": max(self.batch_sizes, default=0),
-                "tokens_generated": self.tokens_generated, "cancelled_rows": self.cancelled_rows,
-                "queued": self.queue.qsize(), "busy": self.busy.is_set()}
+        """Counters for ``GET /health``: batches started from idle, the most rows decoding at once,
+        jobs that joined a running batch, decode steps, tokens generated, rows cancelled, jobs
+        waiting, whether rows are decoding."""
+        return {"batches": self.batches, "max_batch_seen": self.max_rows, "joined_running": self.joined,
+                "steps": self.steps, "tokens_generated": self.tokens_generated,
+                "cancelled_rows": self.cancelled_rows, "queued": self.queue.qsize(), "busy": self.busy.is_set()}
+
+    def _count_token(self) -> None:
+        self.tokens_generated += 1
+
+    def _count_done(self, reason: str) -> None:
+        if reason == "cancelled":
+            self.cancelled_rows += 1
 
     def start(self) -> None:
         self.thread.start()
@@ -116,119 +131,83 @@ class Engine:
             raise QueueFull() from None
         return work
 
-    def _loop(self) -> None:
-        while self.running or not self.queue.empty():
+    def _gather(self) -> list:
+        """Idle: the first job, then the rest of its burst (module docstring); [] after 0.1 s."""
+        try:
+            first = self.queue.get(timeout=0.1)
+        except queue.Empty:
+            return []
+        batch = [first]
+        start = time.monotonic()
+        deadline = start + self.window_s
+        while len(batch) < self.max_batch:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             try:
-                first = self.queue.get(timeout=0.1)
+                batch.append(self.queue.get(timeout=left))
             except queue.Empty:
+                break
+            # still arriving: one more window after each job, BURST_WINDOWS windows at most (8
+            # streaming clients started together reached a 20 ms window over 20-60 ms, and a
+            # batch that starts narrow has to widen its caches and compile again)
+            deadline = min(time.monotonic() + self.window_s, start + BURST_WINDOWS * self.window_s)
+        return batch
+
+    def _waiting(self, n: int) -> list:
+        """Up to ``n`` jobs already waiting (no wait)."""
+        out = []
+        while len(out) < n:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def _loop(self) -> None:
+        while self.running or not self.queue.empty() or self.batch.active:
+            running = self.batch.active > 0
+            new = self._waiting(self.batch.free) if running else self._gather()
+            if not new and not running:
                 continue
-            batch = [first]
-            start = time.monotonic()
-            deadline = start + self.window_s
-            while len(batch) < self.max_batch:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    batch.append(self.queue.get(timeout=left))
-                except queue.Empty:
-                    break
-                # still arriving: one more window after each job, BURST_WINDOWS windows at most (8
-                # streaming clients started together reached a 20 ms window over 20-60 ms, and a
-                # split batch runs twice as long: benchmarks/serve_throughput.py)
-                deadline = min(time.monotonic() + self.window_s, start + BURST_WINDOWS * self.window_s)
             self.busy.set()
             try:
-                self.run_batch(batch)
-            except Exception as exc:   # one failed batch answers its jobs with 500, the server goes on
-                log.exception("serving: batch of %d failed", len(batch))
-                for w in batch:
-                    w.sink(("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}")))
+                if new:
+                    if running:
+                        self.joined += len(new)
+                    else:
+                        self.batches += 1
+                    self.admit(new)
+                if self.batch.active:
+                    self.batch.step()
+                    self.steps += 1
+            except Exception as exc:   # a failed step answers its jobs with 500, the server goes on
+                log.exception("serving: a batch of %d rows failed", self.batch.active)
+                err = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}")
+                self.batch.fail(err)
+                for w in new:
+                    if w.tokens is None:
+                        w.sink(("error", err))
             finally:
-                self.busy.clear()
+                if not self.batch.active:   # every row done (some may finish at their first token)
+                    self.batch.drop()
+                    self.busy.clear()
 
-    # ---- one batch --------------------------------------------------------------------------
-    def run_batch(self, batch: list) -> None:
-        live = [w for w in batch if not w.cancelled.is_set()]
-        self.batches += 1
-        self.batch_sizes.append(len(live))
+    def admit(self, works: list) -> None:
+        """Jobs taken from the queue: cancelled ones are dropped, ``max_tokens`` = 0 ones answered
+        at once (after scoring the prompt for ``echo``), the rest prefilled into the batch."""
+        live = [w for w in works if not w.cancelled.is_set()]
         prompt_info = {id(w): self.score_prompt(w.job) for w in live if w.job.echo and w.job.logprobs is not None}
-        gen = [w for w in live if w.job.max_tokens > 0]
+        gen = []
         for w in live:
             if w.job.max_tokens == 0:
-                w.sink(("done", "length", self._result(w, prompt_info.get(id(w)), [], "")))
+                w.tokens = []
+                w.sink(("done", "length", result(w, prompt_info.get(id(w)), [], "")))
+            else:
+                gen.append(w)
         if gen:
-            self.decode(gen, prompt_info)
-
-    def decode(self, rows: list, prompt_info: dict) -> None:
-        from msllm.generation import processors
-        from msllm.generation.api import TextStream
-        from msllm.generation.config import DecodeSettings
-        from msllm.generation.passes import Passes
-
-        prompts = [w.job.prompt for w in rows]
-        max_new = max(w.job.max_tokens for w in rows)
-        base = DecodeSettings(max_new_tokens=max_new, eos_token_id=self.eos, pad_token_id=self.pad_id)
-        length, max_new, buffer = self.gen.layout(prompts, base)
-        passes = Passes(self.gen, prompts, base, length, max_new, buffer)
-        settings, rngs = [], []
-        for w in rows:
-            j = w.job
-            settings.append(DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
-                                           top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id))
-            rngs.append(np.random.default_rng(j.seed) if not j.greedy else None)
-        streams = [TextStream(self.tokenizer, self.eos) for _ in rows]
-        shown = [""] * len(rows)
-        info = [[] for _ in rows]          # per generated token: (token string, logprob, top dict)
-        finished = [False] * len(rows)
-        logits = passes.logits
-        out = [[] for _ in rows]
-        for k in range(max_new):
-            tokens = np.full(len(rows), self.pad_id, np.int64)
-            for r, w in enumerate(rows):
-                if finished[r]:
-                    continue
-                if w.cancelled.is_set():   # the client is gone: the row stops here
-                    finished[r] = True
-                    self.cancelled_rows += 1
-                    w.tokens = out[r]
-                    w.sink(("done", "cancelled", self._result(w, prompt_info.get(id(w)), info[r], shown[r])))
-                    continue
-                row = logits[r:r + 1]
-                tok = int(processors.choose(row, settings[r], rngs[r])[0])
-                tokens[r] = tok
-                out[r].append(tok)
-                self.tokens_generated += 1
-                if w.job.logprobs is not None:
-                    info[r].append(self._token_logprob(row[0], tok, w.job.logprobs))
-                finish = None
-                if tok in self.eos:
-                    finish = "stop"
-                streams[r].push(tok)
-                text = streams[r].text
-                stop_at = min((text.find(s) for s in w.job.stop if s in text), default=-1)
-                if stop_at >= 0:
-                    text, finish = text[:stop_at], "stop"
-                elif finish is None and len(out[r]) >= w.job.max_tokens:
-                    finish = "length"
-                if finish is None:   # hold back an unfinished character or the start of a stop string
-                    if text.endswith("\ufffd"):
-                        text = text[:len(shown[r])]
-                    text = text[:len(text) - _held_back(text, w.job.stop)]
-                if len(text) > len(shown[r]) and text.startswith(shown[r]):
-                    w.sink(("text", text[len(shown[r]):], None))
-                    shown[r] = text
-                if finish is not None:
-                    finished[r] = True
-                    w.tokens = out[r]
-                    w.sink(("done", finish, self._result(w, prompt_info.get(id(w)), info[r], shown[r])))
-            if all(finished) or k == max_new - 1:
-                break
-            logits = passes.next(k, tokens, lambda: [p + o for p, o in zip(prompts, out)])
-        for r, w in enumerate(rows):   # rows cut by the context window end here
-            if not finished[r]:
-                w.tokens = out[r]
-                w.sink(("done", "length", self._result(w, prompt_info.get(id(w)), info[r], shown[r])))
+            self.batch.admit(gen, prompt_info)
+            self.max_rows = max(self.max_rows, self.batch.active)
 
     # ---- log-probabilities ----------------------------------------------------------------
     def _piece(self, tok: int) -> str:
@@ -260,11 +239,6 @@ class Engine:
         for i in range(1, len(ids)):
             rows.append(self._token_logprob(logits[i - 1], ids[i], job.logprobs or 0))
         return rows
-
-    def _result(self, w: Work, prompt_rows: Optional[list], gen_rows: list, text: str) -> dict:
-        """What the app needs to answer a finished job."""
-        return {"text": text, "completion_tokens": len(w.tokens), "prompt_tokens": len(w.job.prompt),
-                "prompt_logprobs": prompt_rows, "logprobs": gen_rows}
 
 
 __all__ = ["Engine", "QueueFull", "Work"]

@@ -37,8 +37,8 @@ class EveryPosition(nn.Cell):
         super().__init__(auto_prefix=False)
         self.net = net
 
-    def construct(self, ids, positions, mask, slots, caches):
-        return self.net.forward_cached(ids, positions, mask, slots, caches, False, True)
+    def construct(self, ids, positions, mask, index, caches):
+        return self.net.forward_cached(ids, positions, mask, index, caches, False, True)
 
 
 def logits_of(smollm2_dir, dtype, seqs):
@@ -47,7 +47,7 @@ def logits_of(smollm2_dir, dtype, seqs):
     from msllm.config import load_config
     from msllm.generation.decode import left_pad, mask_for, positions_for
     from msllm.generation.loading import load_for_inference
-    from msllm.models.llama.kv_cache import empty_cache
+    from msllm.models.llama.kv_cache import cache_index, empty_cache
 
     cfg = load_config(os.path.join(ROOT, "configs", "smollm2", "run_smollm2_135m.yaml"),
                       [f"--model.model_config.param_init_type={dtype}", f"--load_checkpoint={smollm2_dir}"])
@@ -58,7 +58,7 @@ def logits_of(smollm2_dir, dtype, seqs):
     slots = np.arange(length)
     caches = empty_cache(len(seqs), mc.kv_heads, length, mc.head_dim, mc.num_layers)
     out = EveryPosition(net)(ms.Tensor(ids), ms.Tensor(positions_for(pads, slots)), ms.Tensor(mask_for(pads, slots, length)),
-                             ms.Tensor(slots.astype(np.int32)), ms.mutable(caches)).asnumpy()
+                             ms.Tensor(cache_index(slots, len(seqs))), ms.mutable(caches)).asnumpy()
     return [out[i, p:] for i, p in enumerate(pads)]          # each row's real positions (n_i, V)
 
 

@@ -309,7 +309,7 @@ def test_grouped_linear_is_one_matmul_per_group(kernels, pynative, sizes):
 @pytest.mark.parametrize("b,h,kv,s,d", [(2, 6, 2, 37, 20), (3, 4, 4, 64, 64), (1, 9, 3, 5, 64)],
                          ids=["gqa-odd", "mha", "smollm2-heads"])
 def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b, h, kv, s, d):
-    """One query per row over an (S, B, K, D) cache with an additive mask (padding before each row's
+    """One query per row over a flat (S * B, K, D) cache with an additive mask (padding before each row's
     first slot, nothing after its last): softmax(q k^T + mask) v with each key/value head serving
     H / K query heads, as repeat_kv + matmuls + softmax compute it (numpy, on (B, K, S, D))."""
     r = rng()
@@ -318,8 +318,8 @@ def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b,
     for row in range(b):
         lo, hi = row % 3, s - 1 - row   # each row its own visible slots lo .. hi
         mask[row, 0, 0, :lo] = mask[row, 0, 0, hi + 1:] = -1e9
-    slots_first = (2, 0, 1, 3)          # (B, K, S, D) -> the cache layout (S, B, K, D)
-    cache = lambda x: t(np.ascontiguousarray(x.transpose(slots_first)))  # noqa: E731
+    slots_first = (2, 0, 1, 3)          # (B, K, S, D) -> the cache layout (S * B, K, D)
+    cache = lambda x: t(np.ascontiguousarray(x.transpose(slots_first)).reshape(s * b, kv, d))  # noqa: E731
     got = kernels.decode_attention(t(q), cache(k), cache(v), t(mask)).asnumpy()
     kk, vv = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)          # (B, H, S, D)
     scores = q @ kk.transpose(0, 1, 3, 2) + mask                                      # (B, H, 1, S)

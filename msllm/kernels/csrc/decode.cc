@@ -1,6 +1,7 @@
 // Attention of one new token per sequence over the key/value cache (decoding), grouped-query:
-// q (B, H, 1, D) (already scaled by 1/sqrt(D)), k / v (S, B, K, D) the cache (slots first, the
-// layout msllm/models/llama/kv_cache.py writes in place), mask (B, 1, 1, S)
+// q (B, H, 1, D) (already scaled by 1/sqrt(D)), k / v (S * B, K, D) the cache (slots first, flat:
+// row s * B + b is slot s of batch row b, the layout msllm/models/llama/kv_cache.py writes in
+// place), mask (B, 1, 1, S)
 // additive (0 = visible; at or below -1e8, msllm's -1e9 or -inf = hidden) -> o (B, H, 1, D) =
 // softmax(q k^T + mask) v.
 // What the composed operators do in four steps (repeat_kv's copy of the cache to H heads, the
@@ -47,11 +48,13 @@ MSLLM_AOT(msllm_decode_attention) {
   const float *v = static_cast<const float *>(params[2]);
   const float *mask = static_cast<const float *>(params[3]);
   float *o = static_cast<float *>(params[4]);
-  if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 4) return 2;
+  // the caches are flat (S * B, K, D): cache row s * B + b holds slot s of batch row b
+  if (ndims[0] != 4 || ndims[1] != 3 || ndims[2] != 3 || ndims[3] != 4) return 2;
   const int64_t b = shapes[0][0], h = shapes[0][1], t = shapes[0][2], d = shapes[0][3];
-  const int64_t s = shapes[1][0], kv = shapes[1][2];
-  if (t != 1 || shapes[1][1] != b || shapes[1][3] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s ||
-      (shapes[3][0] != b && shapes[3][0] != 1) || shapes[2][0] != s || shapes[2][1] != b || shapes[2][2] != kv)
+  if (b <= 0 || shapes[1][0] % b != 0) return 2;
+  const int64_t s = shapes[1][0] / b, kv = shapes[1][1];
+  if (t != 1 || shapes[1][2] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s ||
+      (shapes[3][0] != b && shapes[3][0] != 1) || shapes[2][0] != s * b || shapes[2][1] != kv || shapes[2][2] != d)
     return 2;
   const int64_t group = h / kv, bh = b * h;
   const int64_t stride = b * kv * d;                        // from one slot to the next

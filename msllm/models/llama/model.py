@@ -359,31 +359,33 @@ class Attention(nn.Cell):
         q, k, v = self.project(x, cos, sin)
         return self.attend(q, k, v, mask)                                              # causal mask (T, T)
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, slots, fresh=False, start=None):
-        """x (B, T, C); cos/sin (B, 1, T, D); mask (B, 1, T, S); caches (S, B, K, D) Parameters;
-        slots (T,) int32 -> out (B, T, C), with x's keys/values written into the caches' slots in
-        place (:class:`~msllm.models.llama.kv_cache.KVCache`).
-        ``fresh`` (a compile-time constant): the caches are empty and x fills slots 0..T-1 (a
-        prefill), so every later slot is masked and attending over x's own keys gives the same
-        output at O(T^2), not O(T S) (with chat's whole-context buffer that was most of the first
-        token's time: benchmarks/ttft_prefill.py); ``start`` (B,) float32 with ``fresh``: each
-        row's first real slot (left padding), for msllm's flash kernel (:meth:`prefill_flash`)."""
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, index, fresh=False, start=None):
+        """x (B, T, C); cos/sin (B, 1, T, D); mask (B, 1, T, S); caches (S * B, K, D) Parameters;
+        index (T, B) int32 cache rows -> out (B, T, C), with x's keys/values written into the
+        caches' rows in place (:class:`~msllm.models.llama.kv_cache.KVCache`).
+        ``fresh`` (a compile-time constant): a prefill whose tokens attend over their own keys
+        only (every other slot of their rows is empty or masked), so attending over x's own keys
+        gives the same output at O(T^2), not O(T S) (with chat's whole-context buffer that was
+        most of the first token's time: benchmarks/ttft_prefill.py), and x's rows may be some of
+        the cache's rows (the serving engine prefills a new request into a free row); ``start``
+        (B,) float32 with ``fresh``: each row's first real slot (left padding), for msllm's flash
+        kernel (:meth:`prefill_flash`)."""
         b, t, c = x.shape
-        if t == 1 and self.decode_attention is not None and self.softmax_dtype == ms.float32:
-            return self.decode_one(x, cos, sin, mask, k_cache, v_cache, slots)
+        if t == 1 and not fresh and self.decode_attention is not None and self.softmax_dtype == ms.float32:
+            return self.decode_one(x, cos, sin, mask, k_cache, v_cache, index)
         if fresh and start is not None and self.flash is not None:
-            return self.prefill_flash(x, cos, sin, k_cache, v_cache, slots, start)
+            return self.prefill_flash(x, cos, sin, k_cache, v_cache, index, start)
         q, k, v = self.project(x, cos, sin)                                            # (B, H|K, T, D)
-        k_cache = self.kv_cache(k_cache, self.transpose(k, (2, 0, 1, 3)), slots)        # (T, B, K, D) in
-        v_cache = self.kv_cache(v_cache, self.transpose(v, (2, 0, 1, 3)), slots)
-        if fresh and t < k_cache.shape[0]:
+        k_cache = self.kv_cache(k_cache, self.transpose(k, (2, 0, 1, 3)), index)        # (T, B, K, D) in
+        v_cache = self.kv_cache(v_cache, self.transpose(v, (2, 0, 1, 3)), index)
+        if fresh:
             # attends over x's own keys; the depends keep the cache writes (a write whose result
             # no output uses is pruned from the graph)
             out = self.attend(q, k, v, mask[:, :, :, :t])
             return ops.depend(ops.depend(out, k_cache), v_cache)
-        return self.attend(q, self.kv_cache.heads_first(k_cache), self.kv_cache.heads_first(v_cache), mask)
+        return self.attend(q, self.kv_cache.heads_first(k_cache, b), self.kv_cache.heads_first(v_cache, b), mask)
 
-    def prefill_flash(self, x, cos, sin, k_cache, v_cache, slots, start):
+    def prefill_flash(self, x, cos, sin, k_cache, v_cache, index, start):
         """A prefill of left-padded rows on msllm's CPU kernels: x (B, T, C) -> (B, T, C). Rotary
         by the ``rope`` kernel over the B*T (row, slot) pairs, each with its own position's table
         row; causal (and windowed) attention by ``flash_attention_padded``, row b's keys from
@@ -395,18 +397,18 @@ class Attention(nn.Cell):
         cos, sin = self.reshape(cos, (b * t, d)), self.reshape(sin, (b * t, d))       # per (row, slot)
         q = self.reshape(self.rope(self.reshape(q, (1, b * t, self.n_heads, d)), cos, sin), (b, t, self.n_heads, d))
         k = self.reshape(self.rope(self.reshape(k, (1, b * t, self.n_kv, d)), cos, sin), (b, t, self.n_kv, d))
-        k_cache = self.kv_cache(k_cache, self.transpose(k, (1, 0, 2, 3)), slots)     # (T, B, K, D) in
-        v_cache = self.kv_cache(v_cache, self.transpose(v, (1, 0, 2, 3)), slots)
+        k_cache = self.kv_cache(k_cache, self.transpose(k, (1, 0, 2, 3)), index)     # (T, B, K, D) in
+        v_cache = self.kv_cache(v_cache, self.transpose(v, (1, 0, 2, 3)), index)
         out = self.flash_padded(q, k, v, self.window, start)                          # (B, T, H, D)
         out = self.o_proj(self.reshape(out, (b * t, self.n_heads * d)))               # (B*T, C)
         out = self.reshape(out, (b, t, self.hidden))
         return ops.depend(ops.depend(out, k_cache), v_cache)    # keep the cache writes (see above)
 
-    def decode_one(self, x, cos, sin, mask, k_cache, v_cache, slots):
+    def decode_one(self, x, cos, sin, mask, k_cache, v_cache, index):
         """One new token per row on msllm's CPU kernels: x (B, 1, C) -> (B, 1, C). The heads stay
         in the projections' layout (with T = 1, (B, 1, N, D) is (B, N, 1, D) and (1, B, N, D) in
         memory, so no transposes), rotary by the ``rope`` kernel with each row's own position as a
-        table row, attention by ``decode_attention`` straight from the (S, B, K, D) caches: a
+        table row, attention by ``decode_attention`` straight from the (S * B, K, D) caches: a
         decode step is ~15 operator launches per layer instead of ~30 (MindSpore's launch cost
         per operator is tens of microseconds on CPU)."""
         b, _, c = x.shape
@@ -416,8 +418,8 @@ class Attention(nn.Cell):
         q = self.rope(self.reshape(q, (1, b, self.n_heads, d)), cos, sin)            # (1, B, H, D)
         k = self.rope(self.reshape(k, (1, b, self.n_kv, d)), cos, sin)               # (1, B, K, D)
         q = self.mul_scale(self.reshape(q, (b, self.n_heads, 1, d)), self.scale)     # (B, H, 1, D)
-        k_cache = self.kv_cache(k_cache, k, slots)
-        v_cache = self.kv_cache(v_cache, self.reshape(v, (1, b, self.n_kv, d)), slots)
+        k_cache = self.kv_cache(k_cache, k, index)                                    # row index[0, b]
+        v_cache = self.kv_cache(v_cache, self.reshape(v, (1, b, self.n_kv, d)), index)
         out = self.decode_attention(q, k_cache, v_cache, self.cast(mask, ms.float32))  # (B, H, 1, D)
         out = self.o_proj(self.reshape(out, (b, self.n_heads * d)))                  # (B, C)
         return self.reshape(out, (b, 1, self.hidden))
@@ -495,10 +497,10 @@ class DecoderLayer(nn.Cell):
     def construct(self, x, cos, sin, mask):
         return self.feed_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
 
-    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, slots, fresh=False, start=None):
+    def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, index, fresh=False, start=None):
         """As ``construct`` for new tokens x (B, T, C) over a cache (written in place); returns x'
-        (``slots``, ``fresh``, ``start``: :meth:`Attention.construct_cached`)."""
-        a = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots, fresh,
+        (``index``, ``fresh``, ``start``: :meth:`Attention.construct_cached`)."""
+        a = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, index, fresh,
                                             start)
         if self.is_moe:
             return self.feed_forward(x, a)[0]
@@ -580,16 +582,17 @@ class LlamaModel(nn.Cell):
                 x = layer(x, cos, sin, mask)
         return self.norm(x), counts, probs, dropped
 
-    def forward_cached(self, input_ids, positions, mask, slots, caches, fresh=False):
+    def forward_cached(self, input_ids, positions, mask, index, caches, fresh=False):
         """New tokens over a cache -> hidden (B, T, C); the new keys and values are written into
         ``caches`` in place.
 
         input_ids / positions (B, T) int32 (each row's own positions, so left padding is
         invisible to the rotary embedding); mask (B, 1, T, S) additive float (0 = attend,
-        -1e9 = not); slots (T,) int32: the cache slot of each new token (the same in every row);
-        caches: ``2 * num_layers`` Parameters (S, B, K, D), keys then values per layer
-        (:func:`~msllm.models.llama.kv_cache.empty_cache`);
-        ``fresh``: the caches are empty and the T tokens go to slots 0..T-1 (a prefill; a
+        -1e9 = not); index (T, B) int32: the cache row of each new token
+        (:func:`~msllm.models.llama.kv_cache.cache_index`); caches: ``2 * num_layers`` Parameters
+        (S * B', K, D), keys then values per layer (:func:`~msllm.models.llama.kv_cache.empty_cache`;
+        B' = B except with ``fresh``, whose rows may be some of the cache's);
+        ``fresh``: a prefill of left-padded rows that attend over their own tokens only (a
         compile-time constant, :meth:`Attention.construct_cached`).
         """
         b, t = input_ids.shape
@@ -603,7 +606,7 @@ class LlamaModel(nn.Cell):
             start = self.cast(t - 1 - positions[:, t - 1], ms.float32)              # (B,)
         i = 0
         for layer in self.layers:
-            x = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], slots, fresh, start)
+            x = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], index, fresh, start)
             i += 1
         return self.norm(x)
 
@@ -622,7 +625,7 @@ class LlamaForCausalLM(nn.Cell):
             each expert's share of the token choices]).
         input_ids (B, T) alone -> logits (B, T, V) fp32.
 
-    ``forward_cached(input_ids, positions, mask, slots, caches, last_only)``: generation with a
+    ``forward_cached(input_ids, positions, mask, index, caches, last_only)``: generation with a
     key/value cache written in place (see :meth:`LlamaModel.forward_cached`) -> logits (B, T, V)
     or with ``last_only`` (B, V) fp32.
 
@@ -701,11 +704,11 @@ class LlamaForCausalLM(nn.Cell):
         out = self.head(self.reshape(h, (b * t, c)))                            # (B*T, V)
         return self.reshape(out, (b, t, self.config.vocab_size))
 
-    def forward_cached(self, input_ids, positions, mask, slots, caches, last_only=False, fresh=False):
+    def forward_cached(self, input_ids, positions, mask, index, caches, last_only=False, fresh=False):
         """Generation step over a key/value cache (written in place); shapes in
         :meth:`LlamaModel.forward_cached`. Returns logits (B, T, V) float32, or (B, V) of the last
         position with ``last_only``."""
-        h = self.model.forward_cached(input_ids, positions, mask, slots, caches, fresh)  # (B, T, C)
+        h = self.model.forward_cached(input_ids, positions, mask, index, caches, fresh)  # (B, T, C)
         b, t, c = h.shape
         if last_only:
             return self.head(self.reshape(h[:, t - 1:t, :], (b, c)), True)                # (B, V)

@@ -1,0 +1,234 @@
+"""The serving engine's continuous batch: requests decoding together on one key/value cache, each
+in its own row at its own slot, joining as rows free up and leaving when they finish.
+
+Layout. The caches are ``width`` rows of ``buffer`` slots (flat (S * B, K, D) Parameters,
+:mod:`msllm.models.llama.kv_cache`). A request admitted into row b is prefilled alone (batch 1,
+its prompt left-padded to a multiple of 32 tokens, first real slot ``pad``) into row b's slots
+0..T-1; its k-th new token is then fed at slot T + k with position n + k (n prompt tokens), and
+its mask shows slots pad..T+k (and, with a sliding window, only the last ``sliding_window`` of
+them). A decode step runs every row at once, each at its own slot (``cache_index`` with (B, 1)
+slots); an empty row is fed the pad token at its slot 0 with every slot hidden (the attention
+gives it zeros; its logits are ignored). So a row's logits depend only on its own tokens: a
+request's greedy output is the same alone and beside others, whenever it joins.
+
+Growth. The batch starts as narrow as the requests that start it need (a power of two, at most
+``max_batch`` rows) and with as many slots as its longest request needs (rounded up to
+:data:`BUFFER_MULTIPLE`); a request that needs more rows or slots widens the caches (the rows
+are copied into the larger buffers, each keeping its row and slots). When the last row finishes
+the caches are dropped. Each (rows, slots) pair compiles its decode graph once, as does each
+(prompt length, rows, slots) prefill.
+
+This is the scheduling vLLM calls continuous (iteration-level) batching (Yu et al., "Orca", OSDI
+2022): between two decode steps, waiting requests are prefilled into free rows; a finished or
+cancelled row is free at the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from msllm.generation.chat import _held_back   # the start of a stop string, held back while streaming
+from msllm.generation.passes import round_up
+
+MASKED = -1e9            # the model's additive mask value
+BUFFER_MULTIPLE = 128    # cache slots are rounded up to this: fewer graphs when requests differ a little
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass
+class Row:
+    """A request decoding in the batch: its work (job, sink, cancellation), its sampling, its
+    place in the cache (``pad`` first real slot, ``slot`` where its last token went, ``length``
+    prompt tokens) and what it has produced."""
+
+    work: object
+    settings: object
+    rng: object
+    stream: object
+    pad: int
+    slot: int
+    length: int
+    max_new: int
+    prompt_info: Optional[list] = None
+    shown: str = ""
+    info: list = field(default_factory=list)
+    last: int = 0
+
+
+class ContinuousBatch:
+    """Rows of requests on one cache (module docstring). Used by the engine's thread only.
+
+    Args:
+        gen: the model's :class:`~msllm.generation.decode.Generator`.
+        tokenizer, eos (tuple of int), pad_id: as the engine's.
+        max_batch: rows at most.
+        logprob: ``logprob(logits (V,), token, top) -> (token string, log-probability, top dict)``.
+        on_token / on_done: the engine's counters, called per token made / per row finished
+            (with its finish reason).
+    """
+
+    def __init__(self, gen, tokenizer, eos, pad_id: int, max_batch: int, logprob, on_token, on_done):
+        self.gen, self.config = gen, gen.config
+        self.tokenizer, self.eos, self.pad_id = tokenizer, tuple(eos), int(pad_id)
+        self.max_batch = int(max_batch)
+        self.logprob, self.on_token, self.on_done = logprob, on_token, on_done
+        self.rows: list = []          # width entries: a Row or None
+        self.caches = None
+        self.buffer = 0
+
+    # ---- state --------------------------------------------------------------------------------
+    @property
+    def active(self) -> int:
+        return sum(r is not None for r in self.rows)
+
+    @property
+    def free(self) -> int:
+        return self.max_batch - self.active
+
+    def drop(self) -> None:
+        """Forget every row and the caches (after the last row or a failure)."""
+        self.rows, self.caches, self.buffer = [], None, 0
+
+    def fail(self, error) -> None:
+        """Answer every row with ``("error", error)`` and drop them."""
+        for r in self.rows:
+            if r is not None:
+                r.work.sink(("error", error))
+        self.drop()
+
+    # ---- admitting ----------------------------------------------------------------------------
+    def admit(self, works: list, prompt_info: dict) -> None:
+        """Prefill ``works`` (at most :attr:`free`, each with ``max_tokens`` > 0) into free rows,
+        widening the caches if needed, and emit each one's first token."""
+        from msllm.generation.api import TextStream
+        from msllm.generation.config import DecodeSettings
+
+        plans = []
+        for w in works:
+            n = len(w.job.prompt)
+            t = round_up(n)
+            max_new = min(w.job.max_tokens, self.gen.context - n)
+            plans.append((w, n, t, max_new))
+        need = max([r.pad + r.length + r.max_new for r in self.rows if r is not None]
+                   + [t + m for _, _, t, m in plans])
+        self._fit(min(self.max_batch, pow2_at_least(self.active + len(plans))), round_up(need, BUFFER_MULTIPLE))
+        for w, n, t, max_new in plans:
+            j = w.job
+            settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
+                                      top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
+            b = self.rows.index(None)
+            logits = self._prefill(b, j.prompt, t)
+            self.rows[b] = Row(w, settings, np.random.default_rng(j.seed) if not j.greedy else None,
+                               TextStream(self.tokenizer, self.eos), pad=t - n, slot=t - 1, length=n,
+                               max_new=max_new, prompt_info=prompt_info.get(id(w)))
+            w.tokens = []
+            self._accept(b, logits[0])
+
+    def _fit(self, width: int, buffer: int) -> None:
+        """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents."""
+        from mindspore import ops
+
+        from msllm.models.llama.kv_cache import as_cache
+
+        width, buffer = max(width, len(self.rows)), max(buffer, self.buffer)
+        if self.caches is None:
+            self.caches = self.gen.empty_cache(width, buffer)
+        elif (width, buffer) != (len(self.rows), self.buffer):
+            old_w, old_s = len(self.rows), self.buffer
+            grown = []
+            for c in self.caches:                                          # (S * B, K, D)
+                k, d = c.shape[1:]
+                z = ops.zeros((buffer, width, k, d), c.dtype)
+                z[:old_s, :old_w] = c.reshape((old_s, old_w, k, d))
+                grown.append(z.reshape((buffer * width, k, d)))
+            self.caches = as_cache(grown)
+        self.rows += [None] * (width - len(self.rows))
+        self.buffer = buffer
+
+    def _prefill(self, b: int, prompt: list, t: int) -> np.ndarray:
+        from msllm.generation.decode import left_pad, mask_for, positions_for
+
+        ids, pads = left_pad([prompt], t, self.pad_id)
+        slots = np.arange(t)
+        logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots),
+                                 mask_for(pads, slots, t, self.config.sliding_window), slots, self.caches,
+                                 rows=[b], width=len(self.rows))
+        return logits
+
+    # ---- decoding -----------------------------------------------------------------------------
+    def step(self) -> None:
+        """Drop cancelled rows, then one decode step of every row, each at its own next slot."""
+        for b, r in enumerate(self.rows):
+            if r is not None and r.work.cancelled.is_set():   # the client is gone: the row stops here
+                self._finish(b, "cancelled")
+        if not self.active:
+            return self.drop()
+        width, s = len(self.rows), self.buffer
+        window = self.config.sliding_window
+        tokens = np.full(width, self.pad_id, np.int32)
+        slots = np.zeros(width, np.int64)
+        positions = np.zeros(width, np.int32)
+        mask = np.full((width, 1, 1, s), MASKED, np.float32)
+        for b, r in enumerate(self.rows):
+            if r is None:
+                continue
+            r.slot += 1
+            tokens[b], slots[b], positions[b] = r.last, r.slot, r.slot - r.pad
+            lo = r.pad if window is None else max(r.pad, r.slot - window + 1)
+            mask[b, 0, 0, lo:r.slot + 1] = 0.0
+        logits, _ = self.gen.run("decode", tokens[:, None], positions[:, None], mask, slots[:, None], self.caches,
+                                 width=width)
+        for b, r in enumerate(self.rows):
+            if r is not None:
+                self._accept(b, logits[b])
+        if not self.active:
+            self.drop()
+
+    def _accept(self, b: int, logits_row: np.ndarray) -> None:
+        """Row b's next token from its logits (V,): choose, stream the text that became final,
+        finish the row at EOS, a stop string, ``max_tokens`` or the context's end."""
+        from msllm.generation import processors
+
+        r = self.rows[b]
+        job = r.work.job
+        tok = int(processors.choose(logits_row[None], r.settings, r.rng)[0])
+        r.last = tok
+        r.work.tokens.append(tok)
+        self.on_token()
+        if job.logprobs is not None:
+            r.info.append(self.logprob(logits_row, tok, job.logprobs))
+        finish = "stop" if tok in self.eos else None
+        r.stream.push(tok)
+        text = r.stream.text
+        stop_at = min((text.find(s) for s in job.stop if s in text), default=-1)
+        if stop_at >= 0:
+            text, finish = text[:stop_at], "stop"
+        elif finish is None and len(r.work.tokens) >= r.max_new:
+            finish = "length"   # max_tokens, or the context window's end
+        if finish is None:      # hold back an unfinished character or the start of a stop string
+            if text.endswith("\ufffd"):
+                text = text[:len(r.shown)]
+            text = text[:len(text) - _held_back(text, job.stop)]
+        if len(text) > len(r.shown) and text.startswith(r.shown):
+            r.work.sink(("text", text[len(r.shown):], None))
+            r.shown = text
+        if finish is not None:
+            self._finish(b, finish)
+
+    def _finish(self, b: int, reason: str) -> None:
+        r = self.rows[b]
+        self.rows[b] = None
+        self.on_done(reason)
+        r.work.sink(("done", reason, result(r.work, r.prompt_info, r.info, r.shown)))
+
+
+def result(work, prompt_rows: Optional[list], gen_rows: list, text: str) -> dict:
+    """What the app needs to answer a finished job."""
+    return {"text": text, "completion_tokens": len(work.tokens), "prompt_tokens": len(work.job.prompt),
+            "prompt_logprobs": prompt_rows, "logprobs": gen_rows}

@@ -1,0 +1,93 @@
+"""The serving engine's continuous batch (msllm/serving/engine.py, msllm/serving/batch.py) in
+process, on the real SmolLM2-135M-Instruct: requests that arrive while another is decoding join
+its batch between two steps (one of them long enough to widen the cache's slots, and enough of
+them to widen its rows), finish before it, and each gets exactly the greedy tokens that
+``Generator.generate`` gives its prompt alone (the static-batch path, which shares no code with
+the engine's row bookkeeping)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
+SEED = 0
+
+
+class Sink:
+    """Collects one job's events; ``done`` is set at its last."""
+
+    def __init__(self, log: list, name: str):
+        self.log, self.name, self.done, self.events = log, name, threading.Event(), []
+
+    def __call__(self, event):
+        self.events.append(event)
+        if event[0] in ("done", "error"):
+            self.log.append(self.name)
+            self.done.set()
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_dir):
+    from msllm.config import load_config
+    from msllm.generation.chat import load_session
+    from msllm.serving.engine import Engine
+
+    cfg = load_config(CONFIG, [f"--load_checkpoint={smollm2_dir}"])
+    net, mc, _, tok, _, settings = load_session(cfg)
+    eng = Engine(net, mc, tok, settings.eos_token_id, settings.pad_token_id, max_batch=4, window_s=0.01, max_queue=8)
+    eng.start()
+    yield eng, tok, settings
+    eng.stop(60)
+
+
+def test_requests_join_a_running_batch_and_keep_their_greedy_outputs(engine):
+    from msllm.serving.protocol import Job
+
+    eng, tok, settings = engine
+    print("seed", SEED, "(greedy decoding: no randomness)")
+    long_text = " ".join(["The history of the printing press begins in the fifteenth century."] * 12)
+    jobs = {"a": (tok.encode("Once upon a time, in a small village by the sea,"), 48),
+            "b": (tok.encode("The three primary colors are"), 10),
+            "c": (tok.encode(long_text + " In summary,"), 14),        # 150+ tokens: more slots than a's
+            "d": (tok.encode("def fibonacci(n):"), 12)}
+    assert len(jobs["c"][0]) > 140
+    # each alone, on the static-batch path (one buffer length for all four: one decode graph)
+    ref = {k: eng.gen.generate([p], dataclasses.replace(settings, max_new_tokens=n, do_sample=False),
+                               buffer=256).tokens[0] for k, (p, n) in jobs.items()}
+    assert len(ref["a"]) == 48                                           # a runs to its length
+    before = eng.stats()
+    order: list = []
+    sinks = {k: Sink(order, k) for k in jobs}
+    works = {"a": eng.submit(Job(jobs["a"][0], jobs["a"][1]), sinks["a"])}
+    t = time.time()
+    while works["a"].tokens is None or len(works["a"].tokens) < 4:      # a is decoding alone
+        assert time.time() - t < 300
+        time.sleep(0.01)
+    buffer_alone, rows_alone = eng.batch.buffer, len(eng.batch.rows)
+    for k in "bcd":
+        works[k] = eng.submit(Job(jobs[k][0], jobs[k][1]), sinks[k])
+    for k in jobs:
+        assert sinks[k].done.wait(300), k
+    for k in jobs:
+        assert works[k].tokens == ref[k], k
+        assert sinks[k].events[-1][1] in ("length", "stop")
+    assert order[-1] == "a"                                               # the others joined and left first
+    after = eng.stats()
+    assert after["joined_running"] - before["joined_running"] == 3
+    assert after["batches"] - before["batches"] == 1
+    assert rows_alone == 1 and buffer_alone == 128                        # a alone: 1 row, 32 + 48 slots -> 128
+    assert after["max_batch_seen"] == 4
+    t = time.time()
+    while eng.stats()["busy"]:
+        assert time.time() - t < 60
+        time.sleep(0.01)
+    assert eng.batch.caches is None and eng.batch.rows == []              # dropped with the last row
