@@ -68,16 +68,24 @@ TARGETS = {1: 1.0, 8: 1.5}
 TTFT_LIMIT = 1.0
 
 
-def model_dir(shape: str) -> str:
-    """The HF directory of ``shape`` (random weights, seed 0), written once; the real model's own."""
+def positions_for(prompt: int, new: int) -> int:
+    """The random-weight shapes' context: 512 positions, or the next power of two that holds
+    ``prompt + new`` tokens (a 512-token prompt with 64 new tokens needs 1024; the weights are the
+    same, seed 0, only the rotary tables are longer)."""
+    return max(512, 1 << (prompt + new - 1).bit_length())
+
+
+def model_dir(shape: str, positions: int = 512) -> str:
+    """The HF directory of ``shape`` (random weights, seed 0) with ``positions`` positions, written
+    once; the real model's own."""
     if shape in REAL:
         return common.hf_dir(shape)
-    out = os.path.join(common.CACHE, f"decode_{shape}_hf")
+    out = os.path.join(common.CACHE, f"decode_{shape}_hf" if positions == 512 else f"decode_{shape}_{positions}pos_hf")
     if not os.path.exists(os.path.join(out, "config.json")):
         common.use_repo()
         from msllm.convert.verify import write_random_hf_dir
 
-        write_random_hf_dir(out, seed=0, max_position_embeddings=512, **SHAPES[shape])
+        write_random_hf_dir(out, seed=0, max_position_embeddings=positions, **SHAPES[shape])
     return out
 
 
@@ -106,7 +114,8 @@ def prompts_file(length: int, rows: int = 8) -> str:
 
 def run_worker(name: str, shape: str, batch: int, a, timeout: float) -> dict:
     script, kw, env_extra = WORKERS[name]
-    args = {"model_dir": model_dir(shape), "prompts": prompts_file(a.prompt), "batch": batch, "new": a.new,
+    args = {"model_dir": model_dir(shape, positions_for(a.prompt, a.new)), "prompts": prompts_file(a.prompt),
+            "batch": batch, "new": a.new,
             "reps": a.reps, "threads": a.threads, **kw}
     return harness.run_worker(name, script, args, timeout, env_extra={"OMP_NUM_THREADS": str(a.threads), **env_extra},
                              cwd=common.CACHE)
@@ -197,7 +206,7 @@ def main(argv=None):
     print(f"# {info}\n# shapes {a.shapes}, batches {a.batches}, prompt {a.prompt}, new {a.new}, "
           f"{a.rounds} rounds of {names}", flush=True)
     for s in a.shapes:
-        model_dir(s)
+        model_dir(s, positions_for(a.prompt, a.new))
     prompts_file(a.prompt)
     t0 = time.time()
     runs = []

@@ -128,7 +128,7 @@ class Generator:
         self.step = CachedStep(net)
         self.prefill_step = CachedStep(net, fresh=True)
         self.reordered_step = ReorderedStep(net)
-        self.shapes: list = []   # (kind, B, T, S, cache rows) in first-call order
+        self.shapes: list = []   # (kind, B, T, S) in first-call order
         self.first_call_s: dict = {}
 
     # -- low level ------------------------------------------------------------------------
@@ -139,20 +139,19 @@ class Generator:
         c = self.config
         return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(c.compute_dtype))
 
-    def run(self, kind: str, ids, positions, mask, slots, caches, beam_idx=None, rows=None, width=None):
+    def run(self, kind: str, ids, positions, mask, slots, caches, beam_idx=None):
         """One call of the compiled step, writing the T new tokens of the B rows of ``ids`` to
-        cache ``slots``: (T,) the same in every row, or (B, T) each row its own; ``rows`` (B,)
-        the cache rows they are (default all ``width`` = B rows of the cache); numpy in,
-        (logits (B, V) float32 numpy, caches) out (the same caches, written in place)."""
+        cache ``slots``: (T,) the same in every row, or (B, T) each row its own (the serving
+        engine's continuous batch); numpy in, (logits (B, V) float32 numpy, caches) out (the
+        same caches, written in place)."""
         import mindspore as ms
 
         from msllm.models.llama.kv_cache import cache_index
 
-        width = ids.shape[0] if width is None else width
-        key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1], width)
+        key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1])
         new = key not in self.first_call_s
         t0 = time.perf_counter()
-        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(cache_index(slots, width, rows)),
+        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(cache_index(slots, ids.shape[0])),
                 ms.mutable(caches))
         if kind in ("prefill", "full"):        # rows attending over their own new tokens only
             logits = self.prefill_step(*args)

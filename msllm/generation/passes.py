@@ -36,7 +36,7 @@ class GenerationResult:
     prefill_s: seconds from the call to the first new token of every row (time to first token,
         including any compilation of a new shape); decode_s: seconds for the remaining tokens.
     steps: decode steps run after the prefill.
-    compiled: the (kind, B, T, S, cache rows) shapes the generator has run so far (:attr:`Generator.shapes`).
+    compiled: the (kind, B, T, S) shapes the generator has run so far (:attr:`Generator.shapes`).
     logits: with ``keep_logits``, the raw (B, V) float32 logits each new token was chosen from
         (HF's ``output_logits``), else None.
     """

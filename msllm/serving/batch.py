@@ -3,20 +3,28 @@ in its own row at its own slot, joining as rows free up and leaving when they fi
 
 Layout. The caches are ``width`` rows of ``buffer`` slots (flat (S * B, K, D) Parameters,
 :mod:`msllm.models.llama.kv_cache`). A request admitted into row b is prefilled alone (batch 1,
-its prompt left-padded to a multiple of 32 tokens, first real slot ``pad``) into row b's slots
-0..T-1; its k-th new token is then fed at slot T + k with position n + k (n prompt tokens), and
-its mask shows slots pad..T+k (and, with a sliding window, only the last ``sliding_window`` of
-them). A decode step runs every row at once, each at its own slot (``cache_index`` with (B, 1)
-slots); an empty row is fed the pad token at its slot 0 with every slot hidden (the attention
-gives it zeros; its logits are ignored). So a row's logits depend only on its own tokens: a
-request's greedy output is the same alone and beside others, whenever it joins.
+its prompt left-padded to a multiple of 32 tokens, T slots, first real slot ``pad``) into a cache
+of its own, whose keys and values are then written into row b's slots 0..T-1; its k-th new
+token is fed at slot T + k with position n + k (n prompt tokens), and its mask shows slots
+pad..T+k (and, with a sliding window, only the last ``sliding_window`` of them). A decode step
+runs every row at once, each at its own slot (``cache_index`` with (B, 1) slots); an empty row is
+fed the pad token at its slot 0 with every slot hidden (the attention gives it zeros; its logits
+are ignored). So a row's logits depend only on its own tokens: a request's greedy output is the
+same alone and beside others, whenever it joins.
 
-Growth. The batch starts as narrow as the requests that start it need (a power of two, at most
-``max_batch`` rows) and with as many slots as its longest request needs (rounded up to
-:data:`BUFFER_MULTIPLE`); a request that needs more rows or slots widens the caches (the rows
-are copied into the larger buffers, each keeping its row and slots). When the last row finishes
-the caches are dropped. Each (rows, slots) pair compiles its decode graph once, as does each
-(prompt length, rows, slots) prefill.
+Growth, and the graphs it compiles. A batch started by one request has one row, else
+``max_batch`` rows (a second request widens it to ``max_batch``); its slots are what its
+longest request needs, at least :data:`MIN_BUFFER`, else the next power of two, and grow the
+same way when a longer request joins (new caches, each row's slots written into them). When the
+last row finishes the caches are dropped. So the decode graph has few shapes: (1 or
+``max_batch`` rows) x (512, 1024, ... slots), each compiled once (a few seconds for SmolLM2);
+the prefill compiles once per prompt length (a multiple of 32), whatever the batch. Measured on
+the way (benchmarks/serve_arrivals.py): prefilling straight into the batch's caches, one graph
+per (prompt length, rows, slots), and widths of every power of two, made requests arriving at
+different moments keep meeting new shapes, about 4.5 s of compiling each; the cache's slot count
+itself barely changes a step's time (masked slots are skipped), so rounding it up costs memory,
+not speed. A joining request's prefill runs between two decode steps: the other rows wait for it
+(no chunked prefill).
 
 This is the scheduling vLLM calls continuous (iteration-level) batching (Yu et al., "Orca", OSDI
 2022): between two decode steps, waiting requests are prefilled into free rows; a finished or
@@ -34,10 +42,11 @@ from msllm.generation.chat import _held_back   # the start of a stop string, hel
 from msllm.generation.passes import round_up
 
 MASKED = -1e9            # the model's additive mask value
-BUFFER_MULTIPLE = 128    # cache slots are rounded up to this: fewer graphs when requests differ a little
+MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
 
 
 def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (n >= 1)."""
     return 1 << max(0, int(n) - 1).bit_length()
 
 
@@ -81,6 +90,9 @@ class ContinuousBatch:
         self.rows: list = []          # width entries: a Row or None
         self.caches = None
         self.buffer = 0
+        from mindspore import ops
+
+        self.scatter = ops.ScatterUpdate()
 
     # ---- state --------------------------------------------------------------------------------
     @property
@@ -117,7 +129,8 @@ class ContinuousBatch:
             plans.append((w, n, t, max_new))
         need = max([r.pad + r.length + r.max_new for r in self.rows if r is not None]
                    + [t + m for _, _, t, m in plans])
-        self._fit(min(self.max_batch, pow2_at_least(self.active + len(plans))), round_up(need, BUFFER_MULTIPLE))
+        rows = 1 if self.active + len(plans) == 1 else self.max_batch
+        self._fit(rows, max(MIN_BUFFER, pow2_at_least(need)))
         for w, n, t, max_new in plans:
             j = w.job
             settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
@@ -131,34 +144,37 @@ class ContinuousBatch:
             self._accept(b, logits[0])
 
     def _fit(self, width: int, buffer: int) -> None:
-        """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents."""
-        from mindspore import ops
+        """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents: new
+        zero caches, the old rows written into them at their rows and slots."""
+        import mindspore as ms
 
-        from msllm.models.llama.kv_cache import as_cache
+        from msllm.models.llama.kv_cache import cache_index
 
         width, buffer = max(width, len(self.rows)), max(buffer, self.buffer)
-        if self.caches is None:
+        if self.caches is None or (width, buffer) != (len(self.rows), self.buffer):
+            old, old_w, old_s = self.caches, len(self.rows), self.buffer
             self.caches = self.gen.empty_cache(width, buffer)
-        elif (width, buffer) != (len(self.rows), self.buffer):
-            old_w, old_s = len(self.rows), self.buffer
-            grown = []
-            for c in self.caches:                                          # (S * B, K, D)
-                k, d = c.shape[1:]
-                z = ops.zeros((buffer, width, k, d), c.dtype)
-                z[:old_s, :old_w] = c.reshape((old_s, old_w, k, d))
-                grown.append(z.reshape((buffer * width, k, d)))
-            self.caches = as_cache(grown)
+            if old is not None:
+                index = ms.Tensor(cache_index(np.arange(old_s), width, np.arange(old_w)))   # (S_old, W_old)
+                for dst, src in zip(self.caches, old):                                       # (S * B, K, D)
+                    self.scatter(dst, index, src.reshape((old_s, old_w) + tuple(src.shape[1:])))
         self.rows += [None] * (width - len(self.rows))
         self.buffer = buffer
 
     def _prefill(self, b: int, prompt: list, t: int) -> np.ndarray:
-        from msllm.generation.decode import left_pad, mask_for, positions_for
+        """The prompt alone into a cache of its own T slots (a graph per prompt length T, whatever
+        the batch's shape), then its keys and values into row b's slots 0..T-1 of the batch's
+        caches (``ScatterUpdate``, in place, run eagerly: no graph per batch shape). Returns the
+        last prompt token's logits (1, V)."""
+        import mindspore as ms
+        from mindspore import ops
 
-        ids, pads = left_pad([prompt], t, self.pad_id)
-        slots = np.arange(t)
-        logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots),
-                                 mask_for(pads, slots, t, self.config.sliding_window), slots, self.caches,
-                                 rows=[b], width=len(self.rows))
+        from msllm.models.llama.kv_cache import cache_index
+
+        logits, own, _ = self.gen.prefill([prompt], t, t, self.pad_id)
+        index = ms.Tensor(cache_index(np.arange(t), len(self.rows), [b]))          # (T, 1)
+        for dst, src in zip(self.caches, own):                                     # src (T * 1, K, D)
+            self.scatter(dst, index, src.reshape((t, 1) + tuple(src.shape[1:])))
         return logits
 
     # ---- decoding -----------------------------------------------------------------------------
@@ -182,8 +198,7 @@ class ContinuousBatch:
             tokens[b], slots[b], positions[b] = r.last, r.slot, r.slot - r.pad
             lo = r.pad if window is None else max(r.pad, r.slot - window + 1)
             mask[b, 0, 0, lo:r.slot + 1] = 0.0
-        logits, _ = self.gen.run("decode", tokens[:, None], positions[:, None], mask, slots[:, None], self.caches,
-                                 width=width)
+        logits, _ = self.gen.run("decode", tokens[:, None], positions[:, None], mask, slots[:, None], self.caches)
         for b, r in enumerate(self.rows):
             if r is not None:
                 self._accept(b, logits[b])

@@ -1,7 +1,7 @@
 """The serving engine's continuous batch (msllm/serving/engine.py, msllm/serving/batch.py) in
 process, on the real SmolLM2-135M-Instruct: requests that arrive while another is decoding join
-its batch between two steps (one of them long enough to widen the cache's slots, and enough of
-them to widen its rows), finish before it, and each gets exactly the greedy tokens that
+its batch between two steps (widening it from 1 row to ``max_batch``, one of them long enough to
+widen the cache from 512 slots to 1024: the rows already decoding are copied), finish before it, and each gets exactly the greedy tokens that
 ``Generator.generate`` gives its prompt alone (the static-batch path, which shares no code with
 the engine's row bookkeeping)."""
 
@@ -54,15 +54,15 @@ def test_requests_join_a_running_batch_and_keep_their_greedy_outputs(engine):
 
     eng, tok, settings = engine
     print("seed", SEED, "(greedy decoding: no randomness)")
-    long_text = " ".join(["The history of the printing press begins in the fifteenth century."] * 12)
+    long_text = " ".join(["The history of the printing press begins in the fifteenth century."] * 45)
     jobs = {"a": (tok.encode("Once upon a time, in a small village by the sea,"), 48),
             "b": (tok.encode("The three primary colors are"), 10),
-            "c": (tok.encode(long_text + " In summary,"), 14),        # 150+ tokens: more slots than a's
+            "c": (tok.encode(long_text + " In summary,"), 14),        # 500+ tokens: more slots than a's
             "d": (tok.encode("def fibonacci(n):"), 12)}
-    assert len(jobs["c"][0]) > 140
+    assert len(jobs["c"][0]) > 500
     # each alone, on the static-batch path (one buffer length for all four: one decode graph)
     ref = {k: eng.gen.generate([p], dataclasses.replace(settings, max_new_tokens=n, do_sample=False),
-                               buffer=256).tokens[0] for k, (p, n) in jobs.items()}
+                               buffer=1024).tokens[0] for k, (p, n) in jobs.items()}
     assert len(ref["a"]) == 48                                           # a runs to its length
     before = eng.stats()
     order: list = []
@@ -84,8 +84,9 @@ def test_requests_join_a_running_batch_and_keep_their_greedy_outputs(engine):
     after = eng.stats()
     assert after["joined_running"] - before["joined_running"] == 3
     assert after["batches"] - before["batches"] == 1
-    assert rows_alone == 1 and buffer_alone == 128                        # a alone: 1 row, 32 + 48 slots -> 128
+    assert rows_alone == 1 and buffer_alone == 512                        # a alone: 1 row, 32 + 48 slots -> 512
     assert after["max_batch_seen"] == 4
+    assert ("decode", 4, 1, 1024) in eng.gen.first_call_s                # widened to 4 rows, 1024 slots
     t = time.time()
     while eng.stats()["busy"]:
         assert time.time() - t < 60
