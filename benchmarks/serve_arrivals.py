@@ -71,17 +71,7 @@ def run_pass(url: str, work: list, gap: float) -> dict:
 
     def one(i):
         time.sleep(max(0.0, t0 + i * gap - time.perf_counter()))
-        t = time.perf_counter()
-        first, text, usage = None, [], None
-        prompt, new = work[i]
-        for chunk in client.completions.create(model="smollm2", prompt=prompt, max_tokens=new, temperature=0,
-                                               stream=True, stream_options={"include_usage": True}):
-            if chunk.choices and chunk.choices[0].text:
-                first = first or time.perf_counter() - t
-                text.append(chunk.choices[0].text)
-            if chunk.usage:
-                usage = chunk.usage.completion_tokens
-        out[i] = (first, time.perf_counter() - t, usage, "".join(text))
+        out[i] = serve_throughput.stream_one(client, *work[i])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
     for th in threads:

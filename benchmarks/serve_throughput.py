@@ -69,6 +69,21 @@ def start_server(model_dir: str, weights: str, threads: int, root: str = common.
     raise RuntimeError("server did not answer within 600 s")
 
 
+def stream_one(client, prompt, new: int) -> tuple:
+    """One streamed greedy completion: (seconds to the first text chunk or None, seconds to the
+    end, completion tokens from ``usage``, text)."""
+    t = time.perf_counter()
+    first, text, usage = None, [], None
+    for chunk in client.completions.create(model="smollm2", prompt=prompt, max_tokens=new, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].text:
+            first = first or time.perf_counter() - t
+            text.append(chunk.choices[0].text)
+        if chunk.usage:
+            usage = chunk.usage.completion_tokens
+    return first, time.perf_counter() - t, usage, "".join(text)
+
+
 def wave(url: str, prompts: list, new: int) -> dict:
     """All clients at once; per client (first-token s, done s, completion tokens, text)."""
     from openai import OpenAI
@@ -79,16 +94,7 @@ def wave(url: str, prompts: list, new: int) -> dict:
 
     def one(i):
         go.wait()
-        t = time.perf_counter()
-        first, text, usage = None, [], None
-        for chunk in client.completions.create(model="smollm2", prompt=prompts[i], max_tokens=new, temperature=0,
-                                               stream=True, stream_options={"include_usage": True}):
-            if chunk.choices and chunk.choices[0].text:
-                first = first or time.perf_counter() - t
-                text.append(chunk.choices[0].text)
-            if chunk.usage:
-                usage = chunk.usage.completion_tokens
-        results[i] = (first, time.perf_counter() - t, usage, "".join(text))
+        results[i] = stream_one(client, prompts[i], new)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for th in threads:
