@@ -83,6 +83,8 @@ class ContinuousBatch:
     """
 
     def __init__(self, gen, tokenizer, eos, pad_id: int, max_batch: int, logprob, on_token, on_done):
+        from mindspore import ops
+
         self.gen, self.config = gen, gen.config
         self.tokenizer, self.eos, self.pad_id = tokenizer, tuple(eos), int(pad_id)
         self.max_batch = int(max_batch)
@@ -90,8 +92,7 @@ class ContinuousBatch:
         self.rows: list = []          # width entries: a Row or None
         self.caches = None
         self.buffer = 0
-        from mindspore import ops
-
+        self.own: dict = {}           # slots -> a one-row cache for prefilling (reused)
         self.scatter = ops.ScatterUpdate()
 
     # ---- state --------------------------------------------------------------------------------
@@ -162,19 +163,27 @@ class ContinuousBatch:
         self.buffer = buffer
 
     def _prefill(self, b: int, prompt: list, t: int) -> np.ndarray:
-        """The prompt alone into a cache of its own T slots (a graph per prompt length T, whatever
-        the batch's shape), then its keys and values into row b's slots 0..T-1 of the batch's
-        caches (``ScatterUpdate``, in place, run eagerly: no graph per batch shape). Returns the
-        last prompt token's logits (1, V)."""
+        """The prompt alone into a one-row cache of its own (a graph per prompt length T, whatever
+        the batch's shape; the cache, of :data:`MIN_BUFFER` or the next power of two slots, is
+        kept and reused: a prefill writes slots 0..T-1 and reads nothing else), then its keys and
+        values into row b's slots 0..T-1 of the batch's caches (``ScatterUpdate``, in place, run
+        eagerly: no graph per batch shape). Returns the last prompt token's logits (1, V)."""
         import mindspore as ms
-        from mindspore import ops
 
+        from msllm.generation.decode import left_pad, mask_for, positions_for
         from msllm.models.llama.kv_cache import cache_index
 
-        logits, own, _ = self.gen.prefill([prompt], t, t, self.pad_id)
-        index = ms.Tensor(cache_index(np.arange(t), len(self.rows), [b]))          # (T, 1)
-        for dst, src in zip(self.caches, own):                                     # src (T * 1, K, D)
-            self.scatter(dst, index, src.reshape((t, 1) + tuple(src.shape[1:])))
+        size = max(MIN_BUFFER, pow2_at_least(t))
+        own = self.own.get(size)
+        if own is None:
+            own = self.own[size] = self.gen.empty_cache(1, size)
+        ids, pads = left_pad([prompt], t, self.pad_id)
+        slots = np.arange(t)
+        logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots),
+                                 mask_for(pads, slots, t, self.config.sliding_window), slots, own)
+        index = ms.Tensor(cache_index(slots, len(self.rows), [b]))                # (T, 1)
+        for dst, src in zip(self.caches, own):                                     # src (size * 1, K, D)
+            self.scatter(dst, index, src[:t].reshape((t, 1) + tuple(src.shape[1:])))
         return logits
 
     # ---- decoding -----------------------------------------------------------------------------
