@@ -2,15 +2,16 @@
 in its own row at its own slot, joining as rows free up and leaving when they finish.
 
 Layout. The caches are ``width`` rows of ``buffer`` slots (flat (S * B, K, D) Parameters,
-:mod:`msllm.models.llama.kv_cache`). A request admitted into row b is prefilled alone (batch 1,
-its prompt left-padded to a multiple of 32 tokens, T slots, first real slot ``pad``) into a cache
-of its own, whose keys and values are then written into row b's slots 0..T-1; its k-th new
-token is fed at slot T + k with position n + k (n prompt tokens), and its mask shows slots
-pad..T+k (and, with a sliding window, only the last ``sliding_window`` of them). A decode step
-runs every row at once, each at its own slot (``cache_index`` with (B, 1) slots); an empty row is
-fed the pad token at its slot 0 with every slot hidden (the attention gives it zeros; its logits
-are ignored). So a row's logits depend only on its own tokens: a request's greedy output is the
-same alone and beside others, whenever it joins.
+:mod:`msllm.models.llama.kv_cache`). Requests admitted together are prefilled in groups of the
+same padded prompt length T (a multiple of 32 tokens; at most :data:`PREFILL_TOKENS` prompt slots
+and 1, 2, 4 or 8 rows per group) into a cache of the group's own, whose keys and values are then
+written into the requests' rows, slots 0..T-1 (row b's first real slot ``pad``: left padding).
+A request's k-th new token is fed at slot T + k with position n + k (n prompt tokens), and its
+mask shows slots pad..T+k (and, with a sliding window, only the last ``sliding_window`` of them).
+A decode step runs every row at once, each at its own slot (``cache_index`` with (B, 1) slots);
+an empty row is fed the pad token at its slot 0 with every slot hidden (the attention gives it
+zeros; its logits are ignored). So a row's logits depend only on its own tokens: a request's
+greedy output is the same alone and beside others, whenever it joins.
 
 Growth, and the graphs it compiles. A batch started by one request has one row, else
 ``max_batch`` rows (a second request widens it to ``max_batch``); its slots are what its
@@ -18,13 +19,15 @@ longest request needs, at least :data:`MIN_BUFFER`, else the next power of two, 
 same way when a longer request joins (new caches, each row's slots written into them). When the
 last row finishes the caches are dropped. So the decode graph has few shapes: (1 or
 ``max_batch`` rows) x (512, 1024, ... slots), each compiled once (a few seconds for SmolLM2);
-the prefill compiles once per prompt length (a multiple of 32), whatever the batch. Measured on
-the way (benchmarks/serve_arrivals.py): prefilling straight into the batch's caches, one graph
-per (prompt length, rows, slots), and widths of every power of two, made requests arriving at
-different moments keep meeting new shapes, about 4.5 s of compiling each; the cache's slot count
-itself barely changes a step's time (masked slots are skipped), so rounding it up costs memory,
-not speed. A joining request's prefill runs between two decode steps: the other rows wait for it
-(no chunked prefill).
+the prefill compiles once per (group rows, prompt length), whatever the batch. Measured on the
+way (``benchmarks/serve_arrivals.py``, ``benchmarks/serve_throughput.py``; BENCHMARKS.md):
+prefilling straight into the batch's caches, one graph per (prompt length, rows, slots), and
+widths of every power of two, made requests arriving at different moments keep meeting new
+shapes, about 4.5 s of compiling each; the cache's slot count itself barely changes a step's time
+(masked slots are skipped), so rounding it up costs memory, not speed; prefilling a burst of 8
+512-token prompts one by one gave the first tokens sooner but cost ~1.4 s of the wave against a
+batched prefill, hence groups up to :data:`PREFILL_TOKENS` slots. A joining request's prefill
+runs between two decode steps: the other rows wait for it (no chunked prefill).
 
 This is the scheduling vLLM calls continuous (iteration-level) batching (Yu et al., "Orca", OSDI
 2022): between two decode steps, waiting requests are prefilled into free rows; a finished or
@@ -43,6 +46,7 @@ from msllm.generation.passes import round_up
 
 MASKED = -1e9            # the model's additive mask value
 MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
+PREFILL_TOKENS = 2048    # prompt slots prefilled together at most (vLLM's max_num_batched_tokens default)
 
 
 def pow2_at_least(n: int) -> int:
@@ -92,7 +96,7 @@ class ContinuousBatch:
         self.rows: list = []          # width entries: a Row or None
         self.caches = None
         self.buffer = 0
-        self.own: dict = {}           # slots -> a one-row cache for prefilling (reused)
+        self.own: dict = {}           # (rows, slots) -> a cache for prefilling (reused)
         self.scatter = ops.ScatterUpdate()
 
     # ---- state --------------------------------------------------------------------------------
@@ -132,17 +136,36 @@ class ContinuousBatch:
                    + [t + m for _, _, t, m in plans])
         rows = 1 if self.active + len(plans) == 1 else self.max_batch
         self._fit(rows, max(MIN_BUFFER, pow2_at_least(need)))
-        for w, n, t, max_new in plans:
-            j = w.job
-            settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
-                                      top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
-            b = self.rows.index(None)
-            logits = self._prefill(b, j.prompt, t)
-            self.rows[b] = Row(w, settings, np.random.default_rng(j.seed) if not j.greedy else None,
-                               TextStream(self.tokenizer, self.eos), pad=t - n, slot=t - 1, length=n,
-                               max_new=max_new, prompt_info=prompt_info.get(id(w)))
-            w.tokens = []
-            self._accept(b, logits[0])
+        for group in self._groups(plans):
+            t = group[0][2]
+            free = [b for b, r in enumerate(self.rows) if r is None][:len(group)]
+            logits = self._prefill(free, [w.job.prompt for w, *_ in group], t)
+            for b, (w, n, _, max_new), row_logits in zip(free, group, logits):
+                j = w.job
+                settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
+                                          top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
+                self.rows[b] = Row(w, settings, np.random.default_rng(j.seed) if not j.greedy else None,
+                                   TextStream(self.tokenizer, self.eos), pad=t - n, slot=t - 1, length=n,
+                                   max_new=max_new, prompt_info=prompt_info.get(id(w)))
+                w.tokens = []
+                self._accept(b, row_logits)
+
+    def _groups(self, plans: list) -> list:
+        """``plans`` (work, n, T, max_new) -> prefill groups: requests of the same padded length T
+        (in arrival order), at most :data:`PREFILL_TOKENS` // T of them, split into powers of two
+        (1, 2, 4, 8 rows: few prefill graphs)."""
+        by_length: dict = {}
+        for p in plans:
+            by_length.setdefault(p[2], []).append(p)
+        out = []
+        for t, same in by_length.items():
+            cap = max(1, min(self.max_batch, PREFILL_TOKENS // t))
+            i = 0
+            while i < len(same):
+                k = 1 << (min(cap, len(same) - i).bit_length() - 1)       # a power of two <= what is left
+                out.append(same[i:i + k])
+                i += k
+        return out
 
     def _fit(self, width: int, buffer: int) -> None:
         """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents: new
@@ -162,28 +185,29 @@ class ContinuousBatch:
         self.rows += [None] * (width - len(self.rows))
         self.buffer = buffer
 
-    def _prefill(self, b: int, prompt: list, t: int) -> np.ndarray:
-        """The prompt alone into a one-row cache of its own (a graph per prompt length T, whatever
-        the batch's shape; the cache, of :data:`MIN_BUFFER` or the next power of two slots, is
-        kept and reused: a prefill writes slots 0..T-1 and reads nothing else), then its keys and
-        values into row b's slots 0..T-1 of the batch's caches (``ScatterUpdate``, in place, run
-        eagerly: no graph per batch shape). Returns the last prompt token's logits (1, V)."""
+    def _prefill(self, rows: list, prompts: list, t: int) -> np.ndarray:
+        """The k ``prompts`` (left-padded to T slots) into a k-row cache of their own (a graph per
+        (k, T), whatever the batch's shape; the cache, of :data:`MIN_BUFFER` or the next power of
+        two slots, is kept and reused: a prefill writes slots 0..T-1 and reads nothing else), then
+        their keys and values into batch rows ``rows``' slots 0..T-1 (``ScatterUpdate``, in place,
+        run eagerly: no graph per batch shape). Returns the last prompt tokens' logits (k, V)."""
         import mindspore as ms
 
         from msllm.generation.decode import left_pad, mask_for, positions_for
         from msllm.models.llama.kv_cache import cache_index
 
+        k = len(rows)
         size = max(MIN_BUFFER, pow2_at_least(t))
-        own = self.own.get(size)
+        own = self.own.get((k, size))
         if own is None:
-            own = self.own[size] = self.gen.empty_cache(1, size)
-        ids, pads = left_pad([prompt], t, self.pad_id)
+            own = self.own[(k, size)] = self.gen.empty_cache(k, size)
+        ids, pads = left_pad(prompts, t, self.pad_id)
         slots = np.arange(t)
         logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots),
                                  mask_for(pads, slots, t, self.config.sliding_window), slots, own)
-        index = ms.Tensor(cache_index(slots, len(self.rows), [b]))                # (T, 1)
-        for dst, src in zip(self.caches, own):                                     # src (size * 1, K, D)
-            self.scatter(dst, index, src[:t].reshape((t, 1) + tuple(src.shape[1:])))
+        index = ms.Tensor(cache_index(slots, len(self.rows), rows))               # (T, k)
+        for dst, src in zip(self.caches, own):                                     # src (size * k, K, D)
+            self.scatter(dst, index, src[:t * k].reshape((t, k) + tuple(src.shape[1:])))
         return logits
 
     # ---- decoding -----------------------------------------------------------------------------

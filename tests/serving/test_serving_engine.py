@@ -1,7 +1,8 @@
 """The serving engine's continuous batch (msllm/serving/engine.py, msllm/serving/batch.py) in
 process, on the real SmolLM2-135M-Instruct: requests that arrive while another is decoding join
 its batch between two steps (widening it from 1 row to ``max_batch``, one of them long enough to
-widen the cache from 512 slots to 1024: the rows already decoding are copied), finish before it, and each gets exactly the greedy tokens that
+widen the cache from 512 slots to 1024: the rows already decoding are copied; the two short ones
+prefilled as one group), finish before it, and each gets exactly the greedy tokens that
 ``Generator.generate`` gives its prompt alone (the static-batch path, which shares no code with
 the engine's row bookkeeping)."""
 
@@ -87,6 +88,7 @@ def test_requests_join_a_running_batch_and_keep_their_greedy_outputs(engine):
     assert rows_alone == 1 and buffer_alone == 512                        # a alone: 1 row, 32 + 48 slots -> 512
     assert after["max_batch_seen"] == 4
     assert ("decode", 4, 1, 1024) in eng.gen.first_call_s                # widened to 4 rows, 1024 slots
+    assert ("prefill", 2, 32, 32) in eng.gen.first_call_s                # b and d (32 slots each) prefilled together
     t = time.time()
     while eng.stats()["busy"]:
         assert time.time() - t < 60
