@@ -25,9 +25,9 @@ prefilling straight into the batch's caches, one graph per (prompt length, rows,
 widths of every power of two, made requests arriving at different moments keep meeting new
 shapes, about 4.5 s of compiling each; the cache's slot count itself barely changes a step's time
 (masked slots are skipped), so rounding it up costs memory, not speed; prefilling a burst of 8
-512-token prompts one by one gave the first tokens sooner but cost ~1.4 s of the wave against a
-batched prefill, hence groups up to :data:`PREFILL_TOKENS` slots. A joining request's prefill
-runs between two decode steps: the other rows wait for it (no chunked prefill).
+512-token prompts in groups of 4 instead of one by one gave no more tokens/s and the first
+tokens ~2 s later, so only short prompts are grouped (:data:`PREFILL_TOKENS`). A joining
+request's prefill runs between two decode steps: the other rows wait for it (no chunked prefill).
 
 This is the scheduling vLLM calls continuous (iteration-level) batching (Yu et al., "Orca", OSDI
 2022): between two decode steps, waiting requests are prefilled into free rows; a finished or
@@ -46,7 +46,11 @@ from msllm.generation.passes import round_up
 
 MASKED = -1e9            # the model's additive mask value
 MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
-PREFILL_TOKENS = 2048    # prompt slots prefilled together at most (vLLM's max_num_batched_tokens default)
+# prompt slots prefilled together at most: enough rows to make a short prompt's prefill a real
+# matrix product (one 64-token prompt is mostly operator launches), while a 512-token prompt
+# goes alone (measured with 8 such prompts at once: groups of 4 gave no more throughput than one
+# by one, and first tokens ~2 s later; benchmarks/serve_throughput.py)
+PREFILL_TOKENS = 512
 
 
 def pow2_at_least(n: int) -> int:
