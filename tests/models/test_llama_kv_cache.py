@@ -82,7 +82,7 @@ def test_prefill_and_decode_match_the_full_forward(graph_mode, fast, fresh):
 
 @pytest.mark.parametrize("fast", [False, True], ids=["ascend_path", "cpu_fast_path"])
 def test_rows_at_their_own_slots_match_the_full_forward(graph_mode, fast):
-    """Continuous batching's cache use (msllm/serving/engine.py): a request prefilled alone into
+    """Continuous batching's cache use (msllm/serving/batch.py): a request prefilled alone into
     row 0 of a 2-row cache decodes a step beside an empty row 1; then a second request is
     prefilled into row 1 (left-padded, its own first real slot) and both decode, each row at its
     own slot and position in the same step. Every logit equals the uncached model's for that

@@ -367,7 +367,7 @@ class Attention(nn.Cell):
         only (every other slot of their rows is empty or masked), so attending over x's own keys
         gives the same output at O(T^2), not O(T S) (with chat's whole-context buffer that was
         most of the first token's time: benchmarks/ttft_prefill.py), and x's rows may be some of
-        the cache's rows (the serving engine prefills a new request into a free row); ``start``
+        the cache's rows (``index`` names them: a new request prefilled into a free row); ``start``
         (B,) float32 with ``fresh``: each row's first real slot (left padding), for msllm's flash
         kernel (:meth:`prefill_flash`)."""
         b, t, c = x.shape
