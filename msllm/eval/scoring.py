@@ -21,9 +21,6 @@ In GRAPH mode a cell compiles once per input shape, so shapes are bucketed: batc
 :data:`PREFIX_MULTIPLE` (prefixes), suffixes to powers of two, cache buffers to
 :data:`SLOT_MULTIPLE` (5-shot MMLU on 4 subjects compiles 8 graphs). Padding
 is placed where no real position attends to it (after a causal row; masked cache slots).
-``dynamic=True`` compiles one graph with dynamic shapes instead (``Cell.set_inputs`` with
-``None`` dimensions); it needs every operator of the model to support dynamic shapes, which
-msllm's fused CPU kernels do not, so it is off by default.
 
 Plan and batches depend only on the rows (:meth:`Scorer.plan`), so data-parallel ranks can split
 the work items and still produce bit-identical numbers per request (:mod:`msllm.eval.dist`).
@@ -134,16 +131,12 @@ class Scorer:
         max_batch_tokens: cap on batch rows x padded length (and on queried positions), which bounds
             the (N, vocab) log-softmax buffer.
         min_prefix: shortest common prefix (tokens) worth caching; 0 disables prefix reuse.
-        dynamic: compile one graph with dynamic shapes (GRAPH mode) instead of bucketed shapes.
         set_eval: put ``net`` in inference mode (``set_train(False)``); False leaves a network that
             is being trained as it is (the model has no dropout: the mode changes no number).
     """
 
     def __init__(self, net, batch_size: int = 8, pad_id: int = 0, max_batch_tokens: int = 8192,
-                 min_prefix: int = 32, dynamic: bool = False, set_eval: bool = True):
-        import mindspore as ms
-        from mindspore import Tensor
-
+                 min_prefix: int = 32, set_eval: bool = True):
         plain, cached, prefill = _score_cell_class()
         self.net = net
         self.cfg = net.config
@@ -151,23 +144,10 @@ class Scorer:
         self.pad_id = int(pad_id)
         self.max_batch_tokens = max(1, int(max_batch_tokens))
         self.min_prefix = int(min_prefix)
-        self.dynamic = dynamic
         self.max_positions = self.cfg.max_positions
         if set_eval:
             net.set_train(False)
         self.plain, self.cached, self.prefill = plain(net), cached(net), prefill(net)
-        if dynamic and ms.get_context("mode") == ms.GRAPH_MODE:
-            i32, f32 = ms.int32, ms.float32
-            k, d, layers = self.cfg.kv_heads, self.cfg.head_dim, self.cfg.num_layers
-            dyn_caches = ms.mutable(tuple(Tensor(shape=[None, None, k, d], dtype=f32) for _ in range(2 * layers)))
-            self.plain.set_inputs(Tensor(shape=[None, None], dtype=i32), Tensor(shape=[None], dtype=i32),
-                                  Tensor(shape=[None], dtype=i32))
-            self.cached.set_inputs(Tensor(shape=[None, None], dtype=i32), Tensor(shape=[None, None], dtype=i32),
-                                   Tensor(shape=[1, 1, None, None], dtype=f32), Tensor(shape=[None], dtype=i32),
-                                   dyn_caches, Tensor(shape=[None], dtype=i32), Tensor(shape=[None], dtype=i32))
-            self.prefill.set_inputs(Tensor(shape=[1, None], dtype=i32), Tensor(shape=[1, None], dtype=i32),
-                                    Tensor(shape=[1, 1, None, None], dtype=f32), Tensor(shape=[None], dtype=i32),
-                                    dyn_caches)
 
     # ---- planning -------------------------------------------------------------------------
     def _batches(self, order: Sequence[int], lengths: Sequence[int], queries: Sequence[int]) -> list[list[int]]:
@@ -240,10 +220,8 @@ class Scorer:
     def _run_plain(self, rows, batch, out) -> None:
         from mindspore import Tensor
 
-        width = max(len(rows[i].tokens) for i in batch)
-        n_rows = len(batch)
-        if not self.dynamic:
-            width, n_rows = round_up(width, LENGTH_MULTIPLE, self.max_positions), self.batch_size
+        width = round_up(max(len(rows[i].tokens) for i in batch), LENGTH_MULTIPLE, self.max_positions)
+        n_rows = self.batch_size
         tokens = np.full((n_rows, width), self.pad_id, np.int32)
         for b, i in enumerate(batch):
             tokens[b, :len(rows[i].tokens)] = rows[i].tokens
@@ -264,11 +242,9 @@ class Scorer:
         batches = self._batches(idx, lengths, nq)
         # prefix padded to pb tokens (pad slots p..pb-1 are overwritten by suffixes or masked);
         # suffixes of a batch padded to t tokens; s cache slots hold both
-        pb = p if self.dynamic else round_up(p, PREFIX_MULTIPLE, self.max_positions)
-        longest = max(lengths.values()) if self.dynamic else pow2_at_least(max(lengths.values()), SUFFIX_MIN)
-        s = max(pb, p + longest)
-        if not self.dynamic:
-            s = round_up(s, SLOT_MULTIPLE)
+        pb = round_up(p, PREFIX_MULTIPLE, self.max_positions)
+        longest = pow2_at_least(max(lengths.values()), SUFFIX_MIN)
+        s = round_up(max(pb, p + longest), SLOT_MULTIPLE)
         c = self.cfg
         caches = empty_cache(1, c.kv_heads, s, c.head_dim, c.num_layers)
         prefix = np.full((1, pb), self.pad_id, np.int32)                 # (1, Pb)
@@ -279,10 +255,8 @@ class Scorer:
         self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]), Tensor(causal[None, None]),
                      Tensor(cache_index(np.arange(pb), 1)), ms.mutable(caches))          # token j -> slot j
         for batch in batches:
-            t = max(lengths[i] for i in batch)
-            n_rows = len(batch)
-            if not self.dynamic:
-                t, n_rows = min(pow2_at_least(t, SUFFIX_MIN), self.max_positions - p), self.batch_size
+            t = min(pow2_at_least(max(lengths[i] for i in batch), SUFFIX_MIN), self.max_positions - p)
+            n_rows = self.batch_size
             tokens = np.full((n_rows, t), self.pad_id, np.int32)
             for b, i in enumerate(batch):
                 tokens[b, :lengths[i]] = rows[i].tokens[p:]
