@@ -174,20 +174,28 @@ class ContinuousBatch:
     def _fit(self, width: int, buffer: int) -> None:
         """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents: new
         zero caches, the old rows written into them at their rows and slots."""
-        import mindspore as ms
-
-        from msllm.models.llama.kv_cache import cache_index
-
         width, buffer = max(width, len(self.rows)), max(buffer, self.buffer)
         if self.caches is None or (width, buffer) != (len(self.rows), self.buffer):
             old, old_w, old_s = self.caches, len(self.rows), self.buffer
             self.caches = self.gen.empty_cache(width, buffer)
             if old is not None:
-                index = ms.Tensor(cache_index(np.arange(old_s), width, np.arange(old_w)))   # (S_old, W_old)
-                for dst, src in zip(self.caches, old):                                       # (S * B, K, D)
-                    self.scatter(dst, index, src.reshape((old_s, old_w) + tuple(src.shape[1:])))
+                self._write(old, old_s, range(old_w), width)
         self.rows += [None] * (width - len(self.rows))
         self.buffer = buffer
+
+    def _write(self, sources, slots: int, rows, width: int) -> None:
+        """Slots 0..``slots``-1 of every row of ``sources`` (caches (S' * k, K, D), slot-major, k =
+        len(``rows``), S' >= ``slots``) into batch rows ``rows`` of the batch's caches (``width``
+        rows), in place (``ScatterUpdate`` run eagerly: no graph per shape)."""
+        import mindspore as ms
+
+        from msllm.models.llama.kv_cache import cache_index
+
+        rows = list(rows)
+        index = ms.Tensor(cache_index(np.arange(slots), width, rows))             # (slots, k)
+        n = slots * len(rows)
+        for dst, src in zip(self.caches, sources):
+            self.scatter(dst, index, src[:n].reshape((slots, len(rows)) + tuple(src.shape[1:])))
 
     def _prefill(self, rows: list, prompts: list, t: int) -> np.ndarray:
         """The k ``prompts`` (left-padded to T slots) into a k-row cache of their own (a graph per
@@ -195,10 +203,7 @@ class ContinuousBatch:
         two slots, is kept and reused: a prefill writes slots 0..T-1 and reads nothing else), then
         their keys and values into batch rows ``rows``' slots 0..T-1 (``ScatterUpdate``, in place,
         run eagerly: no graph per batch shape). Returns the last prompt tokens' logits (k, V)."""
-        import mindspore as ms
-
         from msllm.generation.decode import left_pad, mask_for, positions_for
-        from msllm.models.llama.kv_cache import cache_index
 
         k = len(rows)
         size = max(MIN_BUFFER, pow2_at_least(t))
@@ -209,9 +214,7 @@ class ContinuousBatch:
         slots = np.arange(t)
         logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots),
                                  mask_for(pads, slots, t, self.config.sliding_window), slots, own)
-        index = ms.Tensor(cache_index(slots, len(self.rows), rows))               # (T, k)
-        for dst, src in zip(self.caches, own):                                     # src (size * k, K, D)
-            self.scatter(dst, index, src[:t * k].reshape((t, k) + tuple(src.shape[1:])))
+        self._write(own, t, rows, len(self.rows))
         return logits
 
     # ---- decoding -----------------------------------------------------------------------------
