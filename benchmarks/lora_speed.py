@@ -35,7 +35,7 @@ import harness  # noqa: E402
 
 ATTN_RE, ATTN = ".*wq|.*wk|.*wv|.*wo", ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL = ATTN + ["gate_proj", "up_proj", "down_proj"]
-ALL_RE = "|".join(ALL)  # matched against each module's last name component (msllm.lora.config)
+ALL_RE = "|".join(ALL)  # matched against each module's last name component (msllm.config_lora)
 DROPOUT = 0.05
 
 

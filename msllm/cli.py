@@ -1,4 +1,5 @@
-"""``run_msllm.py`` / ``python -m msllm`` / the ``msllm`` console script.
+"""``run_msllm.py`` / ``python -m msllm`` / the ``msllm`` console script (its arguments:
+:mod:`msllm.cli_args`).
 
 ``--config CONFIG`` plus overrides in either form ``--section.key=value`` or
 ``--section.key value`` (values are parsed as YAML scalars).
@@ -17,16 +18,11 @@ model shapes, parameter count and FLOPs per token and exits without building any
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from msllm.cli_args import parse_entry_args
 from msllm.config import load_config, to_dict
 from msllm.errors import MsllmError, cli_main
-
-ALIASES = {"train_dataset_dir": "train_dataset.dataset_dir", "train_dataset": "train_dataset.dataset_dir",
-           "eval_dataset_dir": "eval_dataset.dataset_dir", "eval_dataset": "eval_dataset.dataset_dir",
-           "device_id": "context.device_id", "device_target": "context.device_target"}
-
 
 def check_use_parallel(value: str | None) -> None:
     """``--use_parallel`` (MindFormers) must match the launch: True needs a multi-rank launcher
@@ -50,25 +46,6 @@ def check_use_parallel(value: str | None) -> None:
                          "--use_parallel True or launch a single process")
 
 
-def split_overrides(argv: list[str]) -> list[str]:
-    """``["--a.b", "1", "--c=2"]`` -> ``["--a.b=1", "--c=2"]``; MsllmError on a stray value."""
-    out, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise MsllmError(f"unexpected argument {arg!r}: overrides look like --section.key=value")
-        if "=" in arg:
-            key, value = arg[2:].split("=", 1)
-            i += 1
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            key, value = arg[2:], argv[i + 1]
-            i += 2
-        else:
-            raise MsllmError(f"override {arg!r} has no value: use {arg}=VALUE")
-        out.append(f"--{ALIASES.get(key, key)}={value}")
-    return out
-
-
 def show(cfg) -> None:
     """Print the model shapes and sizes of ``cfg``."""
     from msllm.models.llama.families import SWITCH_DEFAULTS
@@ -89,37 +66,6 @@ def show(cfg) -> None:
     pc = cfg.parallel_config
     print(f"layout: data_parallel {pc.data_parallel} x model_parallel {pc.model_parallel} x "
           f"pipeline_stage {pc.pipeline_stage} = {pc.device_num} devices")
-
-
-def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
-    """``run_msllm.py``'s own flags (everything else is a config override)."""
-    parser = argparse.ArgumentParser(prog="run_msllm.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=config_required, help="run YAML, e.g. configs/llama/run_llama_tiny.yaml")
-    parser.add_argument("--show", action="store_true", help="print model shapes and sizes, then exit")
-    parser.add_argument("--print_config", action="store_true", help="print the resolved config, then exit")
-    parser.add_argument("--use_parallel", help="MindFormers' flag: must agree with the launch (see above)")
-    parser.add_argument("--predict_data", help="predict: a prompt, or a .txt/.json/.jsonl file of prompts")
-    parser.add_argument("--template", help="predict/chat: prompt template: vicuna_v1.1, alpaca, none, chat_template, chatml (default: the checkpoint's, else the tokenizer's chat template, else plain text)")
-    parser.add_argument("--adapter", help="predict/eval: a LoRA adapter checkpoint applied to the base")
-    ev = parser.add_argument_group("eval (also tools/evaluate.py; without --task: perplexity over eval_dataset)")
-    ev.add_argument("--task", help="ppl, mmlu, ceval, boolq, gsm8k or mc_jsonl (docs/evaluation.md)")
-    ev.add_argument("--data_dir", help="the task's data: a directory of split files, or a file")
-    ev.add_argument("--num_fewshot", type=int, help="few-shot examples per question (task default)")
-    ev.add_argument("--limit", type=int, help="evaluate only the first N requests of each subject/task")
-    ev.add_argument("--stride", type=int, help="ppl: sliding-window stride in tokens")
-    ev.add_argument("--tokenizer", help="a SentencePiece tokenizer.model, a tokenizer.json or an HF model directory (default: the checkpoint's; the bundled LLaMA tokenizer only for a 32000-id model)")
-    ev.add_argument("--max_gen_toks", type=int, help="gsm8k: most tokens generated per answer")
-    ev.add_argument("--reuse_prefix", action="store_true", help="reuse the few-shot prefix through the KV cache")
-    return parser
-
-
-def parse_entry_args(argv: list[str], config_required: bool = True) -> tuple[argparse.Namespace, list[str]]:
-    """``argv`` -> (``run_msllm.py``'s own flags, the config overrides as ``--a.b=value``); the
-    launcher (:mod:`msllm.cluster.launch_plan`) parses a job's arguments with this too, so both agree
-    on which arguments are config keys."""
-    args, rest = build_parser(config_required).parse_known_args(argv)
-    return args, split_overrides(rest)
 
 
 @cli_main
@@ -145,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             from msllm.lora.layout import lora_param_layouts
 
             extra = lora_param_layouts(cfg.model_config, cfg.parallel_config)
-        out = save_strategy_for_run(cfg, extra_layouts=extra)
         role, rank = launcher_role()  # under run_distribute.sh each rank writes only its own file
+        if role == "scheduler":      # a CPU cluster's scheduler process has no rank: nothing to write
+            return 0
+        out = save_strategy_for_run(cfg, rank=rank, extra_layouts=extra)
         print(f"strategy file of rank {rank} written to {out}" if role == "worker"
               else f"strategy files for {cfg.parallel_config.device_num} rank(s) written to {out}")
         return 0

@@ -21,7 +21,7 @@ import yaml
 from msllm.config_io import apply_overrides, from_dict, read_yaml, to_dict  # noqa: F401 (from_dict, to_dict re-exported)
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_open
-from msllm.generation.config import GenerationConfig
+from msllm.config_generation import GenerationConfig
 from msllm.models.llama.config import LlamaConfig
 
 PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
@@ -390,7 +390,7 @@ class RunConfig:
                 section.validate(f.name)
         self.model_config.validate("model.model_config")
         if self.model_config.pet_config is not None:
-            from msllm.lora.config import validate_pet_config  # pure Python, no MindSpore
+            from msllm.config_lora import validate_pet_config  # pure Python, no MindSpore
 
             validate_pet_config(self.model_config.pet_config)
         if self.run_mode not in RUN_MODES:
@@ -421,10 +421,11 @@ def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
         MsllmError: missing file, invalid YAML, unknown key, wrong type or inconsistent values,
             with the file name prefixed.
     """
-    from msllm.compat.mindformers import translate_mindformers_yaml
+    from msllm.compat.mindformers import hoist_generation_keys, translate_mindformers_yaml
 
     data, notes = translate_mindformers_yaml(read_yaml(path), path, RunConfig)
-    data = apply_overrides(data, overrides or [])
+    # an override such as --model.model_config.top_k=5 (MindFormers' place) moves like the YAML's
+    data = hoist_generation_keys(apply_overrides(data, overrides or []))
     try:
         cfg = from_dict(RunConfig, data)
         cfg.validate()

@@ -5,7 +5,7 @@ import os
 import pytest
 import yaml
 
-from msllm.cli import split_overrides
+from msllm.cli_args import split_overrides
 from msllm.config import RunConfig, load_config, save_config, to_dict
 from msllm.errors import MsllmError
 from msllm.models.llama.config import LlamaConfig, llama_intermediate_size, preset

@@ -51,7 +51,7 @@ def say(session, text: str) -> None:
 
 @cli_main
 def main(argv=None) -> int:
-    from msllm.cli import split_overrides
+    from msllm.cli_args import split_overrides
     from msllm.config import load_config
     from msllm.generation.chat import open_chat
 

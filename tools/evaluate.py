@@ -29,7 +29,7 @@ from msllm.errors import MsllmError, cli_main  # noqa: E402
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    from msllm.cli import split_overrides
+    from msllm.cli_args import split_overrides
     from msllm.config import load_config
     from msllm.eval.runner import TASKS, evaluate
 

@@ -40,7 +40,7 @@ def parse_args(argv=None):
 @cli_main
 def main(argv=None) -> int:
     args, rest = parse_args(argv)
-    from msllm.cli import split_overrides
+    from msllm.cli_args import split_overrides
     from msllm.config import load_config
     from msllm.parallel.planner import format_plan, parse_memory, plan, suggest_layouts
 

@@ -75,7 +75,7 @@ def open_engine(cfg, args):
 
 @cli_main
 def main(argv=None) -> int:
-    from msllm.cli import split_overrides
+    from msllm.cli_args import split_overrides
     from msllm.config import load_config
 
     args, rest = build_parser().parse_known_args(argv)

@@ -31,7 +31,7 @@ def main():
     common.use_repo()
     from msllm.cluster.context import setup_runtime
     from msllm.config import load_config
-    from msllm.generation.config import GenerationConfig, resolve_settings
+    from msllm.config_generation import GenerationConfig, resolve_settings
     from msllm.generation.decode import generator_for
     from msllm.generation.loading import load_for_inference
     phases.mark("import")

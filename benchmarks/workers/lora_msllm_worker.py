@@ -46,7 +46,7 @@ def main():
     hf_dir = args.get("hf_dir")
     if hf_dir:  # a real model: its run YAML, load_checkpoint = the HF directory (shape from config.json)
         from msllm.config import load_config
-        from msllm.lora.base import load_base_into
+        from msllm.convert.starting import load_base_into
         from msllm.training.sources import adopt_hf_model_config
 
         o = common.OPTIM

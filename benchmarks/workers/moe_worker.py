@@ -26,7 +26,7 @@ def run_msllm(args, s, steps, warmup, phases, hf):
 
     common.use_repo()
     from msllm.cluster.context import setup_runtime
-    from msllm.lora.base import load_base_into
+    from msllm.convert.starting import load_base_into
     from msllm.training.setup import build_network, build_optimizer, build_train_step
     from msllm.training.sources import adopt_hf_model_config
 

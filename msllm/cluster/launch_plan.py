@@ -188,9 +188,9 @@ def env_number(environ: Mapping[str, str], name: str, default, kind, low, high):
 def run_config_of(config_path: str, entry_args: Sequence[str]) -> RunConfig:
     """The :class:`RunConfig` the ranks will run: ``config_path`` with the entry's overrides
     (``--run_mode``, ``--output_dir``, and for ``run_msllm.py`` the extra ``--section.key=value``
-    arguments, parsed as :func:`msllm.cli.split_overrides` does). Raises the config's own
+    arguments, parsed as :func:`msllm.cli_args.split_overrides` does). Raises the config's own
     :class:`MsllmError` (unknown key, wrong type, unknown run_mode ...)."""
-    from msllm.cli import parse_entry_args
+    from msllm.cli_args import parse_entry_args
 
     _, overrides = parse_entry_args(list(entry_args), config_required=False)
     return load_config(config_path, overrides)

@@ -39,6 +39,7 @@ import typing
 from typing import Any, Union
 
 from msllm.compat.mindformers_keys import CALLBACK_ARGS_NEUTRAL, CALLBACK_ARGS_NO_EFFECT, NEUTRAL, NO_EFFECT
+from msllm.config_generation import MINDFORMERS_KEYS
 from msllm.errors import MsllmError
 
 DATASETS = ("train_dataset", "eval_dataset")
@@ -68,6 +69,25 @@ def translate_mindformers_yaml(data: dict, source: str, schema: type) -> tuple[d
     t = _Translation(copy.deepcopy(data), source, schema)  # YAML aliases (&train_dataset) share objects
     t.run()
     return t.data, t.notes
+
+
+def hoist_generation_keys(data: dict) -> dict:
+    """MindFormers keeps inference settings in ``model.model_config`` (``do_sample``, ``top_k``,
+    ``top_p``, ``repetition_penalty``, ``max_decode_length``, ``use_past``: its
+    ``configs/llama2/predict_llama2_7b.yaml``); msllm's schema has them in ``generation_config``
+    only. Each one found there moves to ``generation_config`` unless that section sets the key
+    itself (the section wins, as it would at generation). Returns ``data`` (changed in place)."""
+    mc = (data.get("model") or {}).get("model_config")
+    if not isinstance(mc, dict):
+        return data
+    moved = {k: mc.pop(k) for k in MINDFORMERS_KEYS if k in mc}
+    if moved:
+        gen = data.setdefault("generation_config", {}) or {}
+        data["generation_config"] = gen
+        for k, v in moved.items():
+            if gen.get(k) is None:
+                gen[k] = v
+    return data
 
 
 def _schema_has(path: str, schema: type) -> bool:
@@ -148,6 +168,7 @@ class _Translation:
         self._parallel()
         self._model()
         self._generic()
+        hoist_generation_keys(self.data)
 
     def _looks_like_mindformers(self) -> bool:
         d = self.data

@@ -32,7 +32,7 @@ def generate_until(net, tokenizer, contexts: Sequence[str], until: Sequence[str]
     :func:`msllm.eval.dist.assign`; the token ids are gathered exactly (:mod:`msllm.eval.dist`).
     """
     from msllm.eval.dist import all_gather_records, assign
-    from msllm.generation.config import DecodeSettings
+    from msllm.config_generation import DecodeSettings
     from msllm.generation.decode import generator_for
 
     max_ctx = max_length - max_gen_toks

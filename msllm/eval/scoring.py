@@ -35,7 +35,6 @@ import numpy as np
 
 from msllm.eval.requests import Row, plan_units
 
-NEG = -1e9  # additive mask value of the model (msllm.models.llama.model)
 LENGTH_MULTIPLE = 64     # plain rows
 PREFIX_MULTIPLE = 128    # shared prefixes
 SUFFIX_MIN = 32          # suffixes: powers of two from this
@@ -85,22 +84,22 @@ def _score_cell_class():
 
     class CachedQueryScores(QueryScores):
         """As :class:`QueryScores` for suffixes over a cached prefix: ``construct(self, tokens (B, T),
-        positions (B, T), mask (1, 1, T, S), index (T, B) cache rows, caches, rows, targets)``."""
+        positions (B, T), key_positions (1, S), index (T, B) cache rows, caches, rows, targets)``."""
 
-        def construct(self, tokens, positions, mask, index, caches, rows, targets):
-            hidden = self.net.model.forward_cached(tokens, positions, mask, index, caches)
+        def construct(self, tokens, positions, key_positions, index, caches, rows, targets):
+            hidden = self.net.model.forward_cached(tokens, positions, key_positions, index, caches)
             return self.pick(hidden, rows, targets)
 
     class Prefill(nn.Cell):
-        """``construct(self, tokens (1, P), positions, mask, index (P, 1), caches)``: writes the
+        """``construct(self, tokens (1, P), positions, key_positions, index (P, 1), caches)``: writes the
         prefix's keys and values into the caches (in place); returns the last hidden row (1, C)."""
 
         def __init__(self, net):
             super().__init__(auto_prefix=False)
             self.net = net
 
-        def construct(self, tokens, positions, mask, index, caches):
-            return self.net.model.forward_cached(tokens, positions, mask, index, caches)[:, -1]
+        def construct(self, tokens, positions, key_positions, index, caches):
+            return self.net.model.forward_cached(tokens, positions, key_positions, index, caches)[:, -1]
 
     return QueryScores, CachedQueryScores, Prefill
 
@@ -249,10 +248,10 @@ class Scorer:
         caches = empty_cache(1, c.kv_heads, s, c.head_dim, c.num_layers)
         prefix = np.full((1, pb), self.pad_id, np.int32)                 # (1, Pb)
         prefix[0, :p] = rows[idx[0]].tokens[:p]
-        w = c.sliding_window or s + pb  # slot = position here; no window = wider than any distance
-        key, qpos = np.arange(s)[None, :], np.arange(pb)[:, None]
-        causal = np.where((key <= qpos) & (key > qpos - w), 0.0, NEG).astype(np.float32)
-        self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]), Tensor(causal[None, None]),
+        # slot = position here: prefix token j in slot j, suffix token j in slot p + j (pad slots
+        # p..pb-1 of the prefix are overwritten by the suffixes, or after every query: unseen)
+        kpos = np.arange(s, dtype=np.int32)[None]                              # (1, S)
+        self.prefill(Tensor(prefix), Tensor(np.arange(pb, dtype=np.int32)[None]), Tensor(kpos),
                      Tensor(cache_index(np.arange(pb), 1)), ms.mutable(caches))          # token j -> slot j
         for batch in batches:
             t = min(pow2_at_least(max(lengths[i] for i in batch), SUFFIX_MIN), self.max_positions - p)
@@ -261,16 +260,13 @@ class Scorer:
             for b, i in enumerate(batch):
                 tokens[b, :lengths[i]] = rows[i].tokens[p:]
             positions = np.broadcast_to(np.arange(p, p + t, dtype=np.int32), (n_rows, t)).copy()
-            slot, query = np.arange(s)[None, :], np.arange(t)[:, None]
-            seen = (slot < p) | ((slot >= p) & (slot <= p + query))
-            mask = np.where(seen & (slot > p + query - w), 0.0, NEG).astype(np.float32)
             # the prefix's cache repeated over the batch: the suffixes write their own copy
             kd = caches[0].shape[1:]
             tiled = as_cache(ops.tile(x.reshape((s, 1) + kd), (1, n_rows, 1, 1)).reshape((s * n_rows,) + kd)
                              for x in caches)                                     # (S * B, K, D)
             index = cache_index(p + np.arange(t), n_rows)
             flat, tgts = self._flat_queries(rows, batch, t, p)
-            logp, greedy = self.cached(Tensor(tokens), Tensor(positions), Tensor(mask[None, None]), Tensor(index),
+            logp, greedy = self.cached(Tensor(tokens), Tensor(positions), Tensor(kpos), Tensor(index),
                                        ms.mutable(tiled), Tensor(flat), Tensor(tgts))
             self._collect(rows, batch, out, logp.asnumpy(), greedy.asnumpy())
 

@@ -7,10 +7,10 @@ and templates), ``predict`` (``run_mode: predict``), ``chat`` (the session behin
 ``tools/chat.py``), ``api`` (the Python API). See docs/generation.md.
 
 ``generate``, ``generate_text`` and ``load_for_inference`` are imported lazily: the run-config
-schema imports :mod:`msllm.generation.config`, which must stay free of MindSpore.
+schema imports :mod:`msllm.config_generation`, which must stay free of MindSpore.
 """
 
-from msllm.generation.config import DecodeSettings, GenerationConfig
+from msllm.config_generation import DecodeSettings, GenerationConfig
 
 __all__ = ["GenerationConfig", "DecodeSettings", "generate", "generate_text", "load_for_inference"]
 

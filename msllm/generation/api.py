@@ -19,8 +19,9 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from msllm.generation.config import DecodeSettings, GenerationConfig, resolve_settings
+from msllm.config_generation import DecodeSettings, GenerationConfig, resolve_settings
 from msllm.generation.decode import GenerationResult, StreamFn, generator_for
+from msllm.generation.stepping import TextStream, decode_new  # noqa: F401 (part of this API)
 
 
 def settings_for(model, config: Union[GenerationConfig, DecodeSettings, None]) -> DecodeSettings:
@@ -40,7 +41,7 @@ def generate(model, input_ids, config: Union[GenerationConfig, DecodeSettings, N
             an int array (B, T) of unpadded prompts of equal length. Rows are left-padded and
             masked internally, so each row's output is what it would be alone.
         config: :class:`GenerationConfig` (unset fields resolve as in
-            :func:`~msllm.generation.config.resolve_settings`: HF defaults, model EOS/pad) or
+            :func:`~msllm.config_generation.resolve_settings`: HF defaults, model EOS/pad) or
             resolved :class:`DecodeSettings`.
         stream: called after every step with (step, tokens (B,) int64, finished (B,) bool);
             return True to stop.
@@ -80,42 +81,3 @@ def generate_text(model, tokenizer, prompts: Union[str, Sequence[str]],
     return [cut_at_stop(decode_new(tokenizer, t, s.eos_token_id), stop_strings(template))[0] for t in out.tokens]
 
 
-def decode_new(tokenizer, tokens: Sequence[int], eos_ids: Sequence[int] = ()) -> str:
-    """Text of generated ``tokens`` without EOS ids and ids outside the tokenizer's vocabulary."""
-    eos = set(eos_ids)
-    return tokenizer.decode([t for t in tokens if t not in eos and 0 <= t < tokenizer.vocab_size])
-
-
-class TextStream:
-    """Turns a growing list of token ids into text pieces to print: ``push(token) -> new text``.
-
-    Incremental detokenisation as Hugging Face text-generation-inference does it
-    (``server/text_generation_server/models/model.py`` ``decode_token``): decode a short window
-    of the tokens already shown and the same window plus the new tokens, and print the difference
-    once it does not end in an unfinished UTF-8 sequence (U+FFFD: byte-level BPE splits characters
-    across tokens). The window starts at a token boundary already printed, so SentencePiece's
-    leading-space rule and multi-byte characters come out right, and a later token never changes
-    text already printed: the concatenated pieces are :attr:`text` up to any held-back tail.
-    """
-
-    def __init__(self, tokenizer, eos_ids: Sequence[int] = ()):
-        self.tokenizer, self.eos = tokenizer, set(eos_ids)
-        self.ids: list[int] = []
-        self.shown = ""
-        self._prefix = 0   # the window: ids[_prefix:_read] are printed context
-        self._read = 0
-
-    @property
-    def text(self) -> str:
-        return decode_new(self.tokenizer, self.ids, self.eos)
-
-    def push(self, token: int) -> str:
-        self.ids.append(int(token))
-        before = decode_new(self.tokenizer, self.ids[self._prefix:self._read], self.eos)
-        after = decode_new(self.tokenizer, self.ids[self._prefix:], self.eos)
-        if len(after) <= len(before) or after.endswith("\ufffd") or not after.startswith(before):
-            return ""
-        piece = after[len(before):]
-        self._prefix, self._read = self._read, len(self.ids)
-        self.shown += piece
-        return piece

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from msllm.generation import processors
-from msllm.generation.config import DecodeSettings
+from msllm.config_generation import DecodeSettings
 from msllm.generation.passes import GenerationResult, Passes
 
 BIG = np.float32(-1.0e9)

@@ -15,9 +15,9 @@ from typing import Callable, Optional
 
 from msllm.data.conversation import GPT, HUMAN
 from msllm.errors import MsllmError
-from msllm.generation.api import TextStream
 from msllm.generation.decode import round_up
-from msllm.generation.prompts import cut_at_stop, encode_turns, stop_strings
+from msllm.generation.prompts import encode_turns, stop_strings
+from msllm.generation.stepping import StopText
 
 
 @dataclass
@@ -34,17 +34,6 @@ class Reply:
     seconds: float
 
 
-def _held_back(text: str, stops) -> int:
-    """Length of the longest end of ``text`` that is the start of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:n]):
-                best = max(best, n)
-                break
-    return best
-
-
 class ChatSession:
     """A conversation with one model.
 
@@ -52,7 +41,7 @@ class ChatSession:
         gen: :class:`~msllm.generation.decode.Generator` of the model.
         tokenizer: :class:`~msllm.data.tokenizer.LlamaTokenizer`.
         template: prompt template (``msllm.data.templates``) or None for plain text.
-        settings: resolved :class:`~msllm.generation.config.DecodeSettings` (beam search is not
+        settings: resolved :class:`~msllm.config_generation.DecodeSettings` (beam search is not
             streamed: ``num_beams`` must be 1).
     """
 
@@ -92,28 +81,23 @@ class ChatSession:
         ids, dropped = self.prompt_ids(user)
         if dropped:
             self.history = self.history[dropped:]
-        stream = TextStream(self.tokenizer, self.settings.eos_token_id)
-        shown = [""]
+        answer = StopText(self.tokenizer, self.settings.eos_token_id, self.stops)
         t0 = time.perf_counter()
         first = [None]
 
         def on_step(_k, tokens, _finished):
             if first[0] is None:
                 first[0] = time.perf_counter() - t0
-            stream.push(int(tokens[0]))
-            text, stopped = cut_at_stop(stream.text, self.stops)
-            if text.endswith("\ufffd"):
-                return stopped
-            safe = text if stopped else text[:len(text) - _held_back(text, self.stops)]
-            if on_text is not None and safe.startswith(shown[0]) and len(safe) > len(shown[0]):
-                on_text(safe[len(shown[0]):])
-                shown[0] = safe
+            piece, stopped = answer.push(int(tokens[0]))
+            if on_text is not None and piece:
+                on_text(piece)
             return stopped
 
         out = self.gen.generate([ids], self.settings, stream=on_step, buffer=round_up(self.context))
-        text, _ = cut_at_stop(stream.text, self.stops)
-        if on_text is not None and text.startswith(shown[0]) and len(text) > len(shown[0]):
-            on_text(text[len(shown[0]):])
+        rest = answer.finish()
+        if on_text is not None and rest:
+            on_text(rest)
+        text = answer.text
         self.history.append((user, text))
         return Reply(text, out.finish_reasons[0], dropped, len(ids), len(out.tokens[0]), first[0] or 0.0,
                      time.perf_counter() - t0)
@@ -130,7 +114,7 @@ def load_session(cfg, template: Optional[str] = None, adapter: Optional[str] = N
 
     Raises MsllmError like :func:`msllm.generation.predict.run_predict`."""
     from msllm.cluster.context import setup_runtime
-    from msllm.generation.config import resolve_settings
+    from msllm.config_generation import resolve_settings
     from msllm.generation.loading import load_for_inference, open_tokenizer
     from msllm.generation.predict import eos_settings, predict_config
     from msllm.generation.prompts import check_template, template_for

@@ -1,15 +1,10 @@
 """Batched decoding with a key/value cache: one prefill over the prompts, then one token per step.
 
-Layout of a batch (B rows, prompts of lengths n_b, padded to P >= max n_b):
-
-* **left padding**: row b's prompt sits in slots ``pad_b .. P-1`` with ``pad_b = P - n_b``; new
-  token k of every row goes to slot ``P + k``. The cache has ``S = P + max_new`` slots (rounded up
-  to a multiple of :data:`SLOT_MULTIPLE`).
-* **positions** ``slot - pad_b`` (pad slots get 0): the rotary embedding sees each row as if it
-  were alone; this is what HF's ``generate`` does with a left-padded ``attention_mask``
-  (``position_ids = cumsum(attention_mask) - 1``).
-* **mask**: the query at slot q of row b attends slots ``pad_b .. q`` (additive 0 / -1e9), so
-  no row sees another row's padding or length: a row's tokens do not depend on the others.
+The batch layout (left padding, each row's positions, which slots a query sees) is
+:mod:`msllm.models.llama.batch_layout`'s: row b's prompt of n_b tokens sits in slots
+``pad_b .. P-1`` of the P-slot prompt block, new token k of every row goes to slot ``P + k``,
+and the cache has ``S = P + max_new`` slots (rounded up to a multiple of :data:`SLOT_MULTIPLE`).
+A row's tokens do not depend on the others'.
 
 Static shapes: the prefill graph has shape (B, P, S) and the decode graph (B, 1, S), so in
 GRAPH_MODE the decode step compiles once per (batch size, buffer length) and runs for every
@@ -21,11 +16,11 @@ Without the cache (``use_past: False``) each step runs the whole sequence again,
 in a buffer of W = P + max_new slots (shape (B, W, W), one graph): the reference path
 MindFormers calls ``use_past=False``.
 
-Token choice per step: :func:`msllm.generation.processors.choose` (greedy argmax, or sampling
-after temperature / top-k / top-p, with the repetition penalty for both). A row stops at any
-EOS id (its EOS is kept in its output, as HF does; later steps feed it ``pad_token_id``); the
-batch stops when every row has stopped or after ``max_new`` tokens. Beam search:
-:mod:`msllm.generation.beam`.
+Token choice per step: :mod:`msllm.generation.stepping` (the per-row decision the serving batch
+uses too: greedy argmax, or sampling after temperature / top-k / top-p, with the repetition
+penalty for both; EOS, length). A row stops at any EOS id (its EOS is kept in its output, as HF
+does; later steps feed it ``pad_token_id``); the batch stops when every row has stopped or after
+``max_new`` tokens. Beam search: :mod:`msllm.generation.beam`.
 """
 
 from __future__ import annotations
@@ -36,12 +31,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from msllm.errors import MsllmError
-from msllm.generation import processors
 from msllm.generation.beam import beam_search
-from msllm.generation.config import DecodeSettings
+from msllm.config_generation import DecodeSettings
 from msllm.generation.passes import SLOT_MULTIPLE, GenerationResult, Passes, round_up  # noqa: F401 (re-exported)
-
-MASKED = -1e9           # additive mask value of the model (msllm.models.llama.model)
+from msllm.generation.stepping import RowStep, choose_rows
+from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
 
 # stream(step, tokens (B,) int64, finished (B,) bool) -> None / False (go on), True (stop every row) or
 # a (B,) bool array (stop those rows); stopped rows get finish reason "stop"
@@ -53,7 +47,7 @@ def _cells():
     from mindspore import nn, ops
 
     class CachedStep(nn.Cell):
-        """``(ids, positions, mask, index, caches) -> last-position logits (B, V)`` (the caches
+        """``(ids, positions, key_positions, index, caches) -> last-position logits (B, V)`` (the caches
         written in place at the cache rows ``index`` (T, B): :func:`~msllm.models.llama.kv_cache.cache_index`);
         ``fresh``: the prefill's cell (rows attending over their own new tokens only, a
         compile-time constant of the model's ``forward_cached``)."""
@@ -63,8 +57,8 @@ def _cells():
             self.net = net
             self.fresh = fresh
 
-        def construct(self, input_ids, positions, mask, index, caches):
-            return self.net.forward_cached(input_ids, positions, mask, index, caches, True, self.fresh)
+        def construct(self, input_ids, positions, key_positions, index, caches):
+            return self.net.forward_cached(input_ids, positions, key_positions, index, caches, True, self.fresh)
 
     class ReorderedStep(nn.Cell):
         """As CachedStep after reordering the cache rows in place to ``beam_idx`` (B,) int32
@@ -75,40 +69,14 @@ def _cells():
             self.net = net
             self.gather = ops.Gather()
 
-        def construct(self, beam_idx, input_ids, positions, mask, index, caches):
+        def construct(self, beam_idx, input_ids, positions, key_positions, index, caches):
             b = beam_idx.shape[0]
             for c in caches:                                   # (S * B, K, D): rows on axis 1 of (S, B, K, D)
                 rows, k, d = c.shape
                 ops.assign(c, self.gather(c.reshape((rows // b, b, k, d)), beam_idx, 1).reshape((rows, k, d)))
-            return self.net.forward_cached(input_ids, positions, mask, index, caches, True)
+            return self.net.forward_cached(input_ids, positions, key_positions, index, caches, True)
 
     return CachedStep, ReorderedStep
-
-
-def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids (B, length) int32 left-padded with ``pad_id``, pads (B,) int64 = slots of padding)."""
-    ids = np.full((len(prompts), length), pad_id, np.int32)
-    pads = np.zeros(len(prompts), np.int64)
-    for b, p in enumerate(prompts):
-        pads[b] = length - len(p)
-        ids[b, pads[b]:] = p
-    return ids, pads
-
-
-def positions_for(pads: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """(B, T) int32 positions of ``slots`` (T,) in rows padded by ``pads`` (B,); 0 on padding."""
-    return np.maximum(slots[None, :] - pads[:, None], 0).astype(np.int32)
-
-
-def mask_for(pads: np.ndarray, query_slots: np.ndarray, buffer: int, window: Optional[int] = None) -> np.ndarray:
-    """(B, 1, T, S) float32 additive mask: query slot q of row b sees slots pads[b] .. q, and with
-    a sliding window W only slots above q - W (a row's tokens sit in consecutive slots, so slot
-    distance is position distance: transformers' ``q - W < k`` on positions)."""
-    s = np.arange(buffer)
-    ok = (s[None, None, :] >= pads[:, None, None]) & (s[None, None, :] <= query_slots[None, :, None])
-    if window is not None:
-        ok &= s[None, None, :] > query_slots[None, :, None] - window
-    return np.where(ok, 0.0, MASKED).astype(np.float32)[:, None]
 
 
 class Generator:
@@ -139,19 +107,20 @@ class Generator:
         c = self.config
         return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(c.compute_dtype))
 
-    def run(self, kind: str, ids, positions, mask, slots, caches, beam_idx=None):
+    def run(self, kind: str, ids, positions, kpos, slots, caches, beam_idx=None):
         """One call of the compiled step, writing the T new tokens of the B rows of ``ids`` to
         cache ``slots``: (T,) the same in every row, or (B, T) each row its own (the serving
-        engine's continuous batch); numpy in, (logits (B, V) float32 numpy, caches) out (the
-        same caches, written in place)."""
+        engine's continuous batch); ``positions`` (B, T) and ``kpos`` (B, S) as
+        :mod:`~msllm.models.llama.batch_layout` makes them; numpy in, (logits (B, V) float32
+        numpy, caches) out (the same caches, written in place)."""
         import mindspore as ms
 
         from msllm.models.llama.kv_cache import cache_index
 
-        key = (kind, ids.shape[0], ids.shape[1], mask.shape[-1])
+        key = (kind, ids.shape[0], ids.shape[1], kpos.shape[-1])
         new = key not in self.first_call_s
         t0 = time.perf_counter()
-        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(mask), ms.Tensor(cache_index(slots, ids.shape[0])),
+        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(kpos), ms.Tensor(cache_index(slots, ids.shape[0])),
                 ms.mutable(caches))
         if kind in ("prefill", "full"):        # rows attending over their own new tokens only
             logits = self.prefill_step(*args)
@@ -170,8 +139,7 @@ class Generator:
         Returns (last-prompt-token logits (B, V), caches, pads (B,))."""
         ids, pads = left_pad(prompts, length, pad_id)
         slots = np.arange(length)
-        w = self.config.sliding_window
-        logits, caches = self.run("prefill", ids, positions_for(pads, slots), mask_for(pads, slots, buffer, w),
+        logits, caches = self.run("prefill", ids, positions_for(pads, slots), key_positions(pads, buffer),
                                   slots, self.empty_cache(len(prompts), buffer))
         return logits, caches, pads
 
@@ -179,16 +147,14 @@ class Generator:
         """Feed one token per row (B,) at cache slot ``slot``; returns (logits (B, V), caches)."""
         q = np.array([slot])
         return self.run("decode", tokens.astype(np.int32)[:, None], positions_for(pads, q),
-                        mask_for(pads, q, buffer, self.config.sliding_window), q, caches,
-                        beam_idx)
+                        key_positions(pads, buffer), q, caches, beam_idx)
 
     def full_forward(self, sequences: Sequence[Sequence[int]], width: int, pad_id: int) -> np.ndarray:
         """No cache: the whole of each sequence, right-aligned in ``width`` slots, through the
         model; logits (B, V) of each sequence's last token."""
         ids, pads = left_pad(sequences, width, pad_id)
         slots = np.arange(width)
-        logits, _ = self.run("full", ids, positions_for(pads, slots),
-                             mask_for(pads, slots, width, self.config.sliding_window),
+        logits, _ = self.run("full", ids, positions_for(pads, slots), key_positions(pads, width),
                              slots, self.empty_cache(len(sequences), width))
         return logits
 
@@ -226,11 +192,7 @@ class Generator:
         length, max_new, buffer = self.layout(prompts, s, pad_to, buffer)
         b = len(prompts)
         rng = np.random.default_rng(s.seed) if s.do_sample else None
-        eos = np.array(s.eos_token_id, np.int64)
-        out = [[] for _ in range(b)]
-        seen = [np.asarray(p, np.int64) for p in prompts] if s.repetition_penalty != 1.0 else None
-        finished = np.zeros(b, bool)
-        reasons = ["length"] * b
+        rows = [RowStep(s, max_new, rng, p) for p in prompts]
         t0 = time.perf_counter()
         passes = Passes(self, prompts, s, length, max_new, buffer)
         logits = passes.logits
@@ -240,29 +202,26 @@ class Generator:
         for k in range(max_new):
             if kept is not None:
                 kept.append(logits.copy())
-            tokens = processors.choose(logits, s, rng, seen)
-            tokens = np.where(finished, s.pad_token_id, tokens)
-            for r in range(b):
-                if not finished[r]:
-                    out[r].append(int(tokens[r]))
-                    if seen is not None:
-                        seen[r] = np.append(seen[r], tokens[r])
-                    if eos.size and tokens[r] in eos:
-                        finished[r] = True
-                        reasons[r] = "eos"
+            finished = np.array([r.finished for r in rows])
+            tokens = np.where(finished, s.pad_token_id, choose_rows(logits, rows, s, rng))
+            for r, tok in zip(rows, tokens):
+                if not r.finished:
+                    r.accept(tok)
             if t_first is None:
                 t_first = time.perf_counter()
-            verdict = stream(k, tokens, finished.copy()) if stream is not None else None
+            finished = np.array([r.finished for r in rows])
+            verdict = stream(k, tokens, finished) if stream is not None else None
             if verdict is not None and verdict is not False:
                 stop = np.ones(b, bool) if verdict is True else np.asarray(verdict, bool)
-                for r in np.flatnonzero(stop & ~finished):
-                    finished[r], reasons[r] = True, "stop"
-            if finished.all() or k == max_new - 1:
+                for r in np.flatnonzero(stop):
+                    rows[r].stop()
+            if all(r.finished for r in rows) or k == max_new - 1:
                 break
             steps += 1
-            logits = passes.next(k, tokens, lambda: [p + o for p, o in zip(prompts, out)])
+            logits = passes.next(k, tokens, lambda: [p + r.tokens for p, r in zip(prompts, rows)])
         t_end = time.perf_counter()
-        return GenerationResult(out, reasons, None, t_first - t0, t_end - t_first, steps,
+        return GenerationResult([r.tokens for r in rows], [r.reason or "length" for r in rows], None,
+                                t_first - t0, t_end - t_first, steps,
                                 compiled=list(self.shapes), logits=kept)
 
 

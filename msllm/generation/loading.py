@@ -33,6 +33,7 @@ from typing import Optional
 
 import numpy as np
 
+from msllm.convert.starting import is_hf_dir
 from msllm.errors import MsllmError
 from msllm.models.llama.config import LlamaConfig
 
@@ -65,12 +66,6 @@ class InferenceInfo:
     adapter: Optional[str] = None
     notes: list = field(default_factory=list)
     tokenizer_md5: Optional[str] = None
-
-
-def is_hf_dir(path: str) -> bool:
-    """A Hugging Face (``config.json``) or Meta (``params.json``) model directory."""
-    return os.path.isdir(path) and (os.path.isfile(os.path.join(path, "config.json"))
-                                    or os.path.isfile(os.path.join(path, "params.json")))
 
 
 def _compare_manifest(mc: LlamaConfig, saved: dict, path: str) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from msllm.generation.config import DecodeSettings
+from msllm.config_generation import DecodeSettings
 
 if TYPE_CHECKING:
     from msllm.generation.decode import Generator

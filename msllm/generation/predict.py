@@ -96,29 +96,26 @@ def encode_records(records, tokenizer, template, vocab_size: int) -> list[list[i
 
 
 class StopWatch:
-    """Stream callback that stops each row whose recent text holds one of ``stops``."""
+    """Stream callback that stops each row whose text holds one of ``stops``
+    (:class:`~msllm.generation.stepping.StopText` per row)."""
 
-    def __init__(self, tokenizer, stops, eos_ids, rows: int, window: int = 32):
-        self.tokenizer, self.stops, self.eos, self.window = tokenizer, stops, eos_ids, window
-        self.tokens = [[] for _ in range(rows)]
+    def __init__(self, tokenizer, stops, eos_ids, rows: int):
+        from msllm.generation.stepping import StopText
+
+        self.texts = [StopText(tokenizer, eos_ids, stops) for _ in range(rows)]
 
     def __call__(self, _step, tokens, finished):
-        from msllm.generation.api import decode_new
-        from msllm.generation.prompts import cut_at_stop
-
-        hit = np.zeros(len(self.tokens), bool)
+        hit = np.zeros(len(self.texts), bool)
         for r, t in enumerate(tokens):
             if not finished[r]:
-                self.tokens[r].append(int(t))
-                hit[r] = cut_at_stop(decode_new(self.tokenizer, self.tokens[r][-self.window:], self.eos),
-                                     self.stops)[1]
+                hit[r] = self.texts[r].push(int(t))[1]
         return hit
 
 
 def decode_records(gen, settings, records, ids, tokenizer, stops, batch_size: int, pad_to: int,
                    progress=None) -> list[dict]:
     """Generate for ``records`` (token ids ``ids``) in batches; one result dict per record."""
-    from msllm.generation.api import decode_new
+    from msllm.generation.stepping import decode_new
     from msllm.generation.prompts import cut_at_stop
 
     results = []
@@ -168,7 +165,7 @@ def run_predict(cfg, predict_data: Optional[str], template: Optional[str] = None
     from tqdm import tqdm
 
     from msllm.cluster.context import env_world_size, setup_logging, setup_runtime
-    from msllm.generation.config import resolve_settings
+    from msllm.config_generation import resolve_settings
     from msllm.generation.decode import generator_for, round_up
     from msllm.generation.loading import load_for_inference, open_tokenizer
     from msllm.generation.prompts import check_template, read_predict_data, stop_strings, template_for

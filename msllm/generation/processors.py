@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from msllm.generation.config import DecodeSettings
+from msllm.config_generation import DecodeSettings
 
 NEG_INF = -np.inf
 

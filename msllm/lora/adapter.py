@@ -152,7 +152,7 @@ def load_adapter_into(network, adapter_ckpt: str, base_path: Optional[str] = Non
     manifest = read_adapter_manifest(adapter_ckpt)
     rec = manifest["lora"]
     if base_path:
-        from msllm.lora.base import check_same_base
+        from msllm.convert.starting import check_same_base
 
         check_same_base(rec.get("base"), base_path, f"LoRA adapter {adapter_ckpt}", rank)
     if not base_path or not rec.get("base"):
@@ -181,7 +181,7 @@ def load_adapter_state(cell, network, adapter_ckpt: str, base_path: str, rank: i
     """
     import mindspore as ms
 
-    from msllm.lora.base import check_same_base
+    from msllm.convert.starting import check_same_base
 
     manifest = read_adapter_manifest(adapter_ckpt)
     check_same_base(manifest["lora"].get("base"), base_path, f"LoRA checkpoint {adapter_ckpt}", rank)

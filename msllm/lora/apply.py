@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from msllm.errors import MsllmError
-from msllm.lora.config import lora_scale, validate_pet_config
+from msllm.config_lora import lora_scale, validate_pet_config
 from msllm.lora.layer import LoRALinear, init_a
 from msllm.lora.targets import describe_modules, is_adapter_param, match_targets
 

@@ -44,8 +44,8 @@ def merge_lora_checkpoint(base: str, adapter: str, output: str, progress: bool =
     from msllm.formats.manifest import write_sidecar
     from msllm.formats.mindspore_ckpt import CkptWriter, scan_checkpoint
     from msllm.lora.adapter import model_config_of, pet_config_of, read_adapter_manifest
-    from msllm.lora.base import check_same_base, open_base
-    from msllm.lora.config import lora_scale
+    from msllm.convert.starting import check_same_base, open_base
+    from msllm.config_lora import lora_scale
 
     if not output.endswith(".ckpt"):
         raise MsllmError(f"--output {output!r}: expected a file name ending in .ckpt")

@@ -228,7 +228,7 @@ def import_peft(peft_dir: str, out_ckpt: str, base: Optional[str] = None, rank: 
     modules = sorted(found, key=_module_order)
     model_config, identity = None, None
     if base:
-        from msllm.lora.base import base_identity, open_base
+        from msllm.convert.starting import base_identity, open_base
 
         src = open_base(base, rank=rank)
         src.close()

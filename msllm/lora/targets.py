@@ -17,7 +17,7 @@ import re
 from typing import Iterable
 
 from msllm.errors import MsllmError
-from msllm.lora.config import WHERE
+from msllm.config_lora import WHERE
 from msllm.models.llama.names import msllm_to_mindformers_name, param_shapes
 
 LINEAR_SUFFIXES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -76,7 +76,7 @@ def describe_modules(modules: Iterable[str]) -> str:
 
 def match_targets(model_config, target_modules: str, where: str = WHERE) -> list[str]:
     """The linear modules (msllm names, parameter order) whose names ``re.fullmatch``
-    ``target_modules`` (see :mod:`msllm.lora.config` for the names tried).
+    ``target_modules`` (see :mod:`msllm.config_lora` for the names tried).
 
     Raises:
         MsllmError: the regex is invalid, or matches no module (the message lists the available

@@ -37,8 +37,8 @@ class LoraTraining:
     def __init__(self, network, cfg, rank: int = 0):
         from msllm.lora.adapter import lora_record
         from msllm.lora.apply import apply_lora
-        from msllm.lora.base import load_base_into
-        from msllm.lora.config import validate_pet_config
+        from msllm.convert.starting import load_base_into
+        from msllm.config_lora import validate_pet_config
 
         pet = cfg.model_config.pet_config
         validate_pet_config(pet)

@@ -184,7 +184,7 @@ def write_rank_strategy_file(model_config, parallel_config, out_dir: str, rank: 
     return path
 
 
-def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = None, rank="launcher",
+def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = None, rank: Optional[int] = None,
                           extra_layouts: Optional[dict[str, ParamLayout]] = None) -> str:
     """The ``only_save_strategy: True`` path: validate the run's layout and write its strategy
     files to ``{output_dir}/strategy/`` (format per :func:`msllm.parallel.strategy_files.strategy_format`:
@@ -193,10 +193,8 @@ def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = No
     CPU for layouts CPU cannot train.
 
     ``rank``: ``None`` writes every rank's file (one process, offline); an int writes only that
-    rank's (:func:`write_rank_strategy_file`); the default ``"launcher"`` reads the launcher's
-    environment (:func:`msllm.cluster.context.launcher_role`): a worker started by
-    ``scripts/run_distribute.sh`` writes only its own file, a scheduler process writes nothing,
-    a process started by hand writes all.
+    rank's (:func:`write_rank_strategy_file`): what a worker started by
+    ``scripts/run_distribute.sh`` does (:mod:`msllm.cli` asks the launcher's environment).
 
     ``extra_layouts``: layouts of parameters the model gains outside the base rule table
     (LoRA adapters: :func:`msllm.lora.layout.lora_param_layouts`), written beside the base's.
@@ -208,12 +206,6 @@ def save_strategy_for_run(run_config, stage_layers: Optional[Sequence[int]] = No
                    **extra_layouts}
     out = os.path.join(os.path.abspath(run_config.output_dir), "strategy")
     fmt = strategy_format(run_config)
-    if rank == "launcher":
-        from msllm.cluster.context import launcher_role
-
-        role, rank = launcher_role()
-        if role == "scheduler":
-            return out
     if rank is None:
         write_strategy_files(run_config.model_config, run_config.parallel_config, out, stage_layers, fmt, layouts)
     else:

@@ -6,8 +6,8 @@ Layout. The caches are ``width`` rows of ``buffer`` slots (flat (S * B, K, D) Pa
 same padded prompt length T (a multiple of 32 tokens; at most :data:`PREFILL_TOKENS` prompt slots
 and 1, 2, 4 or 8 rows per group) into a cache of the group's own, whose keys and values are then
 written into the requests' rows, slots 0..T-1 (row b's first real slot ``pad``: left padding).
-A request's k-th new token is fed at slot T + k with position n + k (n prompt tokens), and its
-mask shows slots pad..T+k (and, with a sliding window, only the last ``sliding_window`` of them).
+A request's k-th new token is fed at slot T + k with position n + k (n prompt tokens); the slots
+it sees follow :mod:`msllm.models.llama.batch_layout` (its key positions: slot - pad).
 A decode step runs every row at once, each at its own slot (``cache_index`` with (B, 1) slots);
 an empty row is fed the pad token at its slot 0 with every slot hidden (the attention gives it
 zeros; its logits are ignored). So a row's logits depend only on its own tokens: a request's
@@ -41,10 +41,8 @@ from typing import Optional
 
 import numpy as np
 
-from msllm.generation.chat import _held_back   # the start of a stop string, held back while streaming
 from msllm.generation.passes import round_up
 
-MASKED = -1e9            # the model's additive mask value
 MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
 # prompt slots prefilled together at most: enough rows to make a short prompt's prefill a real
 # matrix product (one 64-token prompt is mostly operator launches), while a 512-token prompt
@@ -60,20 +58,18 @@ def pow2_at_least(n: int) -> int:
 
 @dataclass
 class Row:
-    """A request decoding in the batch: its work (job, sink, cancellation), its sampling, its
-    place in the cache (``pad`` first real slot, ``slot`` where its last token went, ``length``
-    prompt tokens) and what it has produced."""
+    """A request decoding in the batch: its work (job, sink, cancellation), its token decision
+    (:class:`~msllm.generation.stepping.RowStep`: sampling, EOS, length) and streamed text
+    (:class:`~msllm.generation.stepping.StopText`: stop strings), its place in the cache (``pad``
+    first real slot, ``slot`` where its last token went, ``length`` prompt tokens)."""
 
     work: object
-    settings: object
-    rng: object
-    stream: object
+    step: object
+    text: object
     pad: int
     slot: int
     length: int
-    max_new: int
     prompt_info: Optional[list] = None
-    shown: str = ""
     info: list = field(default_factory=list)
     last: int = 0
 
@@ -127,8 +123,8 @@ class ContinuousBatch:
     def admit(self, works: list, prompt_info: dict) -> None:
         """Prefill ``works`` (at most :attr:`free`, each with ``max_tokens`` > 0) into free rows,
         widening the caches if needed, and emit each one's first token."""
-        from msllm.generation.api import TextStream
-        from msllm.generation.config import DecodeSettings
+        from msllm.config_generation import DecodeSettings
+        from msllm.generation.stepping import RowStep, StopText
 
         plans = []
         for w in works:
@@ -136,7 +132,7 @@ class ContinuousBatch:
             t = round_up(n)
             max_new = min(w.job.max_tokens, self.gen.context - n)
             plans.append((w, n, t, max_new))
-        need = max([r.pad + r.length + r.max_new for r in self.rows if r is not None]
+        need = max([r.pad + r.length + r.step.max_new for r in self.rows if r is not None]
                    + [t + m for _, _, t, m in plans])
         rows = 1 if self.active + len(plans) == 1 else self.max_batch
         self._fit(rows, max(MIN_BUFFER, pow2_at_least(need)))
@@ -148,9 +144,9 @@ class ContinuousBatch:
                 j = w.job
                 settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
                                           top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
-                self.rows[b] = Row(w, settings, np.random.default_rng(j.seed) if not j.greedy else None,
-                                   TextStream(self.tokenizer, self.eos), pad=t - n, slot=t - 1, length=n,
-                                   max_new=max_new, prompt_info=prompt_info.get(id(w)))
+                rng = np.random.default_rng(j.seed) if not j.greedy else None
+                self.rows[b] = Row(w, RowStep(settings, max_new, rng, j.prompt), StopText(self.tokenizer, self.eos, j.stop),
+                                   pad=t - n, slot=t - 1, length=n, prompt_info=prompt_info.get(id(w)))
                 w.tokens = []
                 self._accept(b, row_logits)
 
@@ -203,7 +199,7 @@ class ContinuousBatch:
         two slots, is kept and reused: a prefill writes slots 0..T-1 and reads nothing else), then
         their keys and values into batch rows ``rows``' slots 0..T-1 (``ScatterUpdate``, in place,
         run eagerly: no graph per batch shape). Returns the last prompt tokens' logits (k, V)."""
-        from msllm.generation.decode import left_pad, mask_for, positions_for
+        from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
 
         k = len(rows)
         size = max(MIN_BUFFER, pow2_at_least(t))
@@ -212,8 +208,7 @@ class ContinuousBatch:
             own = self.own[(k, size)] = self.gen.empty_cache(k, size)
         ids, pads = left_pad(prompts, t, self.pad_id)
         slots = np.arange(t)
-        logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots),
-                                 mask_for(pads, slots, t, self.config.sliding_window), slots, own)
+        logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots), key_positions(pads, t), slots, own)
         self._write(own, t, rows, len(self.rows))
         return logits
 
@@ -225,20 +220,19 @@ class ContinuousBatch:
                 self._finish(b, "cancelled")
         if not self.active:
             return self.drop()
-        width, s = len(self.rows), self.buffer
-        window = self.config.sliding_window
+        from msllm.models.llama.batch_layout import key_positions, positions_for
+
+        width = len(self.rows)
         tokens = np.full(width, self.pad_id, np.int32)
         slots = np.zeros(width, np.int64)
-        positions = np.zeros(width, np.int32)
-        mask = np.full((width, 1, 1, s), MASKED, np.float32)
+        pads = np.full(width, -1, np.int64)      # an empty row: a negative pad, every slot hidden
         for b, r in enumerate(self.rows):
             if r is None:
                 continue
             r.slot += 1
-            tokens[b], slots[b], positions[b] = r.last, r.slot, r.slot - r.pad
-            lo = r.pad if window is None else max(r.pad, r.slot - window + 1)
-            mask[b, 0, 0, lo:r.slot + 1] = 0.0
-        logits, _ = self.gen.run("decode", tokens[:, None], positions[:, None], mask, slots[:, None], self.caches)
+            tokens[b], slots[b], pads[b] = r.last, r.slot, r.pad
+        logits, _ = self.gen.run("decode", tokens[:, None], positions_for(pads, slots[:, None]),
+                                 key_positions(pads, self.buffer), slots[:, None], self.caches)
         for b, r in enumerate(self.rows):
             if r is not None:
                 self._accept(b, logits[b])
@@ -246,41 +240,32 @@ class ContinuousBatch:
             self.drop()
 
     def _accept(self, b: int, logits_row: np.ndarray) -> None:
-        """Row b's next token from its logits (V,): choose, stream the text that became final,
-        finish the row at EOS, a stop string, ``max_tokens`` or the context's end."""
-        from msllm.generation import processors
-
+        """Row b's next token from its logits (V,) (:mod:`msllm.generation.stepping`): choose,
+        stream the text that became final, finish the row at EOS, a stop string, ``max_tokens``
+        or the context's end."""
         r = self.rows[b]
-        job = r.work.job
-        tok = int(processors.choose(logits_row[None], r.settings, r.rng)[0])
+        tok = r.step.choose(logits_row)
         r.last = tok
         r.work.tokens.append(tok)
         self.on_token()
-        if job.logprobs is not None:
-            r.info.append(self.logprob(logits_row, tok, job.logprobs))
-        finish = "stop" if tok in self.eos else None
-        r.stream.push(tok)
-        text = r.stream.text
-        stop_at = min((text.find(s) for s in job.stop if s in text), default=-1)
-        if stop_at >= 0:
-            text, finish = text[:stop_at], "stop"
-        elif finish is None and len(r.work.tokens) >= r.max_new:
-            finish = "length"   # max_tokens, or the context window's end
-        if finish is None:      # hold back an unfinished character or the start of a stop string
-            if text.endswith("\ufffd"):
-                text = text[:len(r.shown)]
-            text = text[:len(text) - _held_back(text, job.stop)]
-        if len(text) > len(r.shown) and text.startswith(r.shown):
-            r.work.sink(("text", text[len(r.shown):], None))
-            r.shown = text
-        if finish is not None:
-            self._finish(b, finish)
+        if r.work.job.logprobs is not None:
+            r.info.append(self.logprob(logits_row, tok, r.work.job.logprobs))
+        finish = r.step.accept(tok)
+        piece, stopped = r.text.push(tok)
+        if stopped:
+            r.step.stop()
+        elif finish is not None:
+            piece += r.text.finish()
+        if piece:
+            r.work.sink(("text", piece, None))
+        if r.step.finished:   # OpenAI's finish_reason: "stop" for EOS as for a stop string
+            self._finish(b, "stop" if r.step.reason == "eos" else r.step.reason)
 
     def _finish(self, b: int, reason: str) -> None:
         r = self.rows[b]
         self.rows[b] = None
         self.on_done(reason)
-        r.work.sink(("done", reason, result(r.work, r.prompt_info, r.info, r.shown)))
+        r.work.sink(("done", reason, result(r.work, r.prompt_info, r.info, r.text.text)))
 
 
 def result(work, prompt_rows: Optional[list], gen_rows: list, text: str) -> dict:

@@ -266,7 +266,7 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
     elif cfg.load_checkpoint and cfg.auto_trans_ckpt:
         load_resharded(run.network, run.step_cell, cfg, rt, out, run.data)
     elif hf_start_dir(cfg):
-        from msllm.lora.base import load_base_into
+        from msllm.convert.starting import load_base_into
 
         load_base_into(run.network, cfg.load_checkpoint, rt.rank)   # HF names -> msllm's, tied head included
         log.info("loaded weights from the Hugging Face directory %s", cfg.load_checkpoint)

@@ -6,7 +6,7 @@ directory's ``config.json`` describes (:func:`msllm.models.llama.config.merge_ru
 and numerics; the YAML's ``model.model_config`` supplies only what ``config.json`` lacks:
 ``seq_length``, dtypes, kernels, ``pet_config``; a YAML value that ``config.json`` overrides is
 named in one start-up line), and its tensors are mapped to msllm's names by the one conversion
-table (:func:`msllm.lora.base.load_base_into`, tied embeddings included).
+table (:func:`msllm.convert.starting.load_base_into`, tied embeddings included).
 
 The data check (:func:`check_data_tokenizer`): a MindRecord's sidecar records the MD5 of the
 tokenizer file that built it; a run whose starting weights bring a tokenizer of their own (an HF
@@ -28,7 +28,7 @@ log = logging.getLogger("msllm")
 
 def hf_start_dir(cfg) -> Optional[str]:
     """``cfg.load_checkpoint`` when it is a Hugging Face model directory (``config.json``), else None."""
-    from msllm.lora.base import is_hf_dir
+    from msllm.convert.starting import is_hf_dir
 
     path = cfg.load_checkpoint
     return path if path and is_hf_dir(path) and os.path.isfile(os.path.join(path, "config.json")) else None
@@ -42,7 +42,7 @@ def adopt_hf_model_config(cfg):
     hf_dir = hf_start_dir(cfg)
     if hf_dir is None:
         return cfg
-    from msllm.lora.base import open_base
+    from msllm.convert.starting import open_base
     from msllm.models.llama.config import merge_run_config
 
     path = os.path.join(hf_dir, "config.json")

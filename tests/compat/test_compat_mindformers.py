@@ -76,8 +76,10 @@ def test_blog_yaml_loads_and_maps():
         (4096, 32, 32, 32000, 256, 1e-6)
     assert (mc.max_position_embeddings, mc.compute_dtype, mc.softmax_compute_type, mc.param_init_type) == \
         (2048, "float16", "float16", "float16")
-    assert (mc.use_past, mc.top_k, mc.top_p, mc.do_sample, mc.repetition_penalty, mc.max_decode_length) == \
+    g = cfg.generation_config   # MindFormers keeps these in model_config: moved to their own section
+    assert (g.use_past, g.top_k, g.top_p, g.do_sample, g.repetition_penalty, g.max_decode_length) == \
         (True, 3, 0.9, False, 1.1, 512)
+    assert not hasattr(mc, "top_k")
     assert (cfg.profile, cfg.profile_start_step, cfg.profile_stop_step) == (False, 2, 6)
     assert recompute_of(cfg) == (True, False, False, True, True)
     expected = [
@@ -181,9 +183,9 @@ MAPPED = [
      {"model.model_config.layernorm_compute_type": "float32", "model.model_config.softmax_compute_type": "float16"}),
     ({"model": {"model_config": {"use_past": True, "do_sample": True, "top_k": 5, "top_p": 0.8,
                                  "repetition_penalty": 1.2, "max_decode_length": 100}}},
-     {"model.model_config.use_past": True, "model.model_config.do_sample": True, "model.model_config.top_k": 5,
-      "model.model_config.top_p": 0.8, "model.model_config.repetition_penalty": 1.2,
-      "model.model_config.max_decode_length": 100}),
+     {"generation_config.use_past": True, "generation_config.do_sample": True, "generation_config.top_k": 5,
+      "generation_config.top_p": 0.8, "generation_config.repetition_penalty": 1.2,
+      "generation_config.max_decode_length": 100}),
     ({"model": {"model_config": {"pet_config": {"pet_type": "lora", "lora_rank": 16, "lora_alpha": 32,
                                                 "lora_dropout": 0.05, "target_modules": ".*wq|.*wv",
                                                 "in_channels": 4096, "out_channels": 4096}}}},

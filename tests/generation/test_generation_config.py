@@ -9,7 +9,7 @@ import yaml
 from gentest_helpers import TINY_YAML
 from msllm.config import load_config
 from msllm.errors import MsllmError
-from msllm.generation.config import DEFAULT_MAX_NEW_TOKENS, GenerationConfig, resolve_settings
+from msllm.config_generation import DEFAULT_MAX_NEW_TOKENS, GenerationConfig, resolve_settings
 
 
 def write_yaml(tmp_path, model_keys=None, gen_keys=None):
@@ -74,9 +74,9 @@ def test_bad_values_are_refused_at_config_load(override, message):
 def test_rules_that_need_the_resolved_settings(tmp_path):
     with pytest.raises(MsllmError, match="temperature=0.0: expected > 0 with do_sample"):
         resolve_settings(GenerationConfig(do_sample=True, temperature=0.0))
-    cfg = load_config(write_yaml(tmp_path, model_keys=dict(do_sample=True)), ["--generation_config.temperature=0"])
-    with pytest.raises(MsllmError, match="temperature=0.0"):          # do_sample from model_config
-        resolve_settings(cfg.generation_config, cfg.model_config)
+    # do_sample from model_config (moved into generation_config when read): refused at load already
+    with pytest.raises(MsllmError, match="generation_config.temperature=0.0"):
+        load_config(write_yaml(tmp_path, model_keys=dict(do_sample=True)), ["--generation_config.temperature=0"])
     with pytest.raises(MsllmError, match="beam sampling"):
         resolve_settings(GenerationConfig(num_beams=2, do_sample=True))
     with pytest.raises(MsllmError, match="eos_token_id=40000: outside the model's vocabulary"):

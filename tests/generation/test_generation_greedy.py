@@ -16,7 +16,7 @@ import pytest
 from gentest_helpers import (CASES, hf_generate, hf_new_tokens, max_logit_diff, net_from_hf_dir, prompts_for,
                              same_tokens)
 from msllm.convert.verify import make_random_hf_model
-from msllm.generation.config import GenerationConfig, resolve_settings
+from msllm.config_generation import GenerationConfig, resolve_settings
 from msllm.generation.decode import generator_for
 
 NEW = 32

@@ -164,7 +164,7 @@ def test_adapter_is_applied_on_top_of_the_base(model, tmp_path):
     from msllm.generation.loading import load_for_inference
     from msllm.lora.adapter import lora_record, save_adapter_checkpoint
     from msllm.lora.apply import apply_lora
-    from msllm.lora.base import base_identity
+    from msllm.convert.starting import base_identity
     from msllm.models.llama.config import PetConfig
 
     cfg = load_config(model["yaml"])

@@ -9,7 +9,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 from msllm.generation import processors
-from msllm.generation.config import DecodeSettings, GenerationConfig, resolve_settings
+from msllm.config_generation import DecodeSettings, GenerationConfig, resolve_settings
 
 SEED = 1234
 

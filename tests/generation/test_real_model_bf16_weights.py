@@ -37,15 +37,15 @@ class EveryPosition(nn.Cell):
         super().__init__(auto_prefix=False)
         self.net = net
 
-    def construct(self, ids, positions, mask, index, caches):
-        return self.net.forward_cached(ids, positions, mask, index, caches, False, True)
+    def construct(self, ids, positions, kpos, index, caches):
+        return self.net.forward_cached(ids, positions, kpos, index, caches, False, True)
 
 
 def logits_of(smollm2_dir, dtype, seqs):
     import os
 
     from msllm.config import load_config
-    from msllm.generation.decode import left_pad, mask_for, positions_for
+    from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
     from msllm.generation.loading import load_for_inference
     from msllm.models.llama.kv_cache import cache_index, empty_cache
 
@@ -57,7 +57,7 @@ def logits_of(smollm2_dir, dtype, seqs):
     ids, pads = left_pad(seqs, length, 0)
     slots = np.arange(length)
     caches = empty_cache(len(seqs), mc.kv_heads, length, mc.head_dim, mc.num_layers)
-    out = EveryPosition(net)(ms.Tensor(ids), ms.Tensor(positions_for(pads, slots)), ms.Tensor(mask_for(pads, slots, length)),
+    out = EveryPosition(net)(ms.Tensor(ids), ms.Tensor(positions_for(pads, slots)), ms.Tensor(key_positions(pads, length)),
                              ms.Tensor(cache_index(slots, len(seqs))), ms.mutable(caches)).asnumpy()
     return [out[i, p:] for i, p in enumerate(pads)]          # each row's real positions (n_i, V)
 

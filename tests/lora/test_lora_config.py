@@ -7,7 +7,7 @@ import pytest
 
 from lora_helpers import tiny_config
 from msllm.errors import MsllmError
-from msllm.lora.config import lora_scale, validate_pet_config
+from msllm.config_lora import lora_scale, validate_pet_config
 from msllm.lora.targets import (adapter_shapes, describe_modules, exact_target_regex, linear_modules, match_targets,
                                 mindformers_module_name)
 from msllm.models.llama.config import PetConfig

@@ -108,7 +108,7 @@ def test_nonzero_adapter_changes_logits_and_dropout_is_off_in_eval():
 
 
 def test_load_base_into_works_before_and_after_apply(tmp_path):
-    from msllm.lora.base import base_identity, load_base_into
+    from msllm.convert.starting import base_identity, load_base_into
 
     cfg = tiny_config()
     ref = build(cfg, seed=5)

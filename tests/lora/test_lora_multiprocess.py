@@ -39,7 +39,7 @@ LORA = ["--run_mode=finetune", "--model.model_config.pet_config.pet_type=lora",
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, alpaca_mindrecord):
     from msllm.config import load_config
-    from msllm.lora.base import base_identity
+    from msllm.convert.starting import base_identity
 
     d = tmp_path_factory.mktemp("lora_dp")
     table = two_rank_table(d)
@@ -77,7 +77,7 @@ def uninterrupted(setup, tmp_path_factory):
 
 def test_lora_data_parallel_ranks_hold_identical_adapters_only(setup, uninterrupted):
     from msllm.formats.manifest import read_sidecar
-    from msllm.lora.base import base_identity
+    from msllm.convert.starting import base_identity
     from msllm.lora.targets import is_adapter_param
 
     out = uninterrupted

@@ -134,7 +134,7 @@ def test_one_training_step_loss_and_adapter_grads_equal_peft(base, alpaca_mindre
 def test_msllm_adapter_exported_loads_in_peft_with_the_same_logits(base, tmp_path):
     from msllm.lora.adapter import lora_record, read_adapter_manifest, save_adapter_checkpoint
     from msllm.lora.apply import apply_lora
-    from msllm.lora.base import base_identity
+    from msllm.convert.starting import base_identity
     from msllm.lora.peft import export_peft
 
     net = msllm_net(base)
@@ -257,7 +257,7 @@ def test_adapter_is_refused_with_another_base(base, tmp_path):
 def test_hf_directory_works_as_the_base(base):
     """load_checkpoint may name the HF directory itself: same weights as its msllm conversion."""
     from msllm.lora.apply import apply_lora
-    from msllm.lora.base import base_identity, load_base_into
+    from msllm.convert.starting import base_identity, load_base_into
     from msllm.models.llama.model import LlamaForCausalLM
 
     net = LlamaForCausalLM(base["config"], fast_paths=FAST["on"])
@@ -351,7 +351,7 @@ def test_family_adapter_exported_and_imported_through_peft(family_base, tmp_path
     directory imported back gives the same adapter weights."""
     from msllm.lora.adapter import lora_record, save_adapter_checkpoint
     from msllm.lora.apply import apply_lora
-    from msllm.lora.base import base_identity
+    from msllm.convert.starting import base_identity
     import mindspore as ms
 
     from msllm.lora.peft import export_peft, import_peft

@@ -26,7 +26,7 @@ def lora_step(cfg, base_path):
     from mindspore import nn
 
     from msllm.lora.apply import apply_lora
-    from msllm.lora.base import load_base_into
+    from msllm.convert.starting import load_base_into
     from msllm.models.llama.model import LlamaForCausalLM
     from msllm.training.step import TrainStep
 
@@ -91,7 +91,7 @@ def test_adapter_checkpoint_holds_adapters_optimizer_state_and_base_identity(run
     from msllm.formats.manifest import read_sidecar
     from msllm.formats.mindspore_ckpt import scan_checkpoint
     from msllm.lora.apply import adapter_param_names
-    from msllm.lora.base import base_identity
+    from msllm.convert.starting import base_identity
 
     names = set(scan_checkpoint(run["ckpt3"]))
     adapters = set(adapter_param_names(run["net"]))

@@ -24,17 +24,16 @@ class Cached(nn.Cell):
         self.net = net
         self.fresh = fresh
 
-    def construct(self, ids, positions, mask, index, caches):
-        return self.net.forward_cached(ids, positions, mask, index, caches, False, self.fresh)
+    def construct(self, ids, positions, kpos, index, caches):
+        return self.net.forward_cached(ids, positions, kpos, index, caches, False, self.fresh)
 
 
-def additive_mask(pads, query_slots, slots):
-    """(B, 1, Tq, S): query at slot q of row b sees slots pads[b]..q."""
-    m = np.full((len(pads), 1, len(query_slots), slots), -1e9, np.float32)
+def key_positions(pads, slots):
+    """(B, S): slot s of row b holds the token of position s - pads[b]; -1 on the padding."""
+    k = np.full((len(pads), slots), -1, np.int32)
     for b, pad in enumerate(pads):
-        for i, q in enumerate(query_slots):
-            m[b, 0, i, pad:q + 1] = 0.0
-    return m
+        k[b, pad:] = np.arange(slots - pad)
+    return k
 
 
 @pytest.fixture
@@ -63,7 +62,7 @@ def test_prefill_and_decode_match_the_full_forward(graph_mode, fast, fresh):
     buf[1, 2:], pos[1, 2:] = ids[1, :4], np.arange(4)
     step = Cached(net)
     caches = ms.mutable(empty_cache(2, CFG.kv_heads, slots, CFG.head_dim, CFG.num_layers))
-    logits = Cached(net, fresh)(ms.Tensor(buf), ms.Tensor(pos), ms.Tensor(additive_mask(pads, range(prompt), slots)),
+    logits = Cached(net, fresh)(ms.Tensor(buf), ms.Tensor(pos), ms.Tensor(key_positions(pads, slots)),
                   ms.Tensor(cache_index(np.arange(prompt), 2)), caches)
     logits = logits.asnumpy()
     np.testing.assert_allclose(logits[0], full[0, :6], atol=1e-4)
@@ -72,7 +71,7 @@ def test_prefill_and_decode_match_the_full_forward(graph_mode, fast, fresh):
         slot = prompt + k
         nxt = np.array([[ids[0, 6 + k]], [ids[1, 4 + k]]], np.int32)
         p = np.array([[6 + k], [4 + k]], np.int32)
-        out = step(ms.Tensor(nxt), ms.Tensor(p), ms.Tensor(additive_mask(pads, [slot], slots)),
+        out = step(ms.Tensor(nxt), ms.Tensor(p), ms.Tensor(key_positions(pads, slots)),
                    ms.Tensor(cache_index([slot], 2)), caches)
         out = out.asnumpy()
         np.testing.assert_allclose(out[0, 0], full[0, 6 + k], atol=1e-4)
@@ -103,19 +102,19 @@ def test_rows_at_their_own_slots_match_the_full_forward(graph_mode, fast):
         buf = np.zeros((1, length), np.int32)
         buf[0, pad:] = tokens
         pos = np.maximum(np.arange(length) - pad, 0).astype(np.int32)[None]
-        out = prefill(ms.Tensor(buf), ms.Tensor(pos), ms.Tensor(additive_mask([pad], range(length), slots)),
+        out = prefill(ms.Tensor(buf), ms.Tensor(pos), ms.Tensor(key_positions([pad], slots)),
                       ms.Tensor(cache_index(np.arange(length), width, [row])), caches).asnumpy()
         return out[0, pad:]
 
     np.testing.assert_allclose(prefill_row(0, ids[0, :6], 6), full[0, :6], atol=1e-4)
 
     def decode(tokens, slot_of, pos_of, pad_of, live):
-        mask = np.full((width, 1, 1, slots), -1e9, np.float32)
+        kpos = np.full((width, slots), -1, np.int32)              # an empty row sees nothing
         for b in range(width):
             if live[b]:
-                mask[b, 0, 0, pad_of[b]:slot_of[b] + 1] = 0.0
+                kpos[b] = key_positions([pad_of[b]], slots)[0]
         return step(ms.Tensor(np.array(tokens, np.int32)[:, None]), ms.Tensor(np.array(pos_of, np.int32)[:, None]),
-                    ms.Tensor(mask), ms.Tensor(cache_index(np.array(slot_of)[:, None], width)), caches).asnumpy()
+                    ms.Tensor(kpos), ms.Tensor(cache_index(np.array(slot_of)[:, None], width)), caches).asnumpy()
 
     out = decode([ids[0, 6], 0], [6, 0], [6, 0], [0, 0], [True, False])   # row 1 empty: slot 0, all hidden
     np.testing.assert_allclose(out[0, 0], full[0, 6], atol=1e-4)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+from helpers.tables import training_tables
 import pytest
 
 from msllm.config import load_config
@@ -182,8 +183,8 @@ def test_capacity_dispatch_drops_the_choices_counted_by_hand(factor):
     loss, stats = net(ids, ids)
     h = net.model.embed(ids[:, :-1])
     layer = net.model.layers[0]
-    normed = layer.post_attention_layernorm(h + layer.self_attn(layer.input_layernorm(h), net.model.cos[:12],
-                                                               net.model.sin[:12], net.model.mask[:12, :12]))
+    normed = layer.post_attention_layernorm(h + layer.self_attn(layer.input_layernorm(h),
+                                                               *training_tables(net.config, 12)))
     moe.set_train(True)   # a sub-cell called on its own keeps its own compile phase (GRAPH_MODE)
     _, c2, _, d2 = moe(normed.reshape(24, 16))
     stats = stats.asnumpy()

@@ -5,6 +5,7 @@ column-parallel outputs, sum of row-parallel partial outputs), and the result mu
 unsharded msllm DecoderLayer."""
 
 import numpy as np
+from helpers.tables import training_tables
 import pytest
 
 from msllm.config import ParallelLayoutConfig
@@ -99,8 +100,7 @@ def test_tensor_parallel_decoder_layer_matches_unsharded(setup, layer_index):
     lays = param_layouts(MC, LAYOUT)
     batch, t = 4, 12
     x = np.random.default_rng(layer_index).standard_normal((batch, t, MC.hidden_size)).astype(np.float32)
-    cos, sin = net.model.cos[:t], net.model.sin[:t]
-    mask = net.model.mask[:t, :t]
+    cos, sin, mask = training_tables(MC, t)
     ref = net.model.layers[layer_index](ms.Tensor(x), cos, sin, mask).asnumpy()
 
     prefix = f"model.layers.{layer_index}."

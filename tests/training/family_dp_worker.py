@@ -28,7 +28,7 @@ def one_step(config: str, case_dir: str, batch: np.ndarray, rt) -> dict:
     from mindspore import Tensor
 
     from msllm.config import load_config
-    from msllm.lora.base import load_base_into
+    from msllm.convert.starting import load_base_into
     from msllm.training.setup import build_network, build_optimizer, build_train_step
     from msllm.training.sources import adopt_hf_model_config
 

@@ -227,14 +227,6 @@ class LlamaConfig:
     use_flash_attention: Optional[bool] = None
     fused_rms_norm: Optional[bool] = None
     cpu_kernels: Optional[bool] = None
-    # MindFormers keeps inference settings in model_config; msllm reads them as the defaults of
-    # ``generation_config`` (msllm.generation.config.GenerationConfig), None = not set here.
-    use_past: Optional[bool] = None
-    do_sample: Optional[bool] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    max_decode_length: Optional[int] = None
     # parameter-efficient fine-tuning (MindFormers ``pet_config``); None = full fine-tuning
     pet_config: Optional[PetConfig] = None
     # mixture of experts (MindFormers ``moe_config``, msllm/models/llama/moe.py); None = dense MLPs
@@ -294,7 +286,16 @@ class LlamaConfig:
 
     @property
     def max_positions(self) -> int:
+        """The longest sequence the model takes (``max_position_embeddings``, else ``seq_length``):
+        it bounds requests and selects rope scaling; nothing is allocated by it."""
         return self.max_position_embeddings or self.seq_length
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        """The sliding window of decoder layer ``layer`` (None: every earlier key). The one place a
+        per-layer rule (Qwen2's ``max_window_layers``, Gemma 2's alternate layers) would go: the
+        model builds its kernels and one mask per distinct window from it. Today every layer
+        has ``sliding_window``."""
+        return self.sliding_window
 
     def validate(self, where: str = "model.model_config") -> None:
         """Raise :class:`MsllmError` naming the key if the shapes are inconsistent."""

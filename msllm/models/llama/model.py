@@ -24,8 +24,10 @@ pipeline stages and recompute on the cells, without this file knowing about it.
 
 Two ways through the network: ``construct`` (training and scoring: the whole sequence, causal
 mask) and ``forward_cached`` (generation: new tokens only, keys/values of earlier tokens read
-from a :class:`~msllm.models.llama.kv_cache.KVCache`, per-row positions and mask so left-padded
-batches decode row by row exactly). The training graph never builds the cached path.
+from a :class:`~msllm.models.llama.kv_cache.KVCache`, per-row positions and key positions so
+left-padded batches decode row by row exactly). Both build their rotary angles and masks for the
+positions in use (:mod:`~msllm.models.llama.batch_layout`): memory follows the sequence, never
+``max_position_embeddings``. The training graph never builds the cached path.
 
 ``fast_paths`` (a builder argument; :attr:`msllm.config.RunConfig.fast_paths` is True on CPU
 without operator sharding) selects shapes MindSpore's CPU kernels run faster: 2-D RMSNorm and
@@ -59,7 +61,8 @@ from msllm.kernels.select import ASCEND_FLASH, ASCEND_NORM, CPU_FLASH, CPU_NORM,
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.kv_cache import KVCache
 from msllm.models.llama.moe import SparseMoE, load_balancing_loss
-from msllm.models.llama.rotary import rotary_tables
+from msllm.models.llama.batch_layout import additive_mask, causal_positions
+from msllm.models.llama.rotary import rotary_frequencies
 
 log = logging.getLogger("msllm")
 
@@ -186,17 +189,6 @@ class RMSNorm(nn.Cell):
         return self.reshape(out, shape) if self.flat else out
 
 
-def causal_mask(p: int, window=None) -> np.ndarray:
-    """(P, P) float32 additive mask: 0 where query q sees key k (``k <= q``, and ``q - W < k``
-    with a sliding window W, as transformers' ``sliding_window_overlay``), -1e9 elsewhere (not
-    -inf, so that a fully masked row cannot turn into NaN)."""
-    q, k = np.arange(p)[:, None], np.arange(p)[None, :]
-    seen = k <= q
-    if window is not None:
-        seen &= k > q - window
-    return np.where(seen, 0.0, -1e9).astype(np.float32)
-
-
 class Attention(nn.Cell):
     """Causal grouped-query self-attention with rotary embeddings (Ainslie et al. 2023 for GQA).
 
@@ -213,7 +205,8 @@ class Attention(nn.Cell):
     one new token per row on msllm's CPU kernels (:meth:`decode_one`).
     """
 
-    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None):
+    def __init__(self, config: LlamaConfig, fast_paths: bool = False, choice: KernelChoice | None = None,
+                 layer: int = 0):
         super().__init__()
         c, h, k, d = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
         std = config.initializer_range
@@ -228,7 +221,7 @@ class Attention(nn.Cell):
             norm = choice.norm if choice is not None else ""
             self.q_norm = RMSNorm(d, config.rms_norm_eps, config, fast_paths, norm, kern)
             self.k_norm = RMSNorm(d, config.rms_norm_eps, config, fast_paths, norm, kern)
-        window = config.sliding_window
+        window = config.layer_window(layer)
         attention = choice.attention if choice is not None else ""
         self.flash = self.flash_padded = None
         self.fa_score = None
@@ -466,7 +459,7 @@ class DecoderLayer(nn.Cell):
         kern, norm = (choice.cpu, choice.norm) if choice is not None else (None, "")
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, config, fast_paths, norm, kern)
-        self.self_attn = Attention(config, fast_paths, choice)
+        self.self_attn = Attention(config, fast_paths, choice, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, config, fast_paths, norm, kern)
         self.is_moe = config.is_moe_layer(index)
         if self.is_moe:
@@ -535,19 +528,21 @@ class LlamaModel(nn.Cell):
         experts = config.moe_config.expert_num if config.moe_config is not None else 1
         self.zero_stats = Tensor(np.zeros(experts, np.float32))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, fast_paths, choice.norm, choice.cpu)
-        cos, sin = rotary_tables(config)
-        p = config.max_positions
-        # Constant tables, not Parameters: they are not trained and not checkpointed.
-        self.cos = Tensor(cos, ms_dtype(config.compute_dtype))                 # (P, D)
-        self.sin = Tensor(sin, ms_dtype(config.compute_dtype))                 # (P, D)
-        self.mask = Tensor(causal_mask(p, config.sliding_window), ms_dtype(config.softmax_compute_type))  # (P, P)
+        # rotary angles and masks are computed in the graph for the positions in use: nothing here
+        # grows with max_position_embeddings (a (P, P) mask of Llama 3.1's 131,072 positions is 64 GiB)
+        inv_freq, self.rope_factor = rotary_frequencies(config)
+        self.inv_freq = Tensor(inv_freq[None, :], ms.float32)                  # (1, D/2)
+        self.mask_dtype = ms_dtype(config.softmax_compute_type)
+        # one mask per distinct window; layer i uses masks[self.mask_of[i]]
+        windows = [config.layer_window(i) for i in range(config.num_layers)]
+        self.windows = tuple(dict.fromkeys(windows))
+        self.mask_of = tuple(self.windows.index(w) for w in windows)
         # Gemma's embedding scale, rounded to the weights' dtype first as HF does
         self.embed_scale = Tensor(config.embedding_multiplier, embed_dtype)
         self.scale_embed = config.embedding_multiplier != 1.0
         self.mul_embed = ops.Mul()
         self.compute_dtype = ms_dtype(config.compute_dtype)
         self.cast = ops.Cast()
-        self.gather_pos = ops.Gather()
         self.reshape = ops.Reshape()
 
     def embed(self, input_ids):
@@ -572,23 +567,48 @@ class LlamaModel(nn.Cell):
         dense model)."""
         t = input_ids.shape[1]
         x = self.embed(input_ids)                                               # (B, T, C)
-        cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        pos = causal_positions(t)                                               # (1, T)
+        cos, sin = self.rotary(pos)                                             # (1, T, D)
+        cos, sin = cos[0], sin[0]                                               # (T, D)
+        masks = self.masks(pos, pos)                                            # each (1, 1, T, T)
+        # (T, T) and (T, D): the shapes msllm.parallel.layout_rules' strategies are written for
         counts, probs, dropped = self.zero_stats, self.zero_stats, self.zero_stats.sum()
+        i = 0
         for layer in self.layers:
+            mask = masks[self.mask_of[i]][0, 0]                                 # (T, T)
             if layer.is_moe:
                 x, c, p, d = layer(x, cos, sin, mask)
                 counts, probs, dropped = counts + c, probs + p, dropped + d
             else:
                 x = layer(x, cos, sin, mask)
+            i += 1
         return self.norm(x), counts, probs, dropped
 
-    def forward_cached(self, input_ids, positions, mask, index, caches, fresh=False):
+    def rotary(self, positions):
+        """positions (B, T) int32 -> cos, sin (B, T, D) in compute dtype: the angles
+        ``position * inv_freq`` in float32 (as transformers' ``LlamaRotaryEmbedding``), duplicated
+        along the last axis (HF "rotate_half" layout), times the rope scaling's attention factor
+        (:func:`~msllm.models.llama.rotary.rotary_frequencies`)."""
+        angles = self.cast(positions, ms.float32)[:, :, None] * self.inv_freq   # (B, T, D/2)
+        angles = ops.concat((angles, angles), -1)                                # (B, T, D)
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        if self.rope_factor != 1.0:
+            cos, sin = cos * self.rope_factor, sin * self.rope_factor
+        return self.cast(cos, self.compute_dtype), self.cast(sin, self.compute_dtype)
+
+    def masks(self, key_positions, positions):
+        """key positions (B, S) and query positions (B, T) int32 -> one additive mask (B, 1, T, S)
+        per distinct layer window (:func:`~msllm.models.llama.batch_layout.additive_mask`)."""
+        return tuple(additive_mask(key_positions, positions, w, self.mask_dtype) for w in self.windows)
+
+    def forward_cached(self, input_ids, positions, key_positions, index, caches, fresh=False):
         """New tokens over a cache -> hidden (B, T, C); the new keys and values are written into
         ``caches`` in place.
 
         input_ids / positions (B, T) int32 (each row's own positions, so left padding is
-        invisible to the rotary embedding); mask (B, 1, T, S) additive float (0 = attend,
-        -1e9 = not); index (T, B) int32: the cache row of each new token
+        invisible to the rotary embedding); key_positions (B, S) int32: the position of the token
+        in each of the row's S cache slots, -1 where the row sees nothing (padding, an empty row),
+        from which each layer's mask is built (:mod:`~msllm.models.llama.batch_layout`); index (T, B) int32: the cache row of each new token
         (:func:`~msllm.models.llama.kv_cache.cache_index`); caches: ``2 * num_layers`` Parameters
         (S * B', K, D), keys then values per layer (:func:`~msllm.models.llama.kv_cache.empty_cache`;
         B' = B except with ``fresh``, whose rows may be some of the cache's);
@@ -597,16 +617,16 @@ class LlamaModel(nn.Cell):
         """
         b, t = input_ids.shape
         x = self.embed(input_ids)                                               # (B, T, C)
-        d = self.cos.shape[-1]
-        cos = self.reshape(self.gather_pos(self.cos, positions, 0), (b, 1, t, d))  # (B, 1, T, D)
-        sin = self.reshape(self.gather_pos(self.sin, positions, 0), (b, 1, t, d))
-        mask = self.cast(mask, self.mask.dtype)
+        cos, sin = self.rotary(positions)                                       # (B, T, D)
+        cos, sin = cos[:, None], sin[:, None]                                   # (B, 1, T, D)
+        masks = self.masks(key_positions, positions)                            # each (B, 1, T, S)
         start = None
         if fresh:  # left padding: a row's last slot holds position n - 1, so its first real slot is T - n
             start = self.cast(t - 1 - positions[:, t - 1], ms.float32)              # (B,)
         i = 0
         for layer in self.layers:
-            x = layer.construct_cached(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1], index, fresh, start)
+            x = layer.construct_cached(x, cos, sin, masks[self.mask_of[i]], caches[2 * i], caches[2 * i + 1],
+                                       index, fresh, start)
             i += 1
         return self.norm(x)
 
@@ -625,7 +645,7 @@ class LlamaForCausalLM(nn.Cell):
             each expert's share of the token choices]).
         input_ids (B, T) alone -> logits (B, T, V) fp32.
 
-    ``forward_cached(input_ids, positions, mask, index, caches, last_only)``: generation with a
+    ``forward_cached(input_ids, positions, key_positions, index, caches, last_only)``: generation with a
     key/value cache written in place (see :meth:`LlamaModel.forward_cached`) -> logits (B, T, V)
     or with ``last_only`` (B, V) fp32.
 
@@ -704,11 +724,11 @@ class LlamaForCausalLM(nn.Cell):
         out = self.head(self.reshape(h, (b * t, c)))                            # (B*T, V)
         return self.reshape(out, (b, t, self.config.vocab_size))
 
-    def forward_cached(self, input_ids, positions, mask, index, caches, last_only=False, fresh=False):
+    def forward_cached(self, input_ids, positions, key_positions, index, caches, last_only=False, fresh=False):
         """Generation step over a key/value cache (written in place); shapes in
         :meth:`LlamaModel.forward_cached`. Returns logits (B, T, V) float32, or (B, V) of the last
         position with ``last_only``."""
-        h = self.model.forward_cached(input_ids, positions, mask, index, caches, fresh)  # (B, T, C)
+        h = self.model.forward_cached(input_ids, positions, key_positions, index, caches, fresh)  # (B, T, C)
         b, t, c = h.shape
         if last_only:
             return self.head(self.reshape(h[:, t - 1:t, :], (b, c)), True)                # (B, V)

@@ -1,6 +1,6 @@
 """Rotary position embedding tables (Su et al. 2021, "RoFormer") with the rotary scalings the
 LLaMA family uses: none, ``linear``, ``llama3`` (Llama 3.1+) and ``yarn`` (Qwen2.5 / Qwen3).
-numpy only: the model (:mod:`msllm.models.llama.model`) turns the tables into constant tensors."""
+numpy only: the model (:mod:`msllm.models.llama.model`) computes cos/sin of the positions in use in its graph."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import numpy as np
 from msllm.models.llama.config import LlamaConfig
 
 
-def rotary_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables, each (max_positions, D) float32, HF "rotate_half" layout.
+def rotary_frequencies(config: LlamaConfig) -> tuple[np.ndarray, float]:
+    """(inv_freq (D/2,) float32, attention factor): the angle of position p in pair i is
+    ``p * inv_freq[i]``, and cos/sin are multiplied by the factor (1 but for YaRN). The model
+    (:meth:`msllm.models.llama.model.LlamaModel.rotary`) turns positions into cos/sin with them
+    in the graph, in float32 as transformers does: no table of ``max_position_embeddings`` rows.
 
-    ``inv_freq[i] = theta^(-2i/D)`` (Su et al. 2021, RoFormer eq. 15); angles ``pos * inv_freq``
-    are duplicated along the last axis as in HF ``LlamaRotaryEmbedding``. ``rope_scaling``:
-    ``linear`` divides positions by ``factor`` (HF ``_compute_linear_scaling_rope_parameters``);
+    ``inv_freq[i] = theta^(-2i/D)`` (Su et al. 2021, RoFormer eq. 15). ``rope_scaling``:
+    ``linear`` divides the frequencies by ``factor`` (HF ``_compute_linear_scaling_rope_parameters``);
     ``llama3`` (Llama 3.1+) divides the frequencies whose wavelength ``2 pi / inv_freq`` exceeds
     ``original_max_position_embeddings / low_freq_factor`` by ``factor``, keeps those below
     ``original / high_freq_factor``, and blends linearly in between (Meta's
@@ -30,11 +32,10 @@ def rotary_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
     """
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))   # (D/2,)
-    pos = np.arange(config.max_positions, dtype=np.float64)
     spec = config.rope_scaling or {}
     kind = spec.get("rope_type", spec.get("type"))
     if kind == "linear":
-        pos = pos / float(spec["factor"])
+        inv_freq = inv_freq / float(spec["factor"])
     elif kind == "llama3":
         factor, low, high = float(spec["factor"]), float(spec["low_freq_factor"]), float(spec["high_freq_factor"])
         old = float(spec["original_max_position_embeddings"])
@@ -46,10 +47,20 @@ def rotary_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
     attention_factor = 1.0
     if kind == "yarn":
         inv_freq, attention_factor = _yarn(spec, d, config.rope_theta)
-    angles = np.outer(pos, inv_freq)                              # (P, D/2)
-    angles = np.concatenate([angles, angles], axis=-1)            # (P, D)
-    return ((np.cos(angles) * attention_factor).astype(np.float32),
-            (np.sin(angles) * attention_factor).astype(np.float32))
+    return inv_freq.astype(np.float32), float(attention_factor)
+
+
+def rotary_tables(config: LlamaConfig, positions=None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, each (N, D) float32 (HF "rotate_half" layout: the angles of
+    :func:`rotary_frequencies` duplicated along the last axis, as HF ``LlamaRotaryEmbedding``), of
+    ``positions`` (N,) (default: every position up to ``max_positions``). numpy, computed as the
+    model's graph does (float32 angles): the reference tests compare with transformers."""
+    inv_freq, attention_factor = rotary_frequencies(config)
+    pos = np.arange(config.max_positions) if positions is None else np.asarray(positions)
+    angles = pos.astype(np.float32)[:, None] * inv_freq[None, :]           # (N, D/2) float32
+    angles = np.concatenate([angles, angles], axis=-1)                       # (N, D)
+    return ((np.cos(angles) * np.float32(attention_factor)).astype(np.float32),
+            (np.sin(angles) * np.float32(attention_factor)).astype(np.float32))
 
 
 def _yarn(spec: dict, d: int, theta: float) -> tuple[np.ndarray, float]:
@@ -81,4 +92,4 @@ def _yarn(spec: dict, d: int, theta: float) -> tuple[np.ndarray, float]:
     return inv_freq.astype(np.float64), float(attention)
 
 
-__all__ = ["rotary_tables"]
+__all__ = ["rotary_frequencies", "rotary_tables"]

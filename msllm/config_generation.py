@@ -8,7 +8,8 @@ fills each one from, in order:
 2. the ``generation_config`` section of the run YAML;
 3. MindFormers' inference keys in ``model.model_config`` (``do_sample``, ``top_k``, ``top_p``,
    ``repetition_penalty``, ``max_decode_length``, ``use_past``; MindFormers'
-   ``configs/llama2/predict_llama2_7b.yaml`` keeps them there);
+   ``configs/llama2/predict_llama2_7b.yaml`` keeps them there), moved into this section when the
+   YAML is read where it does not set them itself (:func:`msllm.config.hoist_generation_keys`);
 4. Hugging Face's defaults (``transformers/generation/configuration_utils.py``:
    ``do_sample=False, temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0,
    num_beams=1, length_penalty=1.0, early_stopping=False``) and msllm's own: ``max_new_tokens``
@@ -22,7 +23,8 @@ total is capped at the model's context window (``max_position_embeddings``): a p
 than the window is an error, a prompt that leaves fewer new tokens than asked is cut short with
 a log line (finish reason ``length``).
 
-This module imports nothing heavy: the run config schema (:mod:`msllm.config`) includes it.
+Pure Python, beside the run schema (:mod:`msllm.config` includes it); :mod:`msllm.generation`
+uses it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # Hugging Face GenerationConfig defaults (transformers/generation/configuration_utils.py)
 HF_DEFAULTS = dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0,
                    num_beams=1, length_penalty=1.0, early_stopping=False)
-# model.model_config keys MindFormers reads at inference, and the GenerationConfig field each sets
+# model.model_config keys MindFormers reads at inference: each is the GenerationConfig field of
+# the same name (msllm.config.hoist_generation_keys moves them)
 MINDFORMERS_KEYS = ("do_sample", "top_k", "top_p", "repetition_penalty", "max_decode_length", "use_past")
 
 
@@ -144,8 +147,9 @@ def _first(*values):
 def resolve_settings(gen: Optional[GenerationConfig], model_config=None, seed: int = 0,
                      batch_size: Optional[int] = None) -> DecodeSettings:
     """The :class:`DecodeSettings` of ``gen`` (the ``generation_config`` section with command-line
-    overrides applied), falling back to ``model_config``'s MindFormers keys
-    (:class:`~msllm.models.llama.config.LlamaConfig` or None), then to the defaults (module doc).
+    overrides applied, MindFormers' model_config keys moved in), falling back to the defaults
+    (module doc) and to ``model_config``'s EOS / pad ids
+    (:class:`~msllm.models.llama.config.LlamaConfig` or None).
 
     ``seed``: the run's seed (used when ``gen.seed`` is None); ``batch_size``: the default batch
     size (``runner_config.batch_size``; 1 when None).
@@ -155,11 +159,8 @@ def resolve_settings(gen: Optional[GenerationConfig], model_config=None, seed: i
     """
     gen = gen or GenerationConfig()
     mc = model_config
-    mf = {k: getattr(mc, k, None) for k in MINDFORMERS_KEYS}
     max_new = gen.max_new_tokens
     max_length = _first(gen.max_length, gen.max_decode_length)
-    if max_new is None and max_length is None:
-        max_length = mf["max_decode_length"]
     if max_new is None and max_length is None:
         max_new = DEFAULT_MAX_NEW_TOKENS
     if max_new is not None:
@@ -168,27 +169,23 @@ def resolve_settings(gen: Optional[GenerationConfig], model_config=None, seed: i
     eos = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
     s = DecodeSettings(
         max_new_tokens=max_new, max_length=max_length,
-        do_sample=bool(_first(gen.do_sample, mf["do_sample"], HF_DEFAULTS["do_sample"])),
+        do_sample=bool(_first(gen.do_sample, HF_DEFAULTS["do_sample"])),
         temperature=float(_first(gen.temperature, HF_DEFAULTS["temperature"])),
-        top_k=int(_first(gen.top_k, mf["top_k"], HF_DEFAULTS["top_k"])),
-        top_p=float(_first(gen.top_p, mf["top_p"], HF_DEFAULTS["top_p"])),
-        repetition_penalty=float(_first(gen.repetition_penalty, mf["repetition_penalty"],
-                                        HF_DEFAULTS["repetition_penalty"])),
+        top_k=int(_first(gen.top_k, HF_DEFAULTS["top_k"])),
+        top_p=float(_first(gen.top_p, HF_DEFAULTS["top_p"])),
+        repetition_penalty=float(_first(gen.repetition_penalty, HF_DEFAULTS["repetition_penalty"])),
         num_beams=int(_first(gen.num_beams, HF_DEFAULTS["num_beams"])),
         length_penalty=float(_first(gen.length_penalty, HF_DEFAULTS["length_penalty"])),
         early_stopping=_first(gen.early_stopping, HF_DEFAULTS["early_stopping"]),
         eos_token_id=eos,
         pad_token_id=int(_first(gen.pad_token_id, getattr(mc, "pad_token_id", None), 0)),
         seed=int(_first(gen.seed, seed)),
-        use_past=bool(_first(gen.use_past, mf["use_past"], True)),
+        use_past=bool(_first(gen.use_past, True)),
         batch_size=int(_first(gen.batch_size, batch_size, 1)),
     )
     validate_settings(s, getattr(mc, "vocab_size", None))
-    if s.do_sample and mf["do_sample"] and gen.do_sample is None:
-        log.info("generation: sampling (do_sample from model.model_config)")
     if not s.do_sample:
-        unused = [k for k in ("temperature", "top_k", "top_p") if getattr(gen, k) is not None
-                  or (k in mf and mf[k] is not None)]
+        unused = [k for k in ("temperature", "top_k", "top_p") if getattr(gen, k) is not None]
         if unused:
             log.info("generation: %s have no effect without do_sample (greedy/beam search)", ", ".join(unused))
     if s.num_beams == 1 and (gen.length_penalty is not None or gen.early_stopping is not None):

@@ -1,4 +1,5 @@
-"""The base model an adapter belongs to: its identity (path and SHA-256), its weights, loading it.
+"""Starting weights: what ``load_checkpoint`` names (the base a fine-tune starts from, full or
+LoRA, and the base an adapter belongs to): its identity (path and SHA-256), its weights, loading it.
 
 A base is one of what ``load_checkpoint`` accepts: an msllm ``.ckpt`` / ``.safetensors`` (msllm
 or MindFormers naming, with or without trainer entries), or a Hugging Face directory
@@ -111,17 +112,20 @@ def open_base(path: str, model_config=None, rank: int = 0) -> BaseWeights:
 
 
 def load_base_into(network, path: str, rank: int = 0) -> dict:
-    """Load base weights ``path`` into ``network`` (before or after :func:`~msllm.lora.apply.apply_lora`:
-    adapter parameters are not expected in the base). Every base parameter of the network must be
-    in the file with its shape. Returns the base identity (:func:`base_identity`).
+    """Load base weights ``path`` into ``network`` (a full fine-tune's starting weights, or a LoRA
+    base before or after :func:`~msllm.lora.apply.apply_lora`). The base parameters are the model's
+    own (:func:`msllm.models.llama.names.param_shapes` of ``network.config``; adapters and optimizer
+    states are not expected in the base); each must be in the file with its shape. Returns the
+    base identity (:func:`base_identity`).
     """
     import mindspore as ms
 
     from msllm.formats.dtypes import to_float32
-    from msllm.lora.targets import is_adapter_param
+    from msllm.models.llama.names import param_shapes
 
     real = resolve_base(path, rank)
-    base_params = [p for p in network.get_parameters() if not is_adapter_param(p.name)]
+    own = param_shapes(network.config)
+    base_params = [p for p in network.get_parameters() if p.name in own]
     if os.path.isdir(real):
         src = open_base(real)
         try:
@@ -139,7 +143,7 @@ def load_base_into(network, path: str, rank: int = 0) -> dict:
         from msllm.formats.loading import load_into, load_params
 
         missing = load_into(network, load_params(real), real, strict=False)
-        missing = [m for m in missing if not is_adapter_param(m)]
+        missing = [m for m in missing if m in own]
         if missing:
             raise MsllmError(f"base model {real} lacks {len(missing)} parameter(s) of the model, e.g. {missing[0]}")
     return base_identity(real, rank)

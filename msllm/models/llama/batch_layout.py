@@ -1,0 +1,92 @@
+"""The batch layout rules of the model: which cache slot holds which token, each row's positions,
+and which keys a query sees. The one owner of these rules: the model, generation, serving and
+evaluation all build their inputs here.
+
+Layout of a batch of B rows over a cache of S slots:
+
+* **left padding** (:func:`left_pad`): row b's prompt of n_b tokens sits in slots
+  ``pad_b .. P-1`` of a P-slot prompt block, ``pad_b = P - n_b``; new token k goes to slot P + k.
+* **positions** (:func:`positions_for`): the token in slot s of row b has position
+  ``s - pad_b``, so the rotary embedding sees each row as if it were alone (what HF's
+  ``generate`` does with a left-padded ``attention_mask``: ``position_ids = cumsum(mask) - 1``).
+* **key positions** (:func:`key_positions`): the (B, S) int32 position of the token each slot
+  holds, :data:`HIDDEN` (-1) where the row has no token it may see (padding, an empty row, a
+  slot not written yet). This is what the model takes instead of a mask.
+* **visibility** (:func:`additive_mask`, built in the model's graph): the query of position q in
+  row b sees the key in slot s iff ``0 <= kpos[b, s] <= q`` and, with a sliding window W,
+  ``kpos[b, s] > q - W`` (transformers' ``sliding_window_overlay``: Mistral v0.1). A window may
+  differ per layer (Qwen2's ``max_window_layers``, Gemma 2's alternate layers): the rule takes
+  the window as an argument and the model builds one mask per distinct window.
+
+The model's additive mask uses :data:`MASKED` (-1e9, not -inf: a fully hidden row, such as an
+empty serving row, gives finite scores and zero attention instead of NaN; msllm's decode kernel
+skips keys at or below -1e8). Only masks of the sequence in use are built, (B, 1, T, S): never
+tables of the model's ``max_position_embeddings``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import mindspore as ms
+import numpy as np
+from mindspore import ops
+
+MASKED = -1e9   # the additive mask value of a hidden key
+HIDDEN = -1     # key position of a slot that no query of its row sees
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (B, length) int32 left-padded with ``pad_id``, pads (B,) int64 = slots of padding).
+
+    Raises ValueError if a prompt is longer than ``length``."""
+    ids = np.full((len(prompts), length), pad_id, np.int32)
+    pads = np.zeros(len(prompts), np.int64)
+    for b, p in enumerate(prompts):
+        if len(p) > length:
+            raise ValueError(f"left_pad: a prompt of {len(p)} tokens does not fit {length} slots")
+        pads[b] = length - len(p)
+        ids[b, pads[b]:] = p
+    return ids, pads
+
+
+def positions_for(pads: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """(B, T) int32 positions of ``slots`` (T,) (or (B, T): each row its own slots) in rows padded
+    by ``pads`` (B,); 0 on padding (a pad slot's query is never read)."""
+    slots = np.asarray(slots)
+    if slots.ndim == 1:
+        slots = slots[None, :]
+    return np.maximum(slots - np.asarray(pads)[:, None], 0).astype(np.int32)
+
+
+def key_positions(pads: np.ndarray, buffer: int) -> np.ndarray:
+    """(B, S) int32 position of each slot's token for left-padded rows (``pads`` (B,) int; a
+    negative pad marks an empty row: every slot hidden); :data:`HIDDEN` on padding. Slots after a
+    row's query (not written yet, or left by an earlier request of a serving row) need no
+    hiding: their positions exceed the query's, so causality hides them."""
+    pads = np.asarray(pads, np.int64)
+    s = np.arange(buffer)[None, :]
+    hide = (s < pads[:, None]) | (pads[:, None] < 0)
+    return np.where(hide, HIDDEN, s - pads[:, None]).astype(np.int32)
+
+
+def additive_mask(kpos, qpos, window: Optional[int], dtype):
+    """The visibility rule (module doc) as an additive mask, in the graph: ``kpos`` (B, S) and
+    ``qpos`` (B, T) int32 Tensors (B may be 1 on either side: broadcast) -> (B, 1, T, S) of
+    ``dtype``, 0 where seen and :data:`MASKED` elsewhere (MindSpore ops, usable inside a Cell's
+    construct). ``window`` is a compile-time constant (None: causal only)."""
+    k = ops.expand_dims(ops.expand_dims(kpos, 1), 1)          # (B, 1, 1, S)
+    q = ops.expand_dims(ops.expand_dims(qpos, 1), 3)          # (B, 1, T, 1)
+    seen = ops.logical_and(k >= 0, k <= q)                    # (B, 1, T, S)
+    if window is not None:
+        seen = ops.logical_and(seen, k > q - window)
+    # 0 where seen, MASKED elsewhere: (seen - 1) * -MASKED, in float32 then cast
+    return ops.cast((ops.cast(seen, ms.float32) - 1.0) * (-MASKED), dtype)
+
+
+def causal_positions(t: int):
+    """In-graph (1, T) int32 positions 0..T-1 (a causal row alone: query and key positions)."""
+    return ops.expand_dims(ops.arange(0, t, dtype=ms.int32), 0)
+
+
+__all__ = ["MASKED", "HIDDEN", "left_pad", "positions_for", "key_positions", "additive_mask", "causal_positions"]
