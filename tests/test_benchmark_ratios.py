@@ -99,3 +99,29 @@ def test_eval_speed_old_file_pairs_by_order():
     s = rows["tiny ppl cold msllm / harness"]
     # 3 alternating rounds; the medians' ratio (2308 / 1802 = 1.28) is not the paired figure
     assert s["n"] == 3 and round(s["median"], 2) == 1.30
+
+
+def test_lora_dense_variant_reaches_the_worker(monkeypatch):
+    import harness
+    import lora_speed
+
+    seen = {}
+    monkeypatch.setattr(harness, "run_worker", lambda name, script, args, timeout: seen.setdefault(name, args))
+    lora_speed.run_worker("msllm-full-dense", "tiny", 1, 0, 10.0)
+    lora_speed.run_worker("msllm-full", "tiny", 1, 0, 10.0)
+    lora_speed.run_worker("msllm-lora-r8-attn-p0-dense", "tiny", 1, 0, 10.0)
+    assert seen["msllm-full-dense"]["compact_loss"] is False and "compact_loss" not in seen["msllm-full"]
+    assert seen["msllm-lora-r8-attn-p0-dense"]["pet"] == lora_speed.VARIANTS["msllm-lora-r8-attn-p0"][1]
+    # a dense LoRA run is compared with the dense full run and with the same PEFT config
+    runs = []
+    for rnd in range(2):
+        for name, tps in (("msllm-full", 100.0), ("msllm-full-dense", 80.0), ("torch-full", 50.0),
+                          ("msllm-lora-r8-attn-p0-dense", 120.0), ("peft-lora-r8-attn-p0", 60.0)):
+            runs.append({"framework": name, "tokens_per_s": tps + rnd, "round": rnd, "step_s_median": 1.0,
+                         "first_step_s": 1.0, "peak_rss_mib": 1.0, "rss_mib": {}, "checkpoint_bytes": 1,
+                         "base_params": 10, "trainable_params": 1, "optimizer_state_elements": 2,
+                         "pet": {"lora_rank": 8} if "lora" in name else None, "load_before": "", "load_after": ""})
+    table = lora_speed.summarise("tiny", runs)["frameworks"]
+    assert table["msllm-full-dense"]["speed_vs_torch"] == pytest.approx((80 / 50 + 81 / 51) / 2)
+    assert table["msllm-lora-r8-attn-p0-dense"]["speed_vs_full"] == pytest.approx((120 / 80 + 121 / 81) / 2)
+    assert table["msllm-lora-r8-attn-p0-dense"]["speed_vs_peft"] == pytest.approx((120 / 60 + 121 / 61) / 2)
