@@ -125,3 +125,15 @@ def test_lora_dense_variant_reaches_the_worker(monkeypatch):
     assert table["msllm-full-dense"]["speed_vs_torch"] == pytest.approx((80 / 50 + 81 / 51) / 2)
     assert table["msllm-lora-r8-attn-p0-dense"]["speed_vs_full"] == pytest.approx((120 / 80 + 121 / 81) / 2)
     assert table["msllm-lora-r8-attn-p0-dense"]["speed_vs_peft"] == pytest.approx((120 / 60 + 121 / 61) / 2)
+
+
+def test_decode_speed_summary_prints_paired_range():
+    import decode_speed
+
+    with open(os.path.join(RESULTS, "decode_speed_smollm2_amd_zen4.json")) as f:
+        d = json.load(f)
+    summary = decode_speed.summarise(d["runs"])
+    row = summary["smollm2/b8"]["msllm"]
+    assert round(row["decode_ratio"], 2) == 1.60 and row["decode_ratio_paired"]["n"] == 3
+    md = decode_speed.markdown(summary)
+    assert "1.60 (1.35-1.61) (target 1.5: met)" in md
