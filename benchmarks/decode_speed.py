@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 
 SHAPES = {
     "demo": dict(vocab_size=32000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -145,10 +146,10 @@ def summarise(runs: list[dict]) -> dict:
         for n in ("msllm", "msllm-bf16", "msllm-nocache"):
             for ref, suffix in (("torch-eager", ""), ("torch-eager-passive", "_passive")):
                 pairs = [(d[n], d[ref]) for d in by_round.values() if n in d and ref in d]
-                if pairs and n in table and "error" not in table[n]:
-                    table[n]["decode_ratio" + suffix] = common.median(
-                        [a["decode_tokens_per_s"] / b["decode_tokens_per_s"] for a, b in pairs])
-                    table[n]["ttft_ratio" + suffix] = common.median([a["ttft_s"] / b["ttft_s"] for a, b in pairs])
+                if pairs and n in table and "error" not in table[n]:   # median (min, max) of the paired rounds
+                    for what, field in (("decode_ratio", "decode_tokens_per_s"), ("ttft_ratio", "ttft_s")):
+                        st = ratios.stats([a[field] / b[field] for a, b in pairs])
+                        table[n][what + suffix], table[n][what + suffix + "_paired"] = st["median"], st
                     table[n]["tokens_equal_torch"] = all(a["tokens_row0"] == b["tokens_row0"] for a, b in pairs)
         for n in ("msllm", "msllm-bf16"):
             m = table.get(n, {})
@@ -167,14 +168,17 @@ def markdown(summary: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def row(n, r):
-        ratio = f"{r['decode_ratio']:.2f}" if "decode_ratio" in r else ""
+        def pr(k):   # a paired ratio: median (min-max) over the rounds
+            return ratios.fmt(r[k + "_paired"]) if k + "_paired" in r else f"{r[k]:.2f}"
+
+        ratio = pr("decode_ratio") if "decode_ratio" in r else ""
         if "decode_target" in r:
             ratio += f" (target {r['decode_target']:.1f}: {'met' if r['decode_target_met'] else 'MISSED'})"
-        tt = f"{r['ttft_ratio']:.2f}" if "ttft_ratio" in r else ""
+        tt = pr("ttft_ratio") if "ttft_ratio" in r else ""
         if "ttft_target_met" in r:
             tt += f" ({'met' if r['ttft_target_met'] else 'MISSED'})"
         same = "" if "tokens_equal_torch" not in r else ("yes" if r["tokens_equal_torch"] else "no")
-        passive = (f"{r['decode_ratio_passive']:.2f} / {r['ttft_ratio_passive']:.2f}"
+        passive = (f"{pr('decode_ratio_passive')} / {pr('ttft_ratio_passive')}"
                    if "decode_ratio_passive" in r else "")
         return (f"| {key} | {n} | {r['decode_tokens_per_s']:.1f} | {r['decode_step_ms']:.1f} "
                 f"| {1000 * r['ttft_s']:.1f} | {r['compile_s']:.1f} | {r['peak_rss_mib']:.0f} | {ratio} "

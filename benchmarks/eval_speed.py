@@ -12,7 +12,8 @@ Per shape (random LLaMA, tiny: hidden 256, 4 layers, 4 heads, FFN 688; medium: h
 Runs alternate msllm / harness ``--repeats`` times, each in a fresh process
 (benchmarks/workers/eval_worker.py) that runs the task twice: cold = process start to the end of
 the first pass (imports, model load, msllm's graph compilation), warm = the second pass; the
-summary gives median (min-max) of both over the rounds and the ratios of the medians. ``--demo_ckpt``: also the MMLU accuracy of that checkpoint
+summary gives median (min-max) of both over the rounds, and msllm / harness as the median (min-max)
+of the per-round paired ratios (``benchmarks/ratios.py``). ``--demo_ckpt``: also the MMLU accuracy of that checkpoint
 (the demo model; chance level, 25%, is expected of models this small). Raw JSON to ``--out``.
 """
 
@@ -29,7 +30,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
 
+import ratios  # noqa: E402
 from msllm.fileio import write_json_atomic  # noqa: E402
 
 WORKER = os.path.join(HERE, "workers", "eval_worker.py")
@@ -114,9 +117,9 @@ def main_real(args):
                    import_s=common.median([r["results"]["import_s"] for r in rs]),
                    first_pass_s=common.median([r["seconds"][0] for r in rs]))
         summary[who] = row
-    for kind in ("cold", "warm"):
-        summary[f"speedup_{kind}"] = (summary["msllm"][kind]["questions_per_s_median"]
-                                      / summary["harness"][kind]["questions_per_s_median"])
+    for kind in ("cold", "warm"):   # the median of the per-round paired ratios, with min and max
+        st = ratios.paired_stats(report["runs"], "msllm", "harness", f"{kind}_s", label="who", lower_is_better=True)
+        summary[f"speedup_{kind}"], summary[f"speedup_{kind}_paired"] = st["median"], st
     report.update(summary=summary, load_at_end=loadavg(), total_seconds=time.time() - t0)
     write_json_atomic(args.out, report)
     print("\n| framework | questions | cold q/s median (min-max) | warm q/s median (min-max) | load s | first pass s | acc |")
@@ -127,7 +130,8 @@ def main_real(args):
         print(f"| {who} | {r['questions']} | {c['questions_per_s_median']:.3f} ({c['min']:.3f}-{c['max']:.3f}) "
               f"| {w['questions_per_s_median']:.3f} ({w['min']:.3f}-{w['max']:.3f}) | {r['load_s']:.1f} "
               f"| {r['first_pass_s']:.1f} | {r['acc']:.3f} |")
-    print(f"\nmsllm / harness: cold {summary['speedup_cold']:.2f}x, warm {summary['speedup_warm']:.2f}x")
+    print(f"\nmsllm / harness (paired rounds): cold {ratios.fmt(summary['speedup_cold_paired'])}x, "
+          f"warm {ratios.fmt(summary['speedup_warm_paired'])}x")
     print("wrote", args.out)
 
 
@@ -157,15 +161,16 @@ def main():
     for shape in args.shapes:
         hf_dir = make_model(shape, cache)
         for task in args.tasks:
-            for _ in range(args.repeats):
+            for rnd in range(args.repeats):
                 for who in ("msllm", "harness"):
                     before = loadavg()
                     r = run(who, task, hf_dir, cache)
-                    r.update(shape=shape, load_before=before, load_after=loadavg())
+                    r.update(shape=shape, round=rnd, load_before=before, load_after=loadavg())
                     report["runs"].append(r)
                     print(shape, task, who, r["seconds"], r["results"], flush=True)
             # cold = process start to the end of the first pass (imports, load, msllm's compilation);
-            # warm = the second pass; median (min, max) over the rounds, ratios of the medians
+            # warm = the second pass; median (min, max) over the rounds; msllm / harness: the median
+            # (min, max) of the per-round paired ratios
             row = {}
             for who in ("msllm", "harness"):
                 rs = [r for r in report["runs"] if (r["shape"], r["task"], r["who"]) == (shape, task, who)]
@@ -175,9 +180,13 @@ def main():
                     rates = [units / s for s in secs]
                     row[f"{who}_{kind}"] = {"median": median(rates), "min": min(rates), "max": max(rates), "rounds": rates}
             key = "questions_per_s" if task == "mmlu" else "tokens_per_s"
-            report["summary"][f"{shape}_{task}"] = {
-                key: row, "speedup_cold": row["msllm_cold"]["median"] / row["harness_cold"]["median"],
-                "speedup_warm": row["msllm_warm"]["median"] / row["harness_warm"]["median"]}
+            sub = [r for r in report["runs"] if (r["shape"], r["task"]) == (shape, task)]
+            cold = ratios.paired_stats(sub, "msllm", "harness", "spawn_to_first_pass_end_s", label="who",
+                                       lower_is_better=True)
+            warm = ratios.paired_stats(sub, "msllm", "harness", lambda r: r["seconds"][-1], label="who",
+                                       lower_is_better=True)
+            report["summary"][f"{shape}_{task}"] = {key: row, "speedup_cold": cold["median"], "speedup_cold_paired": cold,
+                                                    "speedup_warm": warm["median"], "speedup_warm_paired": warm}
             print(shape, task, report["summary"][f"{shape}_{task}"], flush=True)
     if args.demo_ckpt:
         out_dir = os.path.join(cache, "demo_eval")

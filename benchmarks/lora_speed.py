@@ -12,10 +12,15 @@ msllm-lora..., torch-full, peft-...) within a round so background load hits all 
     .venv/bin/python benchmarks/lora_speed.py --shape medium          # ~15 min on 2 idle cores
     .venv/bin/python benchmarks/lora_speed.py --shape tiny --variants msllm-full,msllm-lora-r8-attn
 
+Every msllm variant also exists as ``<variant>-dense`` (e.g. ``msllm-full-dense``): the output head at
+every position, like for like with transformers, where msllm's default (the compact loss) runs it only
+at the positions that have a target.
+
 Reports per variant: tokens/s (median step after warm-up), step s, first step s, peak RSS (VmHWM
 before the checkpoint save), RSS after import / build / first step, trainable parameters,
 AdamW state elements, checkpoint bytes; ratios LoRA / full (same framework) and msllm / PEFT (same
-LoRA config), and the RSS saved against the optimizer states of the frozen weights
+LoRA config), each the median of the per-round paired ratios with their min and max
+(``benchmarks/ratios.py``), and the RSS saved against the optimizer states of the frozen weights
 (2 x 4 bytes x frozen parameters: the target of issue #11). Writes
 ``benchmarks/results/lora_speed_<shape>.json`` and prints Markdown tables.
 """
@@ -32,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 
 ATTN_RE, ATTN = ".*wq|.*wk|.*wv|.*wo", ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL = ATTN + ["gate_proj", "up_proj", "down_proj"]
@@ -56,6 +62,11 @@ for _r in (8, 64):
 # without dropout: what the dropout's saved activations (its output and mask per module) cost
 VARIANTS["msllm-lora-r8-attn-p0"] = ("lora_msllm_worker.py", _pet(8, "attn", True, 0.0))
 VARIANTS["peft-lora-r8-attn-p0"] = ("lora_torch_worker.py", _pet(8, "attn", False, 0.0))
+# like for like with transformers' loss: ``<msllm variant>-dense`` runs the output head at every position
+# (msllm's default, the compact loss, runs it only at the positions that have a target)
+DENSE = "-dense"
+for _n in [n for n in VARIANTS if n.startswith("msllm-")]:
+    VARIANTS[_n + DENSE] = VARIANTS[_n]
 DEFAULT_ORDER = ["msllm-full", "msllm-lora-r8-attn", "peft-lora-r8-attn", "msllm-lora-r64-attn",
                  "peft-lora-r64-attn", "msllm-lora-r8-all", "peft-lora-r8-all", "msllm-lora-r64-all",
                  "peft-lora-r64-all", "torch-full", "msllm-lora-r8-attn-p0", "peft-lora-r8-attn-p0"]
@@ -79,6 +90,8 @@ def run_worker(name: str, shape: str, steps: int, warmup: int, timeout: float, k
     script, pet = VARIANTS[name]
     args = {"shape": shape, "steps": steps, "warmup": warmup, "pet": pet, "name": name,
             "kernel_stats": kernel_stats and script == "lora_msllm_worker.py"}
+    if name.endswith(DENSE):
+        args["compact_loss"] = False
     if shape in common.REAL_SHAPES:
         args.update(hf_dir=common.hf_dir(shape), config=REAL_CONFIG[shape][0], clip_grad_norm=REAL_CONFIG[shape][1])
     return harness.run_worker(name, script, args, timeout)
@@ -105,24 +118,42 @@ def summarise(shape: str, runs: list[dict]) -> dict:
         frozen = r0["base_params"] if r0.get("pet") else 0
         row["frozen_optimizer_state_mib"] = 8 * frozen / 2 ** 20
         table[name] = row
-    ms_full, t_full = table.get("msllm-full", {}), table.get("torch-full", {})
-    if ms_full and t_full and "error" not in ms_full and "error" not in t_full:
-        ms_full["speed_vs_torch"] = ms_full["tokens_per_s"] / t_full["tokens_per_s"]
+    # ratios: the median of the per-round paired ratios (same round), with their min and max
+    def pair(row, num, den, key):
+        st = ratios.paired_stats(runs, num, den, "tokens_per_s")
+        if st["n"]:
+            row[key], row[key + "_min"], row[key + "_max"], row[key + "_rounds"] = (
+                st["median"], st["min"], st["max"], st["rounds"])
+
     for name, row in table.items():
-        if "error" in row or "-lora-" not in name:
+        if "error" in row:
             continue
-        fw, cfg = name.split("-lora-", 1)
-        full = table.get("msllm-full" if fw == "msllm" else "torch-full", {})
+        dense = DENSE if name.endswith(DENSE) else ""
+        if name.startswith("msllm-full"):
+            pair(row, name, "torch-full", "speed_vs_torch")
+        if "-lora-" not in name:
+            continue
+        fw, cfg = name[:len(name) - len(dense)].split("-lora-", 1)
+        full_name = "msllm-full" + dense if fw == "msllm" else "torch-full"
+        full = table.get(full_name, {})
         if "error" not in full and full:
-            row["speed_vs_full"] = row["tokens_per_s"] / full["tokens_per_s"]
+            pair(row, name, full_name, "speed_vs_full")
             row["rss_saved_mib"] = full["peak_rss_mib"] - row["peak_rss_mib"]
             row["rss_saved_vs_frozen_states"] = row["rss_saved_mib"] / row["frozen_optimizer_state_mib"]
         if fw == "msllm":
             other = table.get(f"peft-lora-{cfg}", {})
             if other and "error" not in other:
-                row["speed_vs_peft"] = row["tokens_per_s"] / other["tokens_per_s"]
+                pair(row, name, f"peft-lora-{cfg}", "speed_vs_peft")
                 row["rss_vs_peft"] = row["peak_rss_mib"] / other["peak_rss_mib"]
     return {"shape": shape, "shape_params": common.shape(shape), "frameworks": table}
+
+
+def _ratio(row: dict, key: str) -> str:
+    """A paired ratio as 'median (min-max)', or '' when the row has none."""
+    if key not in row:
+        return ""
+    n = len(row[key + "_rounds"])
+    return ratios.fmt({"median": row[key], "min": row[key + "_min"], "max": row[key + "_max"], "n": n})
 
 
 def markdown(summary: dict) -> str:
@@ -132,9 +163,9 @@ def markdown(summary: dict) -> str:
 
     def row(name, r):
         saved = (f"{r['rss_saved_mib']:.0f} ({r['frozen_optimizer_state_mib']:.0f})" if "rss_saved_mib" in r else "")
-        vs = r.get("speed_vs_peft", r.get("speed_vs_torch", float("nan")))
+        vs = "speed_vs_peft" if "speed_vs_peft" in r else "speed_vs_torch"
         return (f"| {name} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) "
-                f"| {r.get('speed_vs_full', float('nan')):.2f} | {vs:.2f} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
+                f"| {_ratio(r, 'speed_vs_full')} | {_ratio(r, vs)} | {r['step_s']:.2f} | {r['first_step_s']:.1f} "
                 f"| {r['peak_rss_mib']:.0f} | {saved} | {r['trainable_params'] / 1e6:.3f}M "
                 f"| {r['checkpoint_bytes'] / 1e6:.1f} |")
 

@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import ratios  # noqa: E402
 import harness  # noqa: E402
 
 TOKENIZER = os.path.join(common.EXAMPLES, "tokenizer.model")
@@ -196,10 +197,11 @@ def main_real(a) -> None:
             rps = [n / r[field] for r in rs]
             row[f"records_per_s_{key}"] = {"median": common.median(rps), "min": min(rps), "max": max(rps), "rounds": rps}
         table[t] = row
-    hf = next(v for k, v in table.items() if k.startswith("transformers"))
-    for t, row in table.items():
-        row["x_transformers_wall"] = row["records_per_s_wall"]["median"] / hf["records_per_s_wall"]["median"]
-        row["x_transformers_tokenize"] = row["records_per_s_tokenize"]["median"] / hf["records_per_s_tokenize"]["median"]
+    hf = next(k for k in table if k.startswith("transformers"))
+    for t, row in table.items():   # the median (min, max) of the per-round paired ratios
+        for key, field in (("wall", "wall_s"), ("tokenize", "tokenize_s")):
+            st = ratios.paired_stats(runs, t, hf, lambda r: r["records"] / r[field], label="tool")
+            row[f"x_transformers_{key}"], row[f"x_transformers_{key}_paired"] = st["median"], st
     import importlib.metadata as md
 
     summary = {"machine": info, "command": harness.command_line(), "model": hf_dir, "input": src,
@@ -215,8 +217,8 @@ def main_real(a) -> None:
     for t, r in table.items():
         w, k = r["records_per_s_wall"], r["records_per_s_tokenize"]
         print(f"| {t} | {r['records']:.0f} | {r['tokens']:.0f} | {w['median']:.0f} ({w['min']:.0f}-{w['max']:.0f}) "
-              f"| {r['x_transformers_wall']:.2f} | {k['median']:.0f} ({k['min']:.0f}-{k['max']:.0f}) "
-              f"| {r['x_transformers_tokenize']:.2f} |")
+              f"| {ratios.fmt(r['x_transformers_wall_paired'])} | {k['median']:.0f} ({k['min']:.0f}-{k['max']:.0f}) "
+              f"| {ratios.fmt(r['x_transformers_tokenize_paired'])} |")
     print(f"\nresults in {a.out}")
 
 
@@ -280,11 +282,12 @@ def main(argv=None):
         table[t] = {"wall_s": wall, "records_per_s": rs[0]["records"] / wall, "tokens_per_s": rs[0]["tokens"] / wall,
                     "records": rs[0]["records"], "rows": rs[0]["rows"], "tokens": rs[0]["tokens"],
                     "in_process_s": internal, "records_per_s_in_process": rs[0]["records"] / internal}
-    mf = table.get("MindFormers-equivalent (1 process)")
-    for t, row in table.items():
-        if mf:
-            row["speedup_vs_mf"] = mf["wall_s"] / row["wall_s"]
-            row["speedup_vs_mf_in_process"] = mf["in_process_s"] / row["in_process_s"]
+    mf = "MindFormers-equivalent (1 process)"
+    for t, row in table.items():   # the median (min, max) of the per-round paired ratios
+        if mf in table:
+            for key, field in (("", "wall_s"), ("_in_process", "internal_total_s")):
+                st = ratios.paired_stats(runs, t, mf, lambda r: r["records"] / r[field], label="tool")
+                row[f"speedup_vs_mf{key}"], row[f"speedup_vs_mf{key}_paired"] = st["median"], st
     summary["table"] = table
     harness.write_json(a.out, summary)
     print("\n| tool | records | rows written | tokens written | wall s (command) | records/s | tokens/s "
@@ -292,8 +295,10 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|---|---|")
     for t, row in table.items():
         print(f"| {t} | {row['records']:.0f} | {row['rows']:.0f} | {row['tokens']:.0f} | {row['wall_s']:.1f} "
-              f"| {row['records_per_s']:.0f} | {row['tokens_per_s']:.0f} | {row.get('speedup_vs_mf', float('nan')):.2f} "
-              f"| {row['in_process_s']:.1f} | {row.get('speedup_vs_mf_in_process', float('nan')):.2f} |")
+              f"| {row['records_per_s']:.0f} | {row['tokens_per_s']:.0f} "
+              f"| {ratios.fmt(row['speedup_vs_mf_paired']) if 'speedup_vs_mf_paired' in row else ''} "
+              f"| {row['in_process_s']:.1f} "
+              f"| {ratios.fmt(row['speedup_vs_mf_in_process_paired']) if 'speedup_vs_mf_in_process_paired' in row else ''} |")
     print(f"\nresults in {a.out}")
 
 

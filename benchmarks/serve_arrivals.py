@@ -33,6 +33,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 import decode_speed  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 import serve_throughput  # noqa: E402
 
 PROMPT_LENGTHS = (128, 256, 512, 64)
@@ -134,7 +135,10 @@ def main(argv=None):
     keys = ("tokens_per_s", "wall_s", "latency_median_s", "latency_p90_s", "ttft_median_s", "ttft_p90_s")
     summary = {side: {k: common.median([r[k] for r in rs]) for k in keys} for side, rs in
                (("continuous", cont), ("static", stat))}
-    summary["throughput_ratio"] = common.median([c["tokens_per_s"] / s["tokens_per_s"] for c, s in zip(cont, stat)])
+    # the median (min, max) of the per-round paired ratios
+    summary["throughput_ratio_paired"] = ratios.stats([c["tokens_per_s"] / s["tokens_per_s"]
+                                                       for c, s in zip(cont, stat)])
+    summary["throughput_ratio"] = summary["throughput_ratio_paired"]["median"]
     summary["same_texts_both_servers"] = all(c["texts"] == s["texts"] for c, s in zip(cont, stat))
     for r in runs:
         r.pop("texts")

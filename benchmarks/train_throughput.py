@@ -43,6 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+from ratios import fmt as fmt_ratio, stats as ratio_stats  # noqa: E402
 import harness  # noqa: E402
 
 WORKERS = {
@@ -241,8 +242,8 @@ def markdown(summary: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def row(n, r):
-        def ratio(key):
-            return f"{r[key]:.2f}" if key in r else "-"
+        def ratio(key):   # the median (min-max) of the per-round paired ratios
+            return fmt_ratio(ratio_stats(r[key + "_all"])) if key + "_all" in r else "-"
 
         hfu = "-" if r.get("hfu_cpu_peak") is None else f"{100 * r['hfu_cpu_peak']:.1f}%"
         return (

@@ -12,6 +12,8 @@ Usage: python lora_msllm_worker.py '{"shape": "medium", "steps": 4, "warmup": 2,
                | null, "name": "...", "spawn_time": ...}'
 Prints one ``BENCH_RESULT {json}`` line: tokens/s, step times, RSS after import / build / first
 step / peak (before the checkpoint save), parameter counts and the saved checkpoint's size; with
+``"compact_loss": false`` the output head runs at every position (like transformers; the
+default is the model's, the compact loss: the head only at positions with a target); with
 ``"kernel_stats": true`` also the milliseconds per step in each of msllm's CPU kernels
 (``MSLLM_KERNEL_PROFILE=1``; the timing itself slows the step, so such a run is a profile, not a speed).
 """
@@ -58,13 +60,14 @@ def main():
         cfg = adopt_hf_model_config(cfg)
         setup_runtime(cfg)
         mc = cfg.model_config
-        net = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
+        net = LlamaForCausalLM(mc, compact_loss=args.get("compact_loss"), fast_paths=cfg.fast_paths,
+                               device=cfg.context.device_target)
         load_base_into(net, hf_dir)
     else:
         cfg = wc.msllm_run_config(s, overrides)
         setup_runtime(cfg)
         mc = cfg.model_config
-        net = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths)
+        net = LlamaForCausalLM(mc, compact_loss=args.get("compact_loss"), fast_paths=cfg.fast_paths)
         common.set_ms_weights(net.get_parameters(), common.np.load(common.prepare_weights(args["shape"])))
     total = sum(p.size for p in net.get_parameters())
     info = None
@@ -102,7 +105,7 @@ def main():
         **phases.fields(), **timing,
         "peak_rss_mib": peak, "checkpoint_bytes": ckpt_bytes, "base_params": total,
         "trainable_params": trainable, "optimizer_state_elements": moments,
-        "lora_modules": len(info.modules) if info else 0, "hf_dir": hf_dir, "kernel_ms_per_step": kernel_ms,
+        "lora_modules": len(info.modules) if info else 0, "compact_loss": bool(net.compact_loss), "hf_dir": hf_dir, "kernel_ms_per_step": kernel_ms,
         "model": {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads, "kv_heads": mc.kv_heads,
                   "vocab": mc.vocab_size, "seq_length": mc.seq_length},
         "runner_wrapper": {k: getattr(cfg.runner_wrapper, k, None) for k in ("loss_scale", "use_clip_grad",
