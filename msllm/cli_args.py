@@ -67,6 +67,8 @@ def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
     ev.add_argument("--stride", type=int, help="ppl: sliding-window stride in tokens")
     ev.add_argument("--tokenizer", help="a SentencePiece tokenizer.model, a tokenizer.json or an HF model directory (default: the checkpoint's; the bundled LLaMA tokenizer only for a 32000-id model)")
     ev.add_argument("--max_gen_toks", type=int, help="gsm8k: most tokens generated per answer")
+    ev.add_argument("--max_length", type=int, help="context in tokens (lm-eval's flag; default: an HF directory's "
+                                                  "positions as lm-eval's HFLM takes them, else seq_length)")
     ev.add_argument("--reuse_prefix", action="store_true", help="reuse the few-shot prefix through the KV cache")
     return parser
 

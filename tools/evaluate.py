@@ -3,7 +3,7 @@
 
     python tools/evaluate.py --config CONFIG --load_checkpoint CKPT --task mmlu --data_dir DIR
         [--num_fewshot 5] [--limit N] [--batch_size B] [--stride S] [--tokenizer tokenizer.model]
-        [--adapter LORA.ckpt] [--max_gen_toks 256] [--reuse_prefix] [--section.key=value ...]
+        [--adapter LORA.ckpt] [--max_gen_toks 256] [--max_length N] [--reuse_prefix] [--section.key=value ...]
 
 Tasks: ``mmlu`` (DIR/{dev,test}/{subject}_{split}.csv), ``ceval`` (DIR/{dev,val}/...csv),
 ``boolq`` (DIR/{train,dev}.jsonl), ``gsm8k`` (DIR/{train,test}.jsonl), ``mc`` (own multiple-choice
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=8, help="rows per forward pass (default 8)")
     parser.add_argument("--stride", type=int, help="ppl: window stride in tokens (default seq_length // 2)")
     parser.add_argument("--max_gen_toks", type=int, default=256, help="gsm8k: max new tokens (harness: 256)")
+    parser.add_argument("--max_length", type=int,
+                        help="context in tokens (lm-eval's flag); default: an HF directory's positions as lm-eval's "
+                             "HFLM takes them (config.json), else the model's seq_length")
     parser.add_argument("--tokenizer", help="a SentencePiece tokenizer.model, a tokenizer.json or an HF model directory (default: the checkpoint's; the bundled LLaMA tokenizer only for a 32000-id model)")
     parser.add_argument("--adapter", help="a LoRA adapter checkpoint applied to the base")
     parser.add_argument("--reuse_prefix", action="store_true",
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"--load_checkpoint={args.load_checkpoint}")
     cfg = load_config(args.config, overrides)
     evaluate(cfg, args.task, args.data_dir, args.num_fewshot, args.limit, args.batch_size, args.stride,
-             args.tokenizer, args.adapter, args.max_gen_toks, reuse_prefix=args.reuse_prefix)
+             args.tokenizer, args.adapter, args.max_gen_toks, reuse_prefix=args.reuse_prefix,
+             max_length=args.max_length)
     return 0
 
 

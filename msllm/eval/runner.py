@@ -59,10 +59,56 @@ def _progress(total: int, rank: int, desc: str):
     return bar, bar.update
 
 
+def context_length(checkpoint: Optional[str], mc, max_length: Optional[int] = None) -> tuple[int, str]:
+    """(the context in tokens a request is truncated to, where it came from).
+
+    ``max_length`` when given (lm-eval's ``--max_length``). For a Hugging Face directory,
+    lm-evaluation-harness's ``HFLM`` rule (``lm_eval/models/utils.py`` ``resolve_max_length``,
+    v0.4.13): config.json's ``n_positions``, ``max_position_embeddings`` or ``n_ctx`` (first found,
+    a nested ``text_config`` first), else tokenizer_config.json's ``model_max_length`` unless it is
+    transformers' "unset" value, else 2048; so scores equal the harness's on the same directory.
+    Otherwise (an msllm or MindFormers checkpoint, trained at ``seq_length``): ``seq_length``.
+
+    Raises:
+        MsllmError: a context longer than the model's positions, or below 2.
+    """
+    from msllm.convert.starting import is_hf_dir
+
+    origin = "--max_length"
+    if max_length is None and checkpoint and is_hf_dir(checkpoint):
+        max_length, origin = _hf_max_length(checkpoint)
+    elif max_length is None:
+        max_length, origin = mc.seq_length, "the model's seq_length"
+    if not 2 <= max_length <= mc.max_positions:
+        raise MsllmError(f"max_length {max_length} ({origin}): expected 2..{mc.max_positions}, the model's positions")
+    return int(max_length), origin
+
+
+def _hf_max_length(directory: str) -> tuple[int, str]:
+    import json
+
+    def read(name):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            return {}
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+
+    config = read("config.json")
+    for section, where in ((config.get("text_config") or {}, "config.json text_config"), (config, "config.json")):
+        for key in ("n_positions", "max_position_embeddings", "n_ctx"):
+            if isinstance(section.get(key), int):
+                return section[key], f"{where} {key}, as lm-eval's HFLM"
+    limit = read("tokenizer_config.json").get("model_max_length")
+    if isinstance(limit, int) and limit < 1e29:       # transformers' VERY_LARGE_INTEGER = "unset"
+        return limit, "tokenizer_config.json model_max_length, as lm-eval's HFLM"
+    return 2048, "lm-eval's HFLM default"
+
+
 def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit: Optional[int] = None,
              batch_size: Optional[int] = 8, stride: Optional[int] = None, tokenizer: Optional[str] = None,
              adapter: Optional[str] = None, max_gen_toks: Optional[int] = 256, model=None,
-             reuse_prefix: bool = False) -> dict:
+             reuse_prefix: bool = False, max_length: Optional[int] = None) -> dict:
     """Run one task and report it; returns the results payload (also written on rank 0).
 
     Args:
@@ -77,6 +123,8 @@ def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit
             (:mod:`msllm.eval.scoring`); off by default: on CPU each cached-path graph holds
             gigabytes (1.4-2.3 GB per compiled shape measured at hidden 256) and the plain path,
             with the head only at scored positions, was as fast on the benchmark.
+        max_length: the context in tokens (lm-eval's ``--max_length``); None:
+            :func:`context_length`'s rule.
 
     Raises:
         MsllmError: unknown task, bad data (file:line), nothing to load.
@@ -93,7 +141,9 @@ def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit
     else:
         net, mc, tok, rank, world = model
         source = cfg.load_checkpoint
-    max_length = mc.seq_length
+    max_length, origin = context_length(cfg.load_checkpoint, mc, max_length)
+    if rank == 0:
+        print(f"eval: {task}, context max_length {max_length} tokens ({origin})", flush=True)
     payload = {"task": task, "data": os.path.abspath(data), "checkpoint": source, "num_fewshot": spec.num_fewshot,
                "limit": limit, "max_length": max_length, "world_size": world, "add_bos_token": bos_rule(tok)[0] is not None,
                "files": spec.files}

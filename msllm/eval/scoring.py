@@ -34,19 +34,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from msllm.eval.requests import Row, plan_units
+from msllm.generation.passes import pow2_at_least
 
 LENGTH_MULTIPLE = 64     # plain rows
 PREFIX_MULTIPLE = 128    # shared prefixes
 SUFFIX_MIN = 32          # suffixes: powers of two from this
 SLOT_MULTIPLE = 512      # cache buffers (extra slots are masked; coarse, so few graphs compile)
-
-
-def pow2_at_least(n: int, smallest: int) -> int:
-    """The smallest power-of-two multiple of ``smallest`` that is >= n."""
-    r = smallest
-    while r < n:
-        r *= 2
-    return r
 
 
 def round_up(n: int, multiple: int, cap: int | None = None) -> int:

@@ -15,7 +15,9 @@ from typing import Callable, Optional
 
 from msllm.data.conversation import GPT, HUMAN
 from msllm.errors import MsllmError
-from msllm.generation.decode import round_up
+from msllm.generation.passes import pow2_at_least, round_up
+
+CHAT_MIN_BUFFER = 512   # cache slots of a chat turn: at least this, else the next power of two
 from msllm.generation.prompts import encode_turns, stop_strings
 from msllm.generation.stepping import StopText
 
@@ -93,7 +95,10 @@ class ChatSession:
                 on_text(piece)
             return stopped
 
-        out = self.gen.generate([ids], self.settings, stream=on_step, buffer=round_up(self.context))
+        # the cache: prompt + new tokens in power-of-two buckets of slots (few decode graphs as the
+        # history grows), never the whole context window (131,072 positions for Llama 3.1)
+        buffer = min(pow2_at_least(len(ids) + self.settings.max_new_tokens, CHAT_MIN_BUFFER), round_up(self.context))
+        out = self.gen.generate([ids], self.settings, stream=on_step, buffer=buffer)
         rest = answer.finish()
         if on_text is not None and rest:
             on_text(rest)

@@ -23,6 +23,15 @@ def round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
     return -(-n // multiple) * multiple
 
 
+def pow2_at_least(n: int, smallest: int = 1) -> int:
+    """The smallest power-of-two multiple of ``smallest`` that is >= n: the length buckets of
+    caches and inputs, so a few graph shapes serve every request (compiled once each)."""
+    r = smallest
+    while r < n:
+        r *= 2
+    return r
+
+
 
 @dataclass
 class GenerationResult:

@@ -41,7 +41,7 @@ from typing import Optional
 
 import numpy as np
 
-from msllm.generation.passes import round_up
+from msllm.generation.passes import pow2_at_least, round_up
 
 MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
 # prompt slots prefilled together at most: enough rows to make a short prompt's prefill a real
@@ -49,11 +49,6 @@ MIN_BUFFER = 512         # cache slots: at least this, else the next power of tw
 # goes alone (measured with 8 such prompts at once: groups of 4 gave no more throughput than one
 # by one, and first tokens ~2 s later; benchmarks/serve_throughput.py)
 PREFILL_TOKENS = 512
-
-
-def pow2_at_least(n: int) -> int:
-    """The smallest power of two >= n (n >= 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 @dataclass
@@ -135,7 +130,7 @@ class ContinuousBatch:
         need = max([r.pad + r.length + r.step.max_new for r in self.rows if r is not None]
                    + [t + m for _, _, t, m in plans])
         rows = 1 if self.active + len(plans) == 1 else self.max_batch
-        self._fit(rows, max(MIN_BUFFER, pow2_at_least(need)))
+        self._fit(rows, pow2_at_least(need, MIN_BUFFER))
         for group in self._groups(plans):
             t = group[0][2]
             free = [b for b, r in enumerate(self.rows) if r is None][:len(group)]
@@ -202,7 +197,7 @@ class ContinuousBatch:
         from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
 
         k = len(rows)
-        size = max(MIN_BUFFER, pow2_at_least(t))
+        size = pow2_at_least(t, MIN_BUFFER)
         own = self.own.get((k, size))
         if own is None:
             own = self.own[(k, size)] = self.gen.empty_cache(k, size)

@@ -12,7 +12,8 @@ Hugging Face directory loaded by ``run_eval`` itself) equals lm-evaluation-harne
   the token ids of every request and the predictions agree).
 
 Reference: ``HFLM(pretrained=AutoModelForCausalLM.from_pretrained(dir, dtype=float32),
-tokenizer=AutoTokenizer.from_pretrained(dir), max_length=msllm's seq_length)`` with
+tokenizer=AutoTokenizer.from_pretrained(dir), max_length=...)`` (ppl: msllm's window; mmlu: unset
+on both sides, so each takes the directory's positions) with
 ``add_bos_token`` left at its default (None: the tokenizer's own rule, no BOS for SmolLM2).
 """
 
@@ -34,7 +35,6 @@ pytestmark = [pytest.mark.slow,   # minutes on 2 CPU cores; still run in CI
 CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
 TOL = 1e-4
 PPL_LENGTH = 256     # ppl: windows of 256 tokens (the first 3000 characters make three)
-MMLU_LENGTH = 1024   # mmlu: the 5-shot requests (375-594 tokens) fit
 SUBJECTS = ("astronomy", "high_school_geography")
 
 
@@ -101,7 +101,7 @@ def test_ppl_on_wikipedia_text_equals_transformers_and_lm_eval_rolling(smollm2_d
     path = tmp_path / "wiki.jsonl"
     path.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
     cfg = run_config(smollm2_dir, PPL_LENGTH, tmp_path / "out")
-    payload = run_eval(cfg, task="ppl", data=str(path), stride=PPL_LENGTH, batch_size=4)
+    payload = run_eval(cfg, task="ppl", data=str(path), stride=PPL_LENGTH, batch_size=4, max_length=PPL_LENGTH)
     assert payload["max_length"] == PPL_LENGTH and payload["stride"] == PPL_LENGTH and not payload["add_bos_token"]
     assert "ppl: tokens" in capsys.readouterr().out and os.path.isfile(payload["results_file"])
 
@@ -134,15 +134,18 @@ def test_mmlu_5shot_loglikelihoods_equal_lm_eval(smollm2_dir, hf, tmp_path):
         (data / split).mkdir(parents=True)
         for s in SUBJECTS:
             shutil.copy(os.path.join(EVAL_DATA, "mmlu", split, f"{s}_{split}.csv"), data / split)
-    cfg = run_config(smollm2_dir, MMLU_LENGTH, tmp_path / "out")
+    # a training YAML's short seq_length (issue #31: it used to truncate the 5-shot prompts): the
+    # context of an HF directory is its positions, as lm-eval's HFLM takes them when not told
+    cfg = run_config(smollm2_dir, 256, tmp_path / "out")
     payload = run_eval(cfg, task="mmlu", data=str(data), num_fewshot=5, limit=3, batch_size=3)
-    assert payload["max_length"] == MMLU_LENGTH and payload["num_fewshot"] == 5 and not payload["add_bos_token"]
+    lm = hflm(hf, None)
+    assert payload["max_length"] == lm.max_length == 8192
+    assert payload["num_fewshot"] == 5 and not payload["add_bos_token"]
     assert sorted(payload["subjects"]) == sorted(SUBJECTS)
 
     spec = mmlu.load(str(data), 5, 3)
     assert len(spec.docs) == len(payload["docs"]) == 6
     pairs = [(doc.context, c) for doc in spec.docs for c in doc.continuations]
-    lm = hflm(hf, MMLU_LENGTH)
     tok = load_tokenizer(smollm2_dir, 0)
     bos, prefix = bos_rule(tok)
     lengths = []
