@@ -23,8 +23,9 @@ $(VENV)/.installed: setup.py
 demo: install
 	bash scripts/run_demo.sh
 
+# each full run writes every test's duration to tests/durations.txt (committed: the slow ones stay visible)
 test: install
-	$(PY) -m pytest tests
+	MSLLM_DURATIONS_FILE=tests/durations.txt $(PY) -m pytest tests
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"

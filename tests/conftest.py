@@ -10,6 +10,11 @@ os.environ.setdefault("GLOG_v", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import DATA, REPO, TOKENIZER, context_mode  # noqa: E402
+from helpers.durations import register  # noqa: E402
+
+
+def pytest_configure(config):
+    register(config)   # MSLLM_DURATIONS_FILE: write every test's duration (make test)
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +65,19 @@ def smollm2_dir() -> str:
     from msllm.convert.real_model import ensure_smollm2
 
     return ensure_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_dir):
+    """(transformers ``AutoModelForCausalLM`` in float32, eval mode; ``AutoTokenizer``) of the real
+    SmolLM2 directory: the reference model, loaded once per test run and shared by the modules that
+    compare with it (no test changes its weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_dir)
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,9 @@ SUBJECTS = ("astronomy", "high_school_geography")
 
 
 @pytest.fixture(scope="module")
-def hf(smollm2_dir):
-    """(transformers model in float32, AutoTokenizer) of the SmolLM2 directory, loaded once."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(smollm2_dir)
+def hf(smollm2_hf):
+    """(transformers model in float32, AutoTokenizer) of the SmolLM2 directory (the session's)."""
+    return smollm2_hf
 
 
 def hflm(hf, max_length: int):

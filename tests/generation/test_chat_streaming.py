@@ -23,7 +23,7 @@ def session(smollm2_dir):
     return chat
 
 
-def test_answer_streams_before_the_end_without_broken_characters(session, smollm2_dir):
+def test_answer_streams_before_the_end_without_broken_characters(session, smollm2_hf):
     steps, pieces = [], []
     generate = session.gen.generate
 
@@ -43,11 +43,7 @@ def test_answer_streams_before_the_end_without_broken_characters(session, smollm
     assert "".join(t for _, t in pieces) == reply.text
     assert any(ord(c) > 0x4E00 for c in reply.text)                 # the answer really is Chinese
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    import torch
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    hf, tok = smollm2_hf
     ids = tok.apply_chat_template([{"role": "user", "content": "用中文介绍一下北京。"}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)["input_ids"]
     out = hf.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist()

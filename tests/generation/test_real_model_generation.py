@@ -56,16 +56,13 @@ def cut_at_eos(tokens: list[int]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def hf(smollm2_dir):
-    """(transformers model in float32, AutoTokenizer) of the SmolLM2 directory, loaded once."""
+def hf(smollm2_hf):
+    """(transformers model in float32, AutoTokenizer) of the SmolLM2 directory (the session's)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print("seed", SEED)
     torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(smollm2_dir)
+    return smollm2_hf
 
 
 def template_ids(hf_tok, messages) -> list[int]:
