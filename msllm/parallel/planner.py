@@ -225,9 +225,12 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
         extra = (n + e) * tokens * mc.hidden_size + e * tokens * mc.hidden_size + 8 * tokens * mc.vocab_size
         if e != 4:
             extra += e * tokens * mc.vocab_size / tv
-    p = mc.max_positions
-    mask = 2048 * 2048 if flash else p * p * DTYPE_BYTES[mc.softmax_compute_type]
-    consts = mask + 2 * p * mc.head_dim * e
+    # the graph's constants: the causal mask and rotary cos/sin of the sequence in use (T = seq_length;
+    # built in the graph from the positions, msllm/models/llama/batch_layout.py), or the compressed
+    # (2048, 2048) uint8 mask of FlashAttentionScore
+    t = mc.seq_length
+    mask = 2048 * 2048 if flash else t * t * DTYPE_BYTES[mc.softmax_compute_type]
+    consts = mask + 2 * t * mc.head_dim * e
     terms = {"weights": weights, "weight_copies": copies, "gradients": grads, "grad_accumulation": accum,
              "optimizer_states": states, "activations": acts, "head_and_loss": extra, "constants": consts}
     terms["total"] = sum(terms.values())
