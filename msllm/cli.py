@@ -1,19 +1,7 @@
-"""``run_msllm.py`` / ``python -m msllm`` / the ``msllm`` console script (its arguments:
-:mod:`msllm.cli_args`).
-
-``--config CONFIG`` plus overrides in either form ``--section.key=value`` or
-``--section.key value`` (values are parsed as YAML scalars).
-
-MindFormers' ``run_mindformer.py`` flags work unchanged: ``--run_mode``, ``--load_checkpoint``,
-``--resume_training``, ``--only_save_strategy``, ``--auto_trans_ckpt``,
-``--src_strategy_path_or_dir``, ``--output_dir``, ``--seed`` set the same-named top-level keys;
-``--train_dataset`` / ``--train_dataset_dir`` and ``--eval_dataset`` / ``--eval_dataset_dir`` set
-``{train,eval}_dataset.dataset_dir``; ``--device_id`` / ``--device_target`` set ``context.*``;
-``--predict_data`` is the text or file to run ``--run_mode predict`` on; ``--use_parallel`` must
-agree with how the process was started (True under ``run_distribute.sh`` with several ranks,
-False alone): a disagreement is an error, since msllm takes parallelism from the launcher.
-``--template`` and ``--adapter`` (LoRA) apply to predict and eval. ``--show`` prints the resolved
-model shapes, parameter count and FLOPs per token and exits without building anything.
+"""``run_msllm.py`` / ``python -m msllm`` / the ``msllm`` console script: parse the command line
+(:mod:`msllm.cli_args`, whose docstring lists the flags), load the config, run the mode (train,
+finetune, predict, eval, ``--only_save_strategy``, ``--show``). ``--use_parallel`` must agree
+with how the process was started: msllm takes parallelism from the launcher.
 """
 
 from __future__ import annotations
