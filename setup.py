@@ -28,6 +28,8 @@ setup(
         # tools/serve.py: OpenAI-compatible HTTP API (an ASGI application on a well-kept server)
         "starlette==1.10.0",
         "uvicorn==0.54.0",
+        # GET /metrics in Prometheus' text format (msllm/serving/metrics.py)
+        "prometheus-client==0.26.0",
     ],
     extras_require={
         # weight conversion only; torch 2.13.0 is the CPU build (a plain "torch" pulls CUDA wheels)
@@ -38,7 +40,7 @@ setup(
         # openai: the official client against tools/serve.py; tenacity: lm-eval's API backends
         # (local-completions) need it
         "dev": ["pytest", "torch==2.13.0", "transformers==5.24.0", "peft", "lm-eval==0.4.13", "tensorboard",
-                "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity"],
+                "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity", "jsonschema"],
     },
     entry_points={
         "console_scripts": [
