@@ -112,7 +112,7 @@ def test_a_row_that_fails_fails_alone_and_the_batch_goes_on(engine, monkeypatch)
     good = tok.encode("The three primary colors are")
     ref = eng.gen.generate([good], dataclasses.replace(settings, max_new_tokens=24, do_sample=False),
                            buffer=1024).tokens[0]
-    poisoned = tok.encode("Tell me a story about a dragon.")
+    poisoned = tok.encode("Once upon a time, in a small village by the sea,")   # runs 48 tokens greedy
     accept = eng.batch._accept
 
     def failing_accept(b, logits_row):
