@@ -109,8 +109,13 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
     def build(body: dict, chat: bool) -> Request:
         """Runs in the thread pool: every field checked, then tokenized / rendered."""
         f = check_request(body, chat, model_name, limits, vocab)
-        return (chat_request(f, tokenizer, template, context, defaults) if chat
-                else completion_request(f, tokenizer, context, defaults))
+        req = (chat_request(f, tokenizer, template, context, defaults) if chat
+               else completion_request(f, tokenizer, context, defaults))
+        if f.get("response_format") is not None:      # a JSON schema: every choice follows its grammar
+            grammar = engine.structured.grammar(f["response_format"])
+            for job in req.jobs:
+                job.grammar = grammar
+        return req
 
     async def handle(request: HttpRequest, chat: bool):
         try:

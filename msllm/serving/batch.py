@@ -76,6 +76,7 @@ class Row:
     shown: str = ""
     info: list = field(default_factory=list)
     last: int = 0
+    guide: object = None      # a grammar constraining its tokens (msllm.serving.structured.RowGuide)
 
 
 class ContinuousBatch:
@@ -101,6 +102,7 @@ class ContinuousBatch:
         self.max_batch = int(max_batch)
         self.logprob, self.on_token, self.on_done = logprob, on_token, on_done
         self.on_error = on_error or (lambda work, exc: work.sink(("error", exc)))
+        self.guide_for = None    # grammar -> RowGuide, for jobs with a response_format (the engine sets it)
         self.rows: list = []          # width entries: a Row or None
         self.caches = None
         self.buffer = 0
@@ -181,7 +183,8 @@ class ContinuousBatch:
                                   top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
         self.rows[b] = Row(w, settings, np.random.default_rng(j.seed) if not j.greedy else None,
                            TextStream(self.tokenizer, self.eos), pad=t - n, slot=t - 1, length=n,
-                           max_new=max_new, prompt_info=prompt_info.get(id(w)))
+                           max_new=max_new, prompt_info=prompt_info.get(id(w)),
+                           guide=self.guide_for(j.grammar) if j.grammar is not None else None)
         w.tokens = []
         self._accept(b, row_logits)
 
@@ -293,7 +296,10 @@ class ContinuousBatch:
 
         r = self.rows[b]
         job = r.work.job
-        tok = int(processors.choose(logits_row[None], r.settings, r.rng)[0])
+        scores = logits_row if r.guide is None else r.guide.mask(logits_row)    # grammar: others at -inf
+        tok = int(processors.choose(scores[None], r.settings, r.rng)[0])
+        if r.guide is not None and tok not in self.eos:
+            r.guide.accept(tok)
         r.last = tok
         r.work.tokens.append(tok)
         self.on_token(r.work)

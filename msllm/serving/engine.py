@@ -118,6 +118,10 @@ class Engine:
         self.batch = ContinuousBatch(self.gen, tokenizer, self.eos, self.pad_id, max_batch, self._token_logprob,
                                      self._count_token, self._count_done, self._row_failed)
         self.metrics.bind(self)
+        from msllm.serving.structured import StructuredOutput
+
+        self.structured = StructuredOutput(tokenizer, config.vocab_size, self.eos)
+        self.batch.guide_for = self.structured.guide
         self.thread = threading.Thread(target=self._run, name="msllm-engine", daemon=True)
 
     # ---- life -----------------------------------------------------------------------------

@@ -68,7 +68,8 @@ class Job:
     prompt: token ids; max_tokens: new tokens at most (0: none, only ``echo``'s scoring);
     greedy / temperature / top_p / top_k / seed: the row's own sampling; stop: stop strings;
     logprobs: top alternatives per position (None: no log-probabilities); echo: return the prompt
-    too; index: the choice's index in its response.
+    too; index: the choice's index in its response; grammar: the llguidance grammar of its
+    ``response_format`` (:mod:`msllm.serving.structured`), None = free text.
     """
 
     prompt: list
@@ -82,6 +83,7 @@ class Job:
     logprobs: Optional[int] = None
     echo: bool = False
     index: int = 0
+    grammar: Optional[str] = None     # llguidance grammar the text must follow (response_format)
 
 
 @dataclass

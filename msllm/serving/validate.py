@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from msllm.serving.protocol import ApiError, bad
+from msllm.serving.structured import check_response_format
 
 SEED_MAX = 2 ** 63 - 1
 MAX_COMPLETION_LOGPROBS = 5     # OpenAI: completions' logprobs <= 5
 MAX_TOP_LOGPROBS = 20           # OpenAI: chat's top_logprobs in [0, 20]
 # fields msllm refuses unless they are off (field -> value that means "off")
 UNSUPPORTED = {"suffix": None, "logit_bias": None, "tools": None, "tool_choice": None, "functions": None,
-               "function_call": None, "response_format": None, "presence_penalty": 0, "frequency_penalty": 0,
+               "function_call": None, "presence_penalty": 0, "frequency_penalty": 0,
                "audio": None, "modalities": None, "prediction": None, "parallel_tool_calls": None}
 
 
@@ -208,6 +209,7 @@ COMMON_FIELDS = {
     "max_tokens": _number(0, None, integer=True), "temperature": _number(0.0, 2.0),
     "top_p": _number(0.0, 1.0, lo_open=True), "top_k": _number(-1, None, integer=True),
     "seed": _number(0, SEED_MAX, integer=True), "stop": _stop, "user": _string,
+    "response_format": check_response_format,   # shape only; the grammar: msllm/serving/structured.py
 }
 COMPLETION_FIELDS = dict(COMMON_FIELDS, prompt=_prompt, echo=check_bool, best_of=_n,
                          logprobs=_number(0, MAX_COMPLETION_LOGPROBS, integer=True))

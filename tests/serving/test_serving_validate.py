@@ -97,7 +97,13 @@ BAD = [
     ("logit_bias", comp(logit_bias={"1": 5}), False, 400, "logit_bias"),
     ("presence_penalty", comp(presence_penalty=0.5), False, 400, "presence_penalty"),
     ("suffix", comp(suffix="x"), False, 400, "suffix"),
-    ("response_format", chat(response_format={"type": "json_object"}), True, 400, "response_format"),
+    ("response_format unknown type", chat(response_format={"type": "xml"}), True, 400, "response_format"),
+    ("response_format not object", chat(response_format="json"), True, 400, "response_format"),
+    ("json_schema without name", chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+     True, 400, "response_format"),
+    ("json_schema schema not object", comp(response_format={"type": "json_schema",
+                                                           "json_schema": {"name": "x", "schema": [1]}}),
+     False, 400, "response_format"),
     ("user not string", comp(user=5), False, 400, "user"),
 ]
 
@@ -124,6 +130,10 @@ GOOD = [
     ("nulls are absent", comp(seed=None, stop=None, n=None), False, "seed", None),
     ("presence_penalty 0 is off", comp(presence_penalty=0), False, "model", MODEL),
     ("unknown field ignored", comp(until=["x"], do_sample=False), False, "model", MODEL),
+    ("json_object", chat(response_format={"type": "json_object"}), True, "response_format", {"type": "object"}),
+    ("json_schema", chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "integer"}}}), True, "response_format", {"type": "integer"}),
+    ("text format", comp(response_format={"type": "text"}), False, "response_format", None),
 ]
 
 
