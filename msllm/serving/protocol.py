@@ -17,7 +17,7 @@ what lm-evaluation-harness's ``local-completions`` backend sends and reads
 * ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (the one
   ``tools/chat.py`` uses); ``max_completion_tokens`` / ``max_tokens``, the sampling fields above,
   ``n``, ``logprobs`` / ``top_logprobs`` (OpenAI's ``{"content": [{"token", "logprob", "bytes",
-  "top_logprobs"}]}``).
+  "top_logprobs"}]}``); ``response_format`` on both (:mod:`msllm.serving.structured`).
 * Responses: ``text_completion`` / ``chat.completion`` objects with ``usage``; streamed as
   ``chat.completion.chunk`` / ``text_completion`` chunks, ``data: {json}`` server-sent events
   ended by ``data: [DONE]``; ``finish_reason`` ``stop`` (an EOS id or a stop string) or ``length``.

@@ -5,7 +5,8 @@ streams decode, each gets its 4xx as OpenAI's error object, every honest stream 
 answers afterwards; a seeded sampling request (``n`` = 2) and stop-string requests equal predict
 with the same settings; ``/tokenize`` equals the ``tokenizers`` library's ids, chat
 ``logprobs`` agree with ``/v1/completions`` on the same ids; ``/metrics`` counts what was served;
-the start-up log names the warmed-up shapes. Seeds fixed: sampling seed :data:`SEED`."""
+the start-up log names the warmed-up shapes; 20 sampled ``json_schema`` answers validate with
+``jsonschema``. Seeds fixed: sampling seed :data:`SEED`."""
 
 from __future__ import annotations
 
@@ -192,3 +193,34 @@ def test_tokenize_detokenize_and_chat_logprobs(smollm2_dir, server, client):
     assert len(lp) == len(content)
     assert max(abs(a - b.logprob) for a, b in zip(lp, content)) < 1e-5
     assert r.usage.prompt_tokens == chat_ids["count"]
+
+
+def test_json_schema_outputs_parse_and_validate(server, client):
+    """20 sampled chat answers under ``response_format`` json_schema (3 requests, n = 7, 7, 6, seeds
+    fixed) all end with ``stop`` and validate against the schema with ``jsonschema``; json_object
+    gives a JSON object; a schema llguidance cannot follow is a 400 naming response_format."""
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "colors"],
+              "properties": {"name": {"type": "string", "maxLength": 20},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                             "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                        "maxItems": 3}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    msgs = [{"role": "user", "content": "Describe a person (name, age, favourite colors) as JSON."}]
+    print("sampling seeds", SEED, SEED + 10, SEED + 20)
+    with cf.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(client.chat.completions.create, model=MODEL, messages=msgs, max_tokens=96,
+                               temperature=1.0, seed=SEED + 10 * i, n=n, response_format=fmt)
+                   for i, n in enumerate((7, 7, 6))]
+        choices = [c for f in futures for c in f.result(timeout=900).choices]
+    assert len(choices) == 20
+    for c in choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), schema)
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=64, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+    status, body = server.post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})
+    assert status == 400 and body["error"]["param"] == "response_format"
