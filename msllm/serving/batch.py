@@ -15,7 +15,8 @@ greedy output is the same alone and beside others, whenever it joins.
 
 Growth, and the graphs it compiles. A batch started by one request has one row, else
 ``max_batch`` rows (a second request widens it to ``max_batch``); its slots are what its
-longest request needs, at least :data:`MIN_BUFFER`, else the next power of two, and grow the
+longest request needs, at least :data:`MIN_BUFFER`, else the next power of two (but no more
+than the context window plus 32 slots of left padding: :meth:`ContinuousBatch.buffer_for`), and grow the
 same way when a longer request joins (new caches, each row's slots written into them). When the
 last row finishes the caches are dropped. So the decode graph has few shapes: (1 or
 ``max_batch`` rows) x (512, 1024, ... slots), each compiled once (a few seconds for SmolLM2);

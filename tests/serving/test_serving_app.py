@@ -125,3 +125,16 @@ def test_serve_reads_the_api_key_from_flag_file_or_environment(tmp_path, monkeyp
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(MsllmError, match="empty"):
         serve.api_key(p.parse_args(base + ["--api_key_file", str(tmp_path / "empty")]))
+
+
+def test_cache_slots_never_exceed_the_context():
+    """ContinuousBatch.buffer_for: a power of two >= 512 for short rows, but a row reaching the end of
+    an 8192-token window (plus its left padding) gets 8224 slots, not the next power of two (16384)."""
+    from msllm.serving.batch import ContinuousBatch
+
+    b = object.__new__(ContinuousBatch)           # buffer_for reads only the generator's context
+    b.gen = SimpleNamespace(context=8192)
+    assert [b.buffer_for(n) for n in (1, 100, 512, 600, 5000, 8192, 8192 + 31)] == \
+        [512, 512, 512, 1024, 8192, 8192, 8224]
+    b.gen = SimpleNamespace(context=300)
+    assert (b.buffer_for(300), b.buffer_for(331)) == (320, 331)      # a short context: below MIN_BUFFER

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from servetest_helpers import MODEL, predict
+from servetest_helpers import KEY, MODEL, predict
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,8 @@ def oversized(server) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     body = b'{"model": "%s", "prompt": "' % MODEL.encode() + b"x" * (5 << 20) + b'"}'
     try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                       "Authorization": f"Bearer {KEY}"})
     except (BrokenPipeError, ConnectionResetError):
         pass   # the server answered and closed before the whole body went out
     resp = conn.getresponse()
