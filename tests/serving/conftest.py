@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servetest_helpers import KEY, start_server
+from servetest_helpers import GREEDY_PROMPTS, KEY, NEW, predict, start_server
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +15,14 @@ def server(smollm2_dir, tmp_path_factory):
     if s.proc.poll() is None:
         s.proc.kill()
         s.proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def greedy_predictions(smollm2_dir, tmp_path_factory) -> dict:
+    """{prompt: run_msllm.py predict's greedy output of NEW tokens} for GREEDY_PROMPTS (plain text)."""
+    out = predict(smollm2_dir, tmp_path_factory.mktemp("greedy"), [{"prompt": p} for p in GREEDY_PROMPTS], NEW,
+                  template="none")
+    return dict(zip(GREEDY_PROMPTS, out))
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,12 @@ from helpers import REPO
 from helpers.distributed import free_port
 
 CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
+NEW = 20            # new tokens of the greedy references
+# plain-text prompts whose greedy continuations (predict, NEW tokens) both server test modules compare
+# with: one predict run for the session (test_serving_openai.py's first three, then
+# test_serving_hostile.py's)
+GREEDY_PROMPTS = ["The capital of France is", "Water boils at a temperature of", "def fibonacci(n):",
+                  "The three primary colors are", "List the days of the week:"]
 KEY = "test-key-20261126"
 MODEL = "smollm2-test"
 

@@ -5,7 +5,7 @@ streams decode, each gets its 4xx as OpenAI's error object, every honest stream 
 answers afterwards; a seeded sampling request (``n`` = 2) and stop-string requests equal predict
 with the same settings; ``/tokenize`` equals the ``tokenizers`` library's ids, chat
 ``logprobs`` agree with ``/v1/completions`` on the same ids; ``/metrics`` counts what was served;
-the start-up log names the warmed-up shapes; 20 sampled ``json_schema`` answers validate with
+the start-up log names the warmed-up shapes; 8 sampled ``json_schema`` answers validate with
 ``jsonschema``. Seeds fixed: sampling seed :data:`SEED`."""
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ import os
 
 import pytest
 
-from servetest_helpers import KEY, MODEL, predict
+from servetest_helpers import GREEDY_PROMPTS, KEY, MODEL, NEW, predict
 
 pytestmark = pytest.mark.slow
 
 SEED = 1234
-NEW = 24
-HONEST = ["The capital of France is", "Water boils at a temperature of", "def fibonacci(n):",
-          "The three primary colors are"]
-STOP_PROMPT = "List the days of the week:"
+HONEST = GREEDY_PROMPTS[:4]
+STOP_PROMPT = GREEDY_PROMPTS[4]
 
 BAD = [  # (what, body or raw bytes, endpoint, status, param)
     ("negative seed", {"prompt": "x", "seed": -1, "temperature": 1.0}, "c", 400, "seed"),
@@ -90,10 +88,9 @@ def metrics(server) -> dict:
 
 
 @pytest.fixture(scope="module")
-def greedy_ref(smollm2_dir, tmp_path_factory):
-    """predict's greedy outputs for the honest prompts and the stop prompt (plain text prompts)."""
-    return predict(smollm2_dir, tmp_path_factory.mktemp("greedy"), [{"prompt": p} for p in HONEST + [STOP_PROMPT]],
-                   NEW, template="none")
+def greedy_ref(greedy_predictions):
+    """predict's greedy outputs for the honest prompts and the stop prompt (conftest.py: one predict run)."""
+    return [greedy_predictions[p] for p in HONEST + [STOP_PROMPT]]
 
 
 def test_bad_requests_get_their_4xx_while_honest_streams_decode(server, client, greedy_ref):
@@ -179,7 +176,7 @@ def test_tokenize_detokenize_and_chat_logprobs(smollm2_dir, server, client):
     assert server.post("/detokenize", {"model": "other", "tokens": [1]})[0] == 404
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     status, chat_ids = server.post("/tokenize", {"model": MODEL, "messages": msgs})
-    assert status == 200 and chat_ids["tokens"][-3:] == hf.encode("<|im_start|>assistant\n").ids
+    assert status == 200 and chat_ids["tokens"][-4:] == hf.encode("<|im_start|>assistant\n").ids
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, logprobs=True,
                                        top_logprobs=3, n=2)
     assert r.choices[0].message.content == r.choices[1].message.content          # greedy: n identical choices
@@ -197,9 +194,10 @@ def test_tokenize_detokenize_and_chat_logprobs(smollm2_dir, server, client):
 
 
 def test_json_schema_outputs_parse_and_validate(server, client):
-    """20 sampled chat answers under ``response_format`` json_schema (3 requests, n = 7, 7, 6, seeds
-    fixed) all end with ``stop`` and validate against the schema with ``jsonschema``; json_object
-    gives a JSON object; a schema llguidance cannot follow is a 400 naming response_format."""
+    """8 sampled chat answers under ``response_format`` json_schema (one request, n = 8, one batch;
+    test_serving_structured.py drives 40 more rows, without a model) all end with ``stop`` and
+    validate against the schema with ``jsonschema``; json_object gives a JSON object; a schema
+    llguidance cannot follow is a 400 naming response_format."""
     import jsonschema
 
     schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "colors"],
@@ -209,17 +207,15 @@ def test_json_schema_outputs_parse_and_validate(server, client):
                                         "maxItems": 3}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
     msgs = [{"role": "user", "content": "Describe a person (name, age, favourite colors) as JSON."}]
-    print("sampling seeds", SEED, SEED + 10, SEED + 20)
-    with cf.ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(client.chat.completions.create, model=MODEL, messages=msgs, max_tokens=96,
-                               temperature=1.0, seed=SEED + 10 * i, n=n, response_format=fmt)
-                   for i, n in enumerate((7, 7, 6))]
-        choices = [c for f in futures for c in f.result(timeout=900).choices]
-    assert len(choices) == 20
+    print("sampling seeds", SEED, "..", SEED + 7)
+    choices = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=80, temperature=1.0, seed=SEED,
+                                             n=8, response_format=fmt).choices
+    assert len(choices) == 8
     for c in choices:
         assert c.finish_reason == "stop", c.message.content
         jsonschema.validate(json.loads(c.message.content), schema)
-    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=64, temperature=0,
+    ask = [{"role": "user", "content": 'Answer with a JSON object {"capital": ...}: the capital of France?'}]
+    r = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=48, temperature=0,
                                        response_format={"type": "json_object"})
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
     status, body = server.post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "response_format": {

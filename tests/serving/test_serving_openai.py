@@ -19,13 +19,12 @@ import time
 import pytest
 
 from helpers import REPO
-from servetest_helpers import CONFIG, KEY, MODEL, predict
+from servetest_helpers import CONFIG, GREEDY_PROMPTS, KEY, MODEL, NEW, predict
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["The capital of France is", "Water boils at a temperature of", "def fibonacci(n):"]
+PROMPTS = GREEDY_PROMPTS[:3]
 QUESTIONS = ["What is the capital of France?", "Name three primary colors."]
-NEW = 20
 
 
 def test_models_and_the_api_key(server, client):
@@ -36,8 +35,8 @@ def test_models_and_the_api_key(server, client):
     assert status == 401
 
 
-def test_completions_equal_predict_greedy_streamed_or_not(smollm2_dir, client, tmp_path):
-    want = predict(smollm2_dir, tmp_path, [{"prompt": p} for p in PROMPTS], NEW, template="none")
+def test_completions_equal_predict_greedy_streamed_or_not(greedy_predictions, client):
+    want = [greedy_predictions[p] for p in PROMPTS]
     for p, w in zip(PROMPTS, want):
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0)
         assert r.choices[0].text == w, (p, r.choices[0].text, w)
