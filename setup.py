@@ -28,6 +28,11 @@ setup(
         # tools/serve.py: OpenAI-compatible HTTP API (an ASGI application on a well-kept server)
         "starlette==1.10.0",
         "uvicorn==0.54.0",
+        # GET /metrics in Prometheus' text format (msllm/serving/metrics.py)
+        "prometheus-client==0.26.0",
+        # response_format (json_object / json_schema): token masks from a grammar (msllm/serving/structured.py
+        # says why this library); no dependencies of its own
+        "llguidance==1.9.1",
     ],
     extras_require={
         # weight conversion only; torch 2.13.0 is the CPU build (a plain "torch" pulls CUDA wheels)
@@ -36,9 +41,9 @@ setup(
         # gguf + accelerate: transformers dequantizes the real test model (SmolLM2, tools/fetch_model.py);
         # transformers is pinned: the model cache's digest and the parity tests were taken with 5.24.0
         # openai: the official client against tools/serve.py; tenacity: lm-eval's API backends
-        # (local-completions) need it
+        # (local-completions) need it; jsonschema: structured output validated against its schema
         "dev": ["pytest", "torch==2.13.0", "transformers==5.24.0", "peft", "lm-eval==0.4.13", "tensorboard",
-                "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity"],
+                "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity", "jsonschema"],
     },
     entry_points={
         "console_scripts": [

@@ -2,8 +2,10 @@
 """Serve a model over OpenAI's HTTP API (completions, chat completions, models), streaming or not.
 
     python tools/serve.py --config CONFIG --load_checkpoint CKPT_OR_HF_DIR [--adapter LORA]
-        [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000] [--api_key KEY]
-        [--model_name NAME] [--max_batch 8] [--batch_window_ms 20] [--max_queue 64] [--section.key=value ...]
+        [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000]
+        [--api_key KEY | --api_key_file FILE | env MSLLM_API_KEY] [--model_name NAME] [--max_batch 8]
+        [--batch_window_ms 20] [--max_queue 64] [--max_tokens_default N] [--max_body_bytes 4194304]
+        [--max_prompts 64] [--no_warmup] [--section.key=value ...]
 
 Requests decode in one continuous batch on the key/value cache (``--max_batch`` rows): waiting
 requests join between two decode steps, a finished row is free at the next; when idle, the first
@@ -16,6 +18,18 @@ Ctrl-C) stops accepting connections, finishes the requests in flight, and exits 
 The model name clients send is ``--model_name`` (default: the checkpoint's directory or file name).
 Chat messages are rendered with ``--template`` (default: the checkpoint's, else the tokenizer's chat
 template), as ``tools/chat.py`` renders them. Formats: ``msllm/serving/protocol.py``.
+
+Request defaults: the run YAML's ``generation_config`` (``do_sample``, ``temperature``, ``top_p``,
+``top_k``, ``max_new_tokens``) gives the values of fields a request leaves out, as vLLM does with a
+model's generation config (``msllm/serving/defaults.py``: keys the server cannot honour are refused
+by name, keys without effect named in one log line); ``--max_tokens_default`` (vLLM has no flag of
+its own: it takes ``max_new_tokens`` from the generation config, ``--override-generation-config``)
+wins over ``max_new_tokens``. Without either, ``max_tokens`` defaults to OpenAI's 16 on completions and
+the rest of the context window on chat. Limits of one request (``msllm/serving/validate.py``):
+``--max_body_bytes`` (413 beyond), ``--max_prompts`` (prompts x ``n``). The API key comes from
+``--api_key``, else the first line of ``--api_key_file``, else the environment variable
+``MSLLM_API_KEY`` (vLLM reads ``VLLM_API_KEY`` the same way). At start the engine compiles the
+shapes the first requests meet (``--no_warmup``: skip) and logs them.
 Errors at start-up: one ``error:`` line, exit 2.
 """
 
@@ -29,7 +43,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from typing import Optional  # noqa: E402
+
 from msllm.errors import MsllmError, cli_main  # noqa: E402
+from msllm.serving.validate import Limits  # noqa: E402
 
 LOOPBACK = ("localhost",)
 
@@ -50,7 +67,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_batch", type=int, default=8, help="rows decoded together")
     p.add_argument("--batch_window_ms", type=float, default=20.0, help="when idle, how long a batch being gathered waits for one more request (at most 10 windows in all)")
     p.add_argument("--max_queue", type=int, default=64, help="requests waiting at most (then 429)")
+    p.add_argument("--api_key_file", help="file whose first line is the API key")
+    p.add_argument("--max_tokens_default", type=int,
+                   help="max_tokens of requests that leave it out (default: generation_config.max_new_tokens, "
+                        "else 16 on completions and the rest of the context on chat); always within the context")
+    p.add_argument("--max_body_bytes", type=int, default=Limits.max_body_bytes, help="request body size (then 413)")
+    p.add_argument("--max_prompts", type=int, default=Limits.max_prompts,
+                   help="choices one request may ask for (prompts x n)")
+    p.add_argument("--no_warmup", action="store_true", help="skip compiling the first requests' shapes at start")
     return p
+
+
+def api_key(args) -> Optional[str]:
+    """--api_key, else the first line of --api_key_file, else $MSLLM_API_KEY, else None."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except OSError as exc:
+            raise MsllmError(f"--api_key_file {args.api_key_file}: cannot read it ({exc.strerror})") from None
+        if not key:
+            raise MsllmError(f"--api_key_file {args.api_key_file}: its first line is empty")
+        return key
+    return os.environ.get("MSLLM_API_KEY") or None
 
 
 def is_loopback(host: str) -> bool:
@@ -79,10 +120,11 @@ def main(argv=None) -> int:
     from msllm.config import load_config
 
     args, rest = build_parser().parse_known_args(argv)
+    args.api_key = api_key(args)
     if not is_loopback(args.host) and not args.api_key:
-        raise MsllmError(f"--host {args.host} is not a loopback address: pass --api_key KEY so that only clients "
-                         "with the key are served")
-    for key in ("max_batch", "max_queue"):
+        raise MsllmError(f"--host {args.host} is not a loopback address: pass --api_key KEY (or --api_key_file, "
+                         "or MSLLM_API_KEY) so that only clients with the key are served")
+    for key in ("max_batch", "max_queue", "max_body_bytes", "max_prompts"):
         if getattr(args, key) < 1:
             raise MsllmError(f"--{key} must be >= 1, got {getattr(args, key)}")
     overrides = split_overrides(rest)
@@ -90,6 +132,9 @@ def main(argv=None) -> int:
         overrides.append(f"--load_checkpoint={args.load_checkpoint}")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     cfg = load_config(args.config, overrides)
+    from msllm.serving.defaults import request_defaults
+
+    defaults, notes = request_defaults(cfg.generation_config, args.max_tokens_default)   # refusals before loading
     engine, tok, template, context, info = open_engine(cfg, args)
     name = args.model_name or os.path.basename(os.path.normpath(info.path))
 
@@ -97,7 +142,15 @@ def main(argv=None) -> int:
 
     from msllm.serving.app import build_app
 
-    app = build_app(engine, name, tok, template, context, args.api_key)
+    say = logging.getLogger("msllm").info
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts)
+    app = build_app(engine, name, tok, template, context, args.api_key, limits, defaults)
+    say("serve: request defaults %s (from generation_config%s)%s", defaults,
+        " and --max_tokens_default" if args.max_tokens_default else "", "; " + "; ".join(notes) if notes else "")
+    if not args.no_warmup:
+        shapes = engine.warmup()
+        say("serve: warmed up %d graph shapes (kind, rows, tokens, slots: first-call seconds): %s", len(shapes),
+            ", ".join(f"{k} {t:.1f} s" for k, t in shapes) or "none new")
     engine.start()
     logging.getLogger("msllm").info(
         "serving %s as %r on http://%s:%d/v1 (continuous batch of up to %d rows, window %.0f ms, queue %d, "

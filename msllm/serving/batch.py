@@ -15,7 +15,8 @@ greedy output is the same alone and beside others, whenever it joins.
 
 Growth, and the graphs it compiles. A batch started by one request has one row, else
 ``max_batch`` rows (a second request widens it to ``max_batch``); its slots are what its
-longest request needs, at least :data:`MIN_BUFFER`, else the next power of two, and grow the
+longest request needs, at least :data:`MIN_BUFFER`, else the next power of two (but no more
+than the context window plus 32 slots of left padding: :meth:`ContinuousBatch.buffer_for`), and grow the
 same way when a longer request joins (new caches, each row's slots written into them). When the
 last row finishes the caches are dropped. So the decode graph has few shapes: (1 or
 ``max_batch`` rows) x (512, 1024, ... slots), each compiled once (a few seconds for SmolLM2);
@@ -67,6 +68,7 @@ class Row:
     prompt_info: Optional[list] = None
     info: list = field(default_factory=list)
     last: int = 0
+    guide: object = None      # a grammar constraining its tokens (msllm.serving.structured.RowGuide)
 
 
 class ContinuousBatch:
@@ -77,17 +79,22 @@ class ContinuousBatch:
         tokenizer, eos (tuple of int), pad_id: as the engine's.
         max_batch: rows at most.
         logprob: ``logprob(logits (V,), token, top) -> (token string, log-probability, top dict)``.
-        on_token / on_done: the engine's counters, called per token made / per row finished
-            (with its finish reason).
+        on_token / on_done: the engine's counters, called per token made (with the row's work) /
+            per row finished (with its work and finish reason).
+        on_error: ``on_error(work, exception)`` answers one work that failed inside its row (the
+            other rows go on).
     """
 
-    def __init__(self, gen, tokenizer, eos, pad_id: int, max_batch: int, logprob, on_token, on_done):
+    def __init__(self, gen, tokenizer, eos, pad_id: int, max_batch: int, logprob, on_token, on_done,
+                 on_error=None):
         from mindspore import ops
 
         self.gen, self.config = gen, gen.config
         self.tokenizer, self.eos, self.pad_id = tokenizer, tuple(eos), int(pad_id)
         self.max_batch = int(max_batch)
         self.logprob, self.on_token, self.on_done = logprob, on_token, on_done
+        self.on_error = on_error or (lambda work, exc: work.sink(("error", exc)))
+        self.guide_for = None    # grammar -> RowGuide, for jobs with a response_format (the engine sets it)
         self.rows: list = []          # width entries: a Row or None
         self.caches = None
         self.buffer = 0
@@ -117,33 +124,66 @@ class ContinuousBatch:
     # ---- admitting ----------------------------------------------------------------------------
     def admit(self, works: list, prompt_info: dict) -> None:
         """Prefill ``works`` (at most :attr:`free`, each with ``max_tokens`` > 0) into free rows,
-        widening the caches if needed, and emit each one's first token."""
-        from msllm.config_generation import DecodeSettings
-        from msllm.generation.stepping import RowStep, StopText
-
+        widening the caches if needed, and emit each one's first token. A work whose row cannot be
+        set up, or whose prefill group fails, is answered with an error alone (:meth:`fail_work`);
+        the rows already decoding and the caches are kept."""
         plans = []
         for w in works:
             n = len(w.job.prompt)
-            t = round_up(n)
+            if n == 0:     # the app refuses empty prompts; never divide by a zero length below
+                self.fail_work(w, ValueError("empty prompt"))
+                continue
+            # a row can reach its prompt plus the new tokens the context leaves; nothing beyond
             max_new = min(w.job.max_tokens, self.gen.context - n)
-            plans.append((w, n, t, max_new))
+            plans.append((w, n, round_up(n), max_new))
+        if not plans:
+            return
         need = max([r.pad + r.length + r.step.max_new for r in self.rows if r is not None]
                    + [t + m for _, _, t, m in plans])
         rows = 1 if self.active + len(plans) == 1 else self.max_batch
-        self._fit(rows, pow2_at_least(need, MIN_BUFFER))
+        self._fit(rows, self.buffer_for(need))
         for group in self._groups(plans):
-            t = group[0][2]
             free = [b for b, r in enumerate(self.rows) if r is None][:len(group)]
-            logits = self._prefill(free, [w.job.prompt for w, *_ in group], t)
-            for b, (w, n, _, max_new), row_logits in zip(free, group, logits):
-                j = w.job
-                settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
-                                          top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
-                rng = np.random.default_rng(j.seed) if not j.greedy else None
-                self.rows[b] = Row(w, RowStep(settings, max_new, rng, j.prompt), StopText(self.tokenizer, self.eos, j.stop),
-                                   pad=t - n, slot=t - 1, length=n, prompt_info=prompt_info.get(id(w)))
-                w.tokens = []
-                self._accept(b, row_logits)
+            try:
+                logits = self._prefill(free, [w.job.prompt for w, *_ in group], group[0][2])
+            except Exception as exc:     # this group's rows were never set: the others go on
+                for w, *_ in group:
+                    self.fail_work(w, exc)
+                continue
+            for b, plan, row_logits in zip(free, group, logits):
+                try:
+                    self._start_row(b, plan, row_logits, prompt_info)
+                except Exception as exc:
+                    self.rows[b] = None
+                    self.fail_work(plan[0], exc)
+
+    def buffer_for(self, need: int) -> int:
+        """Cache slots for rows reaching slot ``need`` - 1: at least :data:`MIN_BUFFER`, else the next
+        power of two (few decode graphs), but never more than the context window plus the largest
+        left padding (31 slots) can use: a long request does not double the cache."""
+        cap = round_up(self.gen.context + 1)
+        return max(need, min(pow2_at_least(need, MIN_BUFFER), cap))
+
+    def _start_row(self, b: int, plan: tuple, row_logits: np.ndarray, prompt_info: dict) -> None:
+        """Row ``b`` for ``plan`` (work, n, T, max_new) after its prefill, and its first token."""
+        from msllm.config_generation import DecodeSettings
+        from msllm.generation.stepping import RowStep, StopText
+
+        w, n, t, max_new = plan
+        j = w.job
+        settings = DecodeSettings(do_sample=not j.greedy, temperature=j.temperature, top_k=j.top_k,
+                                  top_p=j.top_p, eos_token_id=self.eos, pad_token_id=self.pad_id)
+        rng = np.random.default_rng(j.seed) if not j.greedy else None
+        self.rows[b] = Row(w, RowStep(settings, max_new, rng, j.prompt), StopText(self.tokenizer, self.eos, j.stop),
+                           pad=t - n, slot=t - 1, length=n, prompt_info=prompt_info.get(id(w)),
+                           guide=self.guide_for(j.grammar) if j.grammar is not None else None)
+        w.tokens = []
+        self._accept(b, row_logits)
+
+    def fail_work(self, work, exc: BaseException) -> None:
+        """Answer one work with the engine's error for ``exc`` (``on_error``: logs the traceback,
+        answers a generic 500): that row alone fails."""
+        self.on_error(work, exc)
 
     def _groups(self, plans: list) -> list:
         """``plans`` (work, n, T, max_new) -> prefill groups: requests of the same padded length T
@@ -154,7 +194,7 @@ class ContinuousBatch:
             by_length.setdefault(p[2], []).append(p)
         out = []
         for t, same in by_length.items():
-            cap = max(1, min(self.max_batch, PREFILL_TOKENS // t))
+            cap = max(1, min(self.max_batch, PREFILL_TOKENS // max(t, 1)))
             i = 0
             while i < len(same):
                 k = 1 << (min(cap, len(same) - i).bit_length() - 1)       # a power of two <= what is left
@@ -230,19 +270,27 @@ class ContinuousBatch:
                                  key_positions(pads, self.buffer), slots[:, None], self.caches)
         for b, r in enumerate(self.rows):
             if r is not None:
-                self._accept(b, logits[b])
+                try:
+                    self._accept(b, logits[b])
+                except Exception as exc:    # this row alone: the other rows and the caches go on
+                    if self.rows[b] is r:
+                        self.rows[b] = None
+                    self.fail_work(r.work, exc)
         if not self.active:
             self.drop()
 
     def _accept(self, b: int, logits_row: np.ndarray) -> None:
-        """Row b's next token from its logits (V,) (:mod:`msllm.generation.stepping`): choose,
-        stream the text that became final, finish the row at EOS, a stop string, ``max_tokens``
-        or the context's end."""
+        """Row b's next token from its logits (V,) (:mod:`msllm.generation.stepping`; a grammar, if
+        any, masks the logits first): choose, stream the text that became final, finish the row at
+        EOS, a stop string, ``max_tokens`` or the context's end."""
         r = self.rows[b]
-        tok = r.step.choose(logits_row)
+        scores = logits_row if r.guide is None else r.guide.mask(logits_row)    # grammar: others at -inf
+        tok = r.step.choose(scores)
+        if r.guide is not None and tok not in self.eos:
+            r.guide.accept(tok)
         r.last = tok
         r.work.tokens.append(tok)
-        self.on_token()
+        self.on_token(r.work)
         if r.work.job.logprobs is not None:
             r.info.append(self.logprob(logits_row, tok, r.work.job.logprobs))
         finish = r.step.accept(tok)
@@ -259,7 +307,7 @@ class ContinuousBatch:
     def _finish(self, b: int, reason: str) -> None:
         r = self.rows[b]
         self.rows[b] = None
-        self.on_done(reason)
+        self.on_done(r.work, reason)
         r.work.sink(("done", reason, result(r.work, r.prompt_info, r.info, r.text.text)))
 
 

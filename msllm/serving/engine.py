@@ -21,6 +21,12 @@ the logits at i - 1, as lm-evaluation-harness and msllm's evaluation score a con
 Events go to each job's ``sink(event)`` (called from the engine thread; the app forwards them to
 its event loop): ``("text", piece, token_info)`` as text becomes final, then ``("done", finish_reason,
 result)``, or ``("error", ApiError)``.
+
+Failures. A failure inside one row (setting it up, its prefill group, choosing its token) answers
+that job alone with a 500 whose message is generic (:data:`GENERATION_FAILED`; MindSpore's internal
+text stays in the server's log with the traceback); the other rows and the caches go on. Only a
+failed decode step, which computes every row at once, answers every row in the batch so. The
+thread's state is :meth:`Engine.alive` (``GET /health`` answers 503 when it is not).
 """
 
 from __future__ import annotations
@@ -48,14 +54,25 @@ class QueueFull(Exception):
     """The engine's queue holds ``max_queue`` jobs."""
 
 
+GENERATION_FAILED = "the server failed while generating this choice; the error is in the server's log"
+
+
+def generation_error() -> ApiError:
+    """The 500 a client gets for a failure inside the engine (no internal text)."""
+    return ApiError(500, GENERATION_FAILED, code="generation_failed")
+
+
 @dataclass
 class Work:
-    """A job in the engine: its sink, cancellation flag and what it produced."""
+    """A job in the engine: its sink, cancellation flag and what it produced; ``t_submit`` /
+    ``t_last`` (``time.monotonic()`` seconds) when it was queued / made its last token."""
 
     job: Job
     sink: Callable
     cancelled: threading.Event = field(default_factory=threading.Event)
     tokens: Optional[list] = None     # set when the job starts decoding
+    t_submit: float = field(default_factory=time.monotonic)
+    t_last: Optional[float] = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -70,11 +87,13 @@ class Engine:
         eos_ids: the ids that end a row; pad_id: fed to finished rows.
         max_batch: rows decoding at once; window_s: when idle, how long a batch being gathered
         waits for one more job; max_queue: jobs waiting at most (more: :class:`QueueFull`).
+        metrics: a :class:`~msllm.serving.metrics.ServerMetrics` (default: a new one).
     """
 
     def __init__(self, net, config, tokenizer, eos_ids, pad_id: int, max_batch: int = 8, window_s: float = 0.02,
-                 max_queue: int = 64):
+                 max_queue: int = 64, metrics=None):
         from msllm.generation.decode import generator_for
+        from msllm.serving.metrics import ServerMetrics
 
         self.net, self.config, self.tokenizer = net, config, tokenizer
         self.gen = generator_for(net, config)
@@ -92,9 +111,18 @@ class Engine:
         self.steps = 0
         self.tokens_generated = 0
         self.cancelled_rows = 0
+        self.failed_rows = 0
+        self.warming = False          # warm-up's tokens count in no metric
+        self.crash: Optional[BaseException] = None     # what ended the thread, if anything did
+        self.metrics = metrics if metrics is not None else ServerMetrics()
         self.batch = ContinuousBatch(self.gen, tokenizer, self.eos, self.pad_id, max_batch, self._token_logprob,
-                                     self._count_token, self._count_done)
-        self.thread = threading.Thread(target=self._loop, name="msllm-engine", daemon=True)
+                                     self._count_token, self._count_done, self._row_failed)
+        self.metrics.bind(self)
+        from msllm.serving.structured import StructuredOutput
+
+        self.structured = StructuredOutput(tokenizer, config.vocab_size, self.eos)
+        self.batch.guide_for = self.structured.guide
+        self.thread = threading.Thread(target=self._run, name="msllm-engine", daemon=True)
 
     # ---- life -----------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -103,17 +131,42 @@ class Engine:
         waiting, whether rows are decoding."""
         return {"batches": self.batches, "max_batch_seen": self.max_rows, "joined_running": self.joined,
                 "steps": self.steps, "tokens_generated": self.tokens_generated,
-                "cancelled_rows": self.cancelled_rows, "queued": self.queue.qsize(), "busy": self.busy.is_set()}
+                "cancelled_rows": self.cancelled_rows, "failed_rows": self.failed_rows,
+                "queued": self.queue.qsize(), "busy": self.busy.is_set()}
 
-    def _count_token(self) -> None:
+    def alive(self) -> bool:
+        """The engine thread is running (started, not ended, not crashed)."""
+        return self.thread.is_alive() and self.crash is None
+
+    def _count_token(self, work) -> None:
         self.tokens_generated += 1
+        if not self.warming:
+            self.metrics.on_token(work)
 
-    def _count_done(self, reason: str) -> None:
+    def _count_done(self, work, reason: str) -> None:
         if reason == "cancelled":
             self.cancelled_rows += 1
+        if not self.warming:
+            self.metrics.on_done(work, reason)
+
+    def _row_failed(self, work, exc: BaseException) -> None:
+        """One job failed inside its row: the traceback to the log, a generic 500 to its client."""
+        log.error("serving: one row failed (%d prompt tokens); the other rows go on", len(work.job.prompt),
+                  exc_info=exc)
+        self.failed_rows += 1
+        self.metrics.on_error(work)
+        work.sink(("error", generation_error()))
 
     def start(self) -> None:
         self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:    # noqa: BLE001 -- recorded for /health, then re-raised
+            self.crash = exc
+            log.exception("serving: the engine thread died")
+            raise
 
     def stop(self, timeout: float = 600.0) -> None:
         """Finish the queued and running jobs, then end the thread (the server's drain)."""
@@ -181,9 +234,10 @@ class Engine:
                 if self.batch.active:
                     self.batch.step()
                     self.steps += 1
-            except Exception as exc:   # a failed step answers its jobs with 500, the server goes on
-                log.exception("serving: a batch of %d rows failed", self.batch.active)
-                err = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}")
+            except Exception:   # a failed decode step answers every row with 500, the server goes on
+                log.exception("serving: a decode step of %d rows failed", self.batch.active)
+                err = generation_error()
+                self.failed_rows += self.batch.active
                 self.batch.fail(err)
                 for w in new:
                     if w.tokens is None:
@@ -195,19 +249,47 @@ class Engine:
 
     def admit(self, works: list) -> None:
         """Jobs taken from the queue: cancelled ones are dropped, ``max_tokens`` = 0 ones answered
-        at once (after scoring the prompt for ``echo``), the rest prefilled into the batch."""
-        live = [w for w in works if not w.cancelled.is_set()]
-        prompt_info = {id(w): self.score_prompt(w.job) for w in live if w.job.echo and w.job.logprobs is not None}
-        gen = []
-        for w in live:
-            if w.job.max_tokens == 0:
-                w.tokens = []
-                w.sink(("done", "length", result(w, prompt_info.get(id(w)), [], "")))
-            else:
-                gen.append(w)
+        at once (after scoring the prompt for ``echo``), the rest prefilled into the batch. A job
+        that fails here fails alone (:meth:`_row_failed`)."""
+        prompt_info, gen = {}, []
+        for w in works:
+            if w.cancelled.is_set():
+                continue
+            self.metrics.on_admit(w)
+            try:
+                if w.job.echo and w.job.logprobs is not None:
+                    prompt_info[id(w)] = self.score_prompt(w.job)
+                if w.job.max_tokens == 0:
+                    w.tokens = []
+                    w.sink(("done", "length", result(w, prompt_info.get(id(w)), [], "")))
+                    continue
+            except Exception as exc:
+                self._row_failed(w, exc)
+                continue
+            gen.append(w)
         if gen:
             self.batch.admit(gen, prompt_info)
             self.max_rows = max(self.max_rows, self.batch.active)
+
+    def warmup(self) -> list:
+        """Before :meth:`start`: run the shapes requests meet first through the real path (one
+        short request alone: prefill (1 row, 32 slots) and decode (1 row, 512 slots); then
+        ``max_batch`` short ones at once: their grouped prefill and the decode at ``max_batch``
+        rows), so the first clients do not wait for graph compilation (a few seconds per shape).
+        Returns the compiled (kind, rows, ..., slots) shapes with their first-call seconds."""
+        if self.thread.is_alive():
+            raise RuntimeError("warmup() runs before start()")
+        before = set(self.gen.first_call_s)
+        self.warming = True
+        prompt = [self.pad_id if self.pad_id not in self.eos else 0] * 8
+        for count in (1, self.max_batch):
+            sinks = [(lambda ev: None) for _ in range(count)]
+            self.batch.admit([Work(Job(list(prompt), 2), s) for s in sinks], {})
+            while self.batch.active:
+                self.batch.step()
+            self.batch.drop()
+        self.warming, self.tokens_generated = False, 0
+        return [(k, self.gen.first_call_s[k]) for k in self.gen.first_call_s if k not in before]
 
     # ---- log-probabilities ----------------------------------------------------------------
     def _piece(self, tok: int) -> str:
@@ -215,13 +297,16 @@ class Engine:
         return piece if piece is not None else f"<{int(tok)}>"
 
     def _token_logprob(self, logits_row: np.ndarray, tok: int, top: int):
-        """(token string, log-probability, {token: logprob} of the top ``top`` and the token)."""
+        """(token string, log-probability, {token: logprob} of the top ``top`` and the token,
+        token id, [(id, logprob)] of the top ``top`` in order): completions read the first three
+        (vocabulary pieces), chat the ids (decoded to text)."""
         from msllm.generation.processors import log_softmax
 
         lp = log_softmax(logits_row[None].astype(np.float32))[0]
-        d = {self._piece(t): float(lp[t]) for t in np.argsort(-lp, kind="stable")[:top]} if top else {}
+        best = [int(t) for t in np.argsort(-lp, kind="stable")[:top]] if top else []
+        d = {self._piece(t): float(lp[t]) for t in best}
         d[self._piece(tok)] = float(lp[tok])
-        return self._piece(tok), float(lp[tok]), d
+        return self._piece(tok), float(lp[tok]), d, int(tok), [(t, float(lp[t])) for t in best]
 
     def score_prompt(self, job: Job) -> list:
         """Per prompt token (string, log-probability given the tokens before it (None for the

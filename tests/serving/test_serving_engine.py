@@ -9,6 +9,7 @@ the engine's row bookkeeping)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -94,3 +95,55 @@ def test_requests_join_a_running_batch_and_keep_their_greedy_outputs(engine):
         assert time.time() - t < 60
         time.sleep(0.01)
     assert eng.batch.caches is None and eng.batch.rows == []              # dropped with the last row
+
+
+def test_a_row_that_fails_fails_alone_and_the_batch_goes_on(engine, monkeypatch):
+    """While a greedy request decodes, three requests that fail inside the engine join it: one
+    with a seed numpy refuses (-1: ``default_rng`` raises while its row is set up, the issue's
+    example), one with an empty prompt (the prefill grouping's division), one whose row raises
+    at its 3rd token (an injected failure carrying internal text). Each gets a 500 with the
+    generic message and nothing of the internal text; the greedy request still gets exactly its
+    reference tokens (its row and the caches were kept), and the engine serves afterwards."""
+    from msllm.serving.engine import GENERATION_FAILED
+    from msllm.serving.protocol import Job
+
+    eng, tok, settings = engine
+    print("seed", SEED, "(greedy decoding for the reference; the failing rows never sample)")
+    good = tok.encode("The three primary colors are")
+    ref = eng.gen.generate([good], dataclasses.replace(settings, max_new_tokens=24, do_sample=False),
+                           buffer=1024).tokens[0]
+    poisoned = tok.encode("Once upon a time, in a small village by the sea,")   # runs 48 tokens greedy
+    accept = eng.batch._accept
+
+    def failing_accept(b, logits_row):
+        r = eng.batch.rows[b]
+        if r.work.job.prompt == poisoned and len(r.work.tokens) == 3:
+            raise RuntimeError("injected: mindspore internal text CPU kernel xyz")
+        return accept(b, logits_row)
+
+    monkeypatch.setattr(eng.batch, "_accept", failing_accept)
+    before = eng.stats()
+    order: list = []
+    sinks = {k: Sink(order, k) for k in ("good", "seed", "empty", "poisoned")}
+    g = eng.submit(Job(good, 24), sinks["good"])
+    t = time.time()
+    while g.tokens is None or len(g.tokens) < 2:
+        assert time.time() - t < 300
+        time.sleep(0.01)
+    eng.submit(Job(tok.encode("Pick a number:"), 8, greedy=False, seed=-1), sinks["seed"])
+    eng.submit(Job([], 8), sinks["empty"])
+    eng.submit(Job(poisoned, 8), sinks["poisoned"])
+    for k in sinks:
+        assert sinks[k].done.wait(300), k
+    assert g.tokens == ref and sinks["good"].events[-1][0] == "done"
+    for k in ("seed", "empty", "poisoned"):
+        kind, err = sinks[k].events[-1][:2]
+        assert kind == "error" and err.status == 500 and err.message == GENERATION_FAILED, (k, sinks[k].events)
+        assert "xyz" not in json.dumps(err.body()) and "ValueError" not in json.dumps(err.body())
+    assert [e[0] for e in sinks["poisoned"].events].count("error") == 1
+    assert eng.stats()["failed_rows"] - before["failed_rows"] == 3
+    assert eng.alive()
+    monkeypatch.undo()
+    again = Sink([], "again")
+    w = eng.submit(Job(good, 24), again)
+    assert again.done.wait(300) and w.tokens == ref

@@ -4,7 +4,8 @@ harness's ``local-completions`` backend scores MMLU requests as msllm's own eval
 16 concurrent clients each get their own prompt's greedy continuation while bad requests get
 their status codes, a full queue answers 429, a client that disconnects frees its row, and
 SIGTERM finishes the requests in flight before the process exits 0. One server process serves
-the module (started once, about 30 s); every wait is bounded."""
+the session (``tests/serving/conftest.py``, started once, about 30 s, shared with
+test_serving_hostile.py; the SIGTERM test, last here, ends it); every wait is bounded."""
 
 from __future__ import annotations
 
@@ -13,91 +14,17 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
 from helpers import REPO
-from helpers.distributed import free_port
+from servetest_helpers import CONFIG, GREEDY_PROMPTS, KEY, MODEL, NEW, predict
 
 pytestmark = pytest.mark.slow
 
-CONFIG = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
-KEY = "test-key-20261126"
-MODEL = "smollm2-test"
-PROMPTS = ["The capital of France is", "Water boils at a temperature of", "def fibonacci(n):"]
+PROMPTS = GREEDY_PROMPTS[:3]
 QUESTIONS = ["What is the capital of France?", "Name three primary colors."]
-NEW = 20
-
-
-class Server:
-    def __init__(self, proc, url, log):
-        self.proc, self.url, self.log = proc, url, log
-
-    def health(self) -> dict:
-        with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
-            return json.loads(r.read())
-
-    def post(self, path: str, body, key: str | None = KEY, raw: bytes | None = None) -> tuple[int, dict]:
-        data = raw if raw is not None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {key}"} if key else {})})
-        try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_dir, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("MS_WORKER_NUM", "RANK_SIZE", "RANK_ID", "MS_ROLE")}
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--config", CONFIG,
-                             "--load_checkpoint", smollm2_dir, "--port", str(port), "--api_key", KEY,
-                             "--model_name", MODEL, "--max_batch", "8", "--max_queue", "16"],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=dict(env, GLOG_v="3"))
-    s = Server(proc, f"http://127.0.0.1:{port}", log)
-    t = time.time()
-    while True:
-        try:
-            s.health()
-            break
-        except OSError:
-            assert proc.poll() is None and time.time() - t < 300, log.read_text()[-3000:]
-            time.sleep(0.5)
-    yield s
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(30)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
-
-
-def predict(smollm2_dir, tmp_path, records, template=None) -> list[str]:
-    """run_msllm.py predict's greedy outputs (NEW new tokens) for ``records`` (a JSONL file)."""
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    out = tmp_path / "out"
-    cmd = [sys.executable, os.path.join(REPO, "run_msllm.py"), "--config", CONFIG, "--run_mode", "predict",
-           "--load_checkpoint", smollm2_dir, "--predict_data", str(data), f"--output_dir={out}",
-           f"--generation_config.max_new_tokens={NEW}", "--generation_config.do_sample=False"]
-    if template:
-        cmd += ["--template", template]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, GLOG_v="3"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(x) for x in (out / "predict" / "predictions.jsonl").read_text().splitlines()]
-    return [row["output"] for row in sorted(rows, key=lambda x: x["index"])]
 
 
 def test_models_and_the_api_key(server, client):
@@ -108,8 +35,8 @@ def test_models_and_the_api_key(server, client):
     assert status == 401
 
 
-def test_completions_equal_predict_greedy_streamed_or_not(smollm2_dir, client, tmp_path):
-    want = predict(smollm2_dir, tmp_path, [{"prompt": p} for p in PROMPTS], template="none")
+def test_completions_equal_predict_greedy_streamed_or_not(greedy_predictions, client):
+    want = [greedy_predictions[p] for p in PROMPTS]
     for p, w in zip(PROMPTS, want):
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0)
         assert r.choices[0].text == w, (p, r.choices[0].text, w)
@@ -123,7 +50,7 @@ def test_completions_equal_predict_greedy_streamed_or_not(smollm2_dir, client, t
 
 
 def test_chat_completions_equal_predict_with_the_chat_template(smollm2_dir, client, tmp_path):
-    want = predict(smollm2_dir, tmp_path, [{"messages": [{"role": "user", "content": q}]} for q in QUESTIONS])
+    want = predict(smollm2_dir, tmp_path, [{"messages": [{"role": "user", "content": q}]} for q in QUESTIONS], NEW)
     for q, w in zip(QUESTIONS, want):
         msgs = [{"role": "user", "content": q}]
         r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=NEW, temperature=0)
@@ -174,8 +101,8 @@ def test_lm_eval_local_completions_scores_like_msllm_evaluation(smollm2_dir, ser
 def test_concurrent_clients_get_their_own_greedy_outputs_and_bad_requests_their_codes(server, client):
     """16 clients x 4 requests at once (8 different prompts and lengths, so that rows of different
     lengths share batches), batched by the engine: each answer equals the same request's answer
-    alone; bad requests sent meanwhile get 400 with OpenAI's error object; the server answers
-    afterwards."""
+    alone; bad requests sent meanwhile get 400 (404 for an unknown model, as OpenAI) with OpenAI's
+    error object; the server answers afterwards."""
     kinds = [(f"Question {i}: {PROMPTS[i % 3]}", 4 + (i * 5) % 17) for i in range(8)]
     alone = {k: client.completions.create(model=MODEL, prompt=k[0], max_tokens=k[1], temperature=0).choices[0].text
              for k in kinds}                     # references one by one (each its own batch)
@@ -192,12 +119,12 @@ def test_concurrent_clients_get_their_own_greedy_outputs_and_bad_requests_their_
     bad = [(None, b"{not json"), ({"model": "nope", "prompt": "x"}, None),
            ({"model": MODEL, "prompt": "x", "max_tokens": -3}, None),
            ({"model": MODEL, "prompt": [[5] * 9000], "max_tokens": 1}, None),
-           ({"model": MODEL, "prompt": "x", "n": 3}, None)]
+           ({"model": MODEL, "prompt": "x", "n": 9}, None)]
     with cf.ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(one_client, c) for c in range(16)]
         codes = [server.post("/v1/completions", body, raw=raw) for body, raw in bad]
         results = [x for f in futures for x in f.result(timeout=900)]
-    assert [c for c, _ in codes] == [400] * 5
+    assert [c for c, _ in codes] == [400, 404, 400, 400, 400]
     assert all(set(b["error"]) == {"message", "type", "param", "code"} for _, b in codes)
     assert codes[3][1]["error"]["code"] == "context_length_exceeded"
     assert len(results) == 64 and len({k[:2] for k, _ in results}) == 64   # none lost, none twice
