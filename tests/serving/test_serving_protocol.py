@@ -127,6 +127,17 @@ def test_generation_config_becomes_request_defaults_or_is_refused_by_name():
             request_defaults(gen)
     with pytest.raises(MsllmError, match="max_tokens_default"):
         request_defaults(None, 0)
+    # MindFormers' keys in model.model_config fill what generation_config leaves unset (as predict)
+    from types import SimpleNamespace
+
+    mc = SimpleNamespace(do_sample=True, top_k=7, top_p=None, repetition_penalty=None, max_decode_length=None,
+                         use_past=None)
+    d, _ = request_defaults(GenerationConfig(top_k=3), None, mc)
+    assert d == RequestDefaults(1.0, 1.0, 3, None)
+    assert request_defaults(GenerationConfig(), None, SimpleNamespace(**dict(vars(mc), do_sample=False)))[0] \
+        == RequestDefaults(0.0, 1.0, 7, None)
+    with pytest.raises(MsllmError, match="model.model_config.repetition_penalty"):
+        request_defaults(None, None, SimpleNamespace(**dict(vars(mc), repetition_penalty=1.1)))
 
 
 def test_tokenize_and_detokenize_have_vllms_shapes(tok, template):
