@@ -192,3 +192,28 @@ def build_dpo_network(policy, dpo_cfg, lora: bool, fast_paths: bool, device: str
     """:class:`DPONetwork` around ``policy`` with its reference (frozen copy, or the shared base for LoRA)."""
     reference = build_reference(policy, share_frozen=lora, fast_paths=fast_paths, device=device)
     return DPONetwork(policy, reference, dpo_cfg.beta, dpo_cfg.loss_type, dpo_cfg.label_smoothing, dpo_cfg.ftx)
+
+
+def fill_reference(network: DPONetwork, start: str | None, rank: int = 0) -> None:
+    """Set a full fine-tune's frozen reference copies (``reference.<name>``) to the starting weights:
+    from the policy as it is now (``start`` None: right after the starting weights were loaded), or
+    from the checkpoint / HF directory ``start`` (a resumed run: the policy has moved on; the copies
+    are not saved in checkpoints, :func:`msllm.training.checkpoint.save_checkpoint`)."""
+    from msllm.training.checkpoint import REFERENCE_PREFIX
+
+    ref = network.ref_logps.model
+    params = [p for p in ref.get_parameters() if p.name.startswith(REFERENCE_PREFIX)]
+    if start is None:
+        own = dict(network.policy.parameters_and_names())
+        for p in params:
+            p.set_data(Tensor(own[p.name[len(REFERENCE_PREFIX):]].asnumpy()))
+        return
+    from msllm.lora.base import load_base_into
+
+    for p in params:   # load_base_into matches the model's own names
+        p.name = p.name[len(REFERENCE_PREFIX):]
+    try:
+        load_base_into(ref, start, rank)
+    finally:
+        for p in params:
+            p.name = REFERENCE_PREFIX + p.name

@@ -1,0 +1,163 @@
+"""DPO against TRL's DPOTrainer (trl 1.16.0) on the real SmolLM2-135M-Instruct and a held-out pair set made
+from the bundled Alpaca records (chosen = the record's own answer, rejected = another record's answer):
+
+1. tokenization: msllm's preference rows are TRL's ``prompt_ids + chosen_ids`` / ``+ rejected_ids``, and the
+   completion (labels) is TRL's;
+2. the first step: chosen and rejected summed log-probs per pair, and for sigmoid / ipo / hinge the loss and
+   rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen, logps/rejected equal
+   TRL's ``_compute_loss`` and its logged metrics;
+3. one SGD step from the same weights (no clipping, no loss scaling, lr 1e-3): every parameter equal to TRL's
+   after its step (full fine-tune), and the same LoRA adapter (PEFT, A copied from PEFT's initialisation).
+
+msllm runs in PyNative mode here (no graph compiles of the 30-layer model: the run through run_msllm.py in
+graph mode is tests/training/test_dpo_run.py). Seeds: TRL's ``seed`` 0 (its data order does not matter: one
+batch holds every pair and the losses are means).
+
+Tolerances (``TOL`` 1e-4): the summed log-probs of 13-35 completion tokens differ by up to ~5e-5 between the
+two float32 implementations (SmolLM2's logits reach |38|; tests/lora/test_real_model_finetune.py measures the
+logit noise floor at ~1.3e-4); the weight updates compared are >= 100x the tolerance.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from helpers import DATA
+
+from helpers.trl_env import trl_importable
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+trl_importable()   # pyarrow 21 beside numpy<2 (see tests/helpers/trl_env.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+SEQ = 96
+N_PAIRS = 3
+BETA = 0.1
+LR = 1e-3
+TOL = 1e-4
+SEED = 0
+
+
+def held_out_pairs() -> list[dict]:
+    """TRL conversational pairs from the last short Alpaca records (not the first three, which the demo holds
+    out for its answers): chosen = own output, rejected = the next record's output."""
+    with open(os.path.join(DATA, "alpaca_en_demo.json"), encoding="utf-8") as fh:
+        recs = [r for r in json.load(fh) if not r.get("input") and len(r["instruction"]) + len(r["output"]) < 160]
+    recs = recs[-(N_PAIRS + 1):]
+    return [{"prompt": [{"role": "user", "content": a["instruction"]}],
+             "chosen": [{"role": "assistant", "content": a["output"]}],
+             "rejected": [{"role": "assistant", "content": b["output"]}]} for a, b in zip(recs, recs[1:])]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory, smollm2_dir):
+    from msllm.data.preference import preprocess_preference, read_preference_arrays
+
+    d = tmp_path_factory.mktemp("dpo_trl")
+    src = str(d / "pairs.json")
+    with open(src, "w", encoding="utf-8") as fh:
+        json.dump(held_out_pairs(), fh)
+    out = str(d / "pairs.mindrecord")
+    assert preprocess_preference(src, smollm2_dir, SEQ, out, shuffle=False)["pairs_written"] == N_PAIRS
+    a = read_preference_arrays(out)
+    ids = np.stack([a["chosen_input_ids"], a["rejected_input_ids"]], 1)            # (N, 2, L)
+    lab = np.stack([a["chosen_labels"], a["rejected_labels"]], 1)
+    return ids, lab
+
+
+def trl_trainer(smollm2_dir, tmp, loss_type="sigmoid", peft_config=None):
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    args = trl.DPOConfig(output_dir=str(tmp), per_device_train_batch_size=N_PAIRS, max_length=SEQ + 1, beta=BETA,
+                         loss_type=[loss_type], learning_rate=LR, optim="sgd", lr_scheduler_type="constant",
+                         warmup_steps=0, max_steps=1, max_grad_norm=0.0, report_to="none", use_cpu=True,
+                         seed=SEED, save_strategy="no", logging_steps=1, weight_decay=0.0,
+                         # TRL's configs default to bf16 = True: accelerate then runs the reference under bf16 autocast
+                         bf16=False)
+    return trl.DPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(held_out_pairs()),
+                          processing_class=tok, peft_config=peft_config)
+
+
+@pytest.fixture(scope="module")
+def trl_ref(smollm2_dir, tmp_path_factory):
+    """TRL's first-step loss and metrics for each loss type, and its tokenized pairs."""
+    trainer = trl_trainer(smollm2_dir, tmp_path_factory.mktemp("trl"))
+    examples = [trainer.train_dataset[i] for i in range(N_PAIRS)]
+    inputs = trainer.data_collator(examples)
+    out = {}
+    trainer.model.train()
+    for lt in ("sigmoid", "ipo", "hinge"):
+        trainer.loss_types = [lt]
+        trainer._metrics["train"].clear()
+        with torch.no_grad():
+            loss = float(trainer._compute_loss(trainer.model, inputs, False))
+        out[lt] = {"loss": loss, **{k: v[-1] for k, v in trainer._metrics["train"].items()}}
+    return examples, out
+
+
+@pytest.fixture(scope="module")
+def msllm_model(smollm2_dir):
+    """msllm's SmolLM2 (PyNative), weights from the HF directory."""
+    import dataclasses
+
+    import mindspore as ms
+
+    from msllm.lora.base import load_base_into, open_base
+    from msllm.models.llama.model import LlamaForCausalLM
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    src = open_base(smollm2_dir)
+    cfg = dataclasses.replace(src.config, seq_length=SEQ)
+    src.close()
+
+    def build():
+        net = LlamaForCausalLM(cfg, fast_paths=True)
+        load_base_into(net, smollm2_dir)
+        return net
+    return build
+
+
+def test_rows_are_trls_tokenization(rows, trl_ref):
+    ids, lab = rows
+    examples, _ = trl_ref
+    for i, ex in enumerate(examples):
+        for side, key in ((0, "chosen_ids"), (1, "rejected_ids")):
+            full = ex["prompt_ids"] + ex[key]
+            np.testing.assert_array_equal(ids[i, side, :len(full)], full)
+            completion = lab[i, side][lab[i, side] != -100]
+            np.testing.assert_array_equal(completion, ex[key])
+            assert (lab[i, side, :len(ex["prompt_ids"])] == -100).all()
+
+
+def test_first_step_logps_loss_and_metrics_equal_trl(rows, trl_ref, msllm_model):
+    import mindspore as ms
+
+    from msllm.training.dpo import DPONetwork, build_reference, dpo_losses, metrics_dict
+
+    ids, lab = rows
+    _, ref = trl_ref
+    policy = msllm_model()
+    net = DPONetwork(policy, build_reference(policy, False, True, "CPU"), beta=BETA)
+    lc, lr, rc, rr, nc, nr = [x.asnumpy() for x in net.pair_logps(ms.Tensor(ids), ms.Tensor(lab))]
+    print("msllm logps chosen", lc, "rejected", lr)
+    np.testing.assert_array_equal(lc, rc)          # policy = reference at the start
+    assert abs(lc.mean() - ref["sigmoid"]["logps/chosen"]) <= TOL
+    assert abs(lr.mean() - ref["sigmoid"]["logps/rejected"]) <= TOL
+    for lt in ("sigmoid", "ipo", "hinge"):
+        net.loss_type = lt
+        loss, metrics = net(ms.Tensor(ids), ms.Tensor(lab))
+        m = metrics_dict(metrics.asnumpy())
+        print(lt, float(loss), m, ref[lt])
+        assert abs(float(loss) - ref[lt]["loss"]) <= TOL, lt
+        for k, v in m.items():
+            assert abs(v - ref[lt][k]) <= TOL, (lt, k, v, ref[lt][k])
+        direct = dpo_losses(*[ms.Tensor(x) for x in (lc, lr, rc, rr, nc, nr)], BETA, lt).asnumpy().mean()
+        assert abs(direct - float(loss)) <= 1e-6
