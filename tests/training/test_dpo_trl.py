@@ -6,8 +6,10 @@ from the bundled Alpaca records (chosen = the record's own answer, rejected = an
 2. the first step: chosen and rejected summed log-probs per pair, and for sigmoid / ipo / hinge the loss and
    rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen, logps/rejected equal
    TRL's ``_compute_loss`` and its logged metrics;
-3. one SGD step from the same weights (no clipping, no loss scaling, lr 1e-3): every parameter equal to TRL's
-   after its step (full fine-tune), and the same LoRA adapter (PEFT, A copied from PEFT's initialisation).
+3. one SGD step from the same weights (no clipping, no loss scaling, lr 0.005): every parameter's update equal
+   to TRL's (full fine-tune), then the second step's loss and metrics for each loss type (policy and reference
+   now differ); and the same LoRA adapter after the step (PEFT; A copied from PEFT's initialisation; lr 0.5, since
+   B starts at zero).
 
 msllm runs in PyNative mode here (no graph compiles of the 30-layer model: the run through run_msllm.py in
 graph mode is tests/training/test_dpo_run.py). Seeds: TRL's ``seed`` 0 (its data order does not matter: one
@@ -36,7 +38,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 SEQ = 96
 N_PAIRS = 3
 BETA = 0.1
-LR = 1e-3
+LR = 0.005
+LORA_LR = 0.5   # B starts at zero: a larger step for an update well above the tolerance
 TOL = 1e-4
 SEED = 0
 
@@ -68,15 +71,20 @@ def rows(tmp_path_factory, smollm2_dir):
     return ids, lab
 
 
-def trl_trainer(smollm2_dir, tmp, loss_type="sigmoid", peft_config=None):
+def trl_trainer(smollm2_dir, tmp, loss_type="sigmoid", peft_config=None, lr=LR):
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    # transformers builds the embedding with padding_idx = pad_token_id (SmolLM2: 2, <|im_end|>), and torch then
+    # drops that row's gradient from every *input* occurrence, also the real <|im_end|> tokens of the prompts
+    # (measured: the only difference of the updates, 4.9e-3 in row 2). msllm's embedding has no padding row;
+    # without it here both sides compute the same gradient.
+    model.model.embed_tokens.padding_idx = None
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     args = trl.DPOConfig(output_dir=str(tmp), per_device_train_batch_size=N_PAIRS, max_length=SEQ + 1, beta=BETA,
-                         loss_type=[loss_type], learning_rate=LR, optim="sgd", lr_scheduler_type="constant",
+                         loss_type=[loss_type], learning_rate=lr, optim="sgd", lr_scheduler_type="constant",
                          warmup_steps=0, max_steps=1, max_grad_norm=0.0, report_to="none", use_cpu=True,
                          seed=SEED, save_strategy="no", logging_steps=1, weight_decay=0.0,
                          # TRL's configs default to bf16 = True: accelerate then runs the reference under bf16 autocast
@@ -161,3 +169,106 @@ def test_first_step_logps_loss_and_metrics_equal_trl(rows, trl_ref, msllm_model)
             assert abs(v - ref[lt][k]) <= TOL, (lt, k, v, ref[lt][k])
         direct = dpo_losses(*[ms.Tensor(x) for x in (lc, lr, rc, rr, nc, nr)], BETA, lt).asnumpy().mean()
         assert abs(direct - float(loss)) <= 1e-6
+
+
+def _trl_after_one_step(trainer):
+    trainer.train()
+    return {n: p.detach().numpy().copy() for n, p in trainer.model.named_parameters()}
+
+
+def _msllm_step(net, params, ids, lab, lr=LR):
+    import mindspore as ms
+    from mindspore import nn
+
+    from msllm.training.step import TrainStep
+
+    step = TrainStep(net, nn.SGD(params, learning_rate=lr), loss_scale="none", max_grad_norm=None)
+    step.set_train()
+    loss = step(ms.Tensor(ids), ms.Tensor(lab))[0]
+    return float(loss.asnumpy())
+
+
+def test_one_sgd_step_full_equals_trl_then_second_step_metrics(rows, msllm_model, smollm2_dir, tmp_path):
+    import mindspore as ms
+
+    from msllm.training.dpo import DPONetwork, build_reference, metrics_dict
+
+    from msllm.models.llama.names import hf_to_msllm_name
+
+    ids, lab = rows
+    trainer = trl_trainer(smollm2_dir, tmp_path)
+    before = {hf_to_msllm_name(n): p.detach().numpy().copy() for n, p in trainer.model.named_parameters()}
+    after = {hf_to_msllm_name(n): v for n, v in _trl_after_one_step(trainer).items()}
+
+    policy = msllm_model()
+    start = {p.name: p.asnumpy().copy() for p in policy.get_parameters()}
+    net = DPONetwork(policy, build_reference(policy, False, True, "CPU"), beta=BETA)
+    _msllm_step(net, policy.trainable_params(), ids, lab)
+    mine = {p.name: p.asnumpy() for p in policy.get_parameters()}
+    assert set(mine) == set(after), set(mine) ^ set(after)
+    worst, biggest = 0.0, 0.0
+    for name, value in mine.items():
+        np.testing.assert_allclose(start[name], before[name], atol=0, rtol=0)   # same start
+        d_ms, d_trl = value - start[name], after[name] - before[name]
+        worst = max(worst, float(np.abs(d_ms - d_trl).max()))
+        biggest = max(biggest, float(np.abs(d_trl).max()))
+        if float(np.abs(d_ms - d_trl).max()) > TOL:
+            print("DIFF", name, float(np.abs(d_ms - d_trl).max()), float(np.linalg.norm(d_ms) / np.linalg.norm(d_trl)))
+
+    print(f"largest update {biggest:.3g}, largest difference of the updates {worst:.3g}")
+    assert worst <= TOL and biggest >= 10 * TOL
+
+    # second step: policy and reference differ now
+    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(N_PAIRS)])
+    trainer.model.train()
+    for lt in ("sigmoid", "ipo", "hinge"):
+        trainer.loss_types = [lt]
+        trainer._metrics["train"].clear()
+        with torch.no_grad():
+            ref_loss = float(trainer._compute_loss(trainer.model, inputs, False))
+        ref = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+        net.loss_type = lt
+        loss, metrics = net(ms.Tensor(ids), ms.Tensor(lab))
+        m = metrics_dict(metrics.asnumpy())
+        print(lt, float(loss), ref_loss, m)
+        assert abs(float(loss) - ref_loss) <= TOL, lt
+        assert abs(m["rewards/margins"]) > 10 * TOL     # the rewards are not trivially zero any more
+        for k, v in m.items():
+            assert abs(v - ref[k]) <= TOL, (lt, k, v, ref[k])
+
+
+def test_one_sgd_step_lora_gives_peft_adapter(rows, msllm_model, smollm2_dir, tmp_path):
+    import mindspore as ms
+    from peft import LoraConfig
+
+    from msllm.lora.apply import apply_lora
+    from msllm.models.llama.config import PetConfig
+    from msllm.training.dpo import DPONetwork, build_reference
+
+    ids, lab = rows
+    trainer = trl_trainer(smollm2_dir, tmp_path, peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                                        target_modules=["q_proj", "v_proj"]),
+                          lr=LORA_LR)
+    assert trainer.ref_model is None            # TRL: the base with the adapter disabled
+    before = {n: p.detach().numpy().copy() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    after = _trl_after_one_step(trainer)
+
+    def msllm_name(peft):   # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+        return peft.replace("base_model.model.", "", 1).replace(".default", "")
+
+    policy = msllm_model()
+    apply_lora(policy, PetConfig(lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, target_modules="q_proj|v_proj"))
+    adapters = {p.name: p for p in policy.trainable_params()}
+    assert set(adapters) == {msllm_name(n) for n in before}
+    for n, v in before.items():          # PEFT's random A (and zero B) as the start
+        adapters[msllm_name(n)].set_data(ms.Tensor(v))
+    net = DPONetwork(policy, build_reference(policy, True, True, "CPU"), beta=BETA)
+    assert not any(p.name.startswith("reference.") for p in net.get_parameters())   # no second copy
+    _msllm_step(net, policy.trainable_params(), ids, lab, LORA_LR)
+    worst, biggest = 0.0, 0.0
+    for n, v in before.items():
+        d_ms, d_trl = adapters[msllm_name(n)].asnumpy() - v, after[n] - v
+        worst = max(worst, float(np.abs(d_ms - d_trl).max()))
+        biggest = max(biggest, float(np.abs(d_trl).max()))
+    print(f"LoRA: largest update {biggest:.3g}, largest difference of the updates {worst:.3g}")
+    assert worst <= TOL and biggest >= 10 * TOL
