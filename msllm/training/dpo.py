@@ -194,6 +194,28 @@ def build_dpo_network(policy, dpo_cfg, lora: bool, fast_paths: bool, device: str
     return DPONetwork(policy, reference, dpo_cfg.beta, dpo_cfg.loss_type, dpo_cfg.label_smoothing, dpo_cfg.ftx)
 
 
+def reference_source(load_checkpoint: str, resumed: str | None) -> str:
+    """Where a full fine-tune's reference weights come from: ``load_checkpoint`` (absolute) at the start;
+    on resume the ``dpo_reference`` recorded in the resumed checkpoint's manifest (``load_checkpoint``
+    may then name the run's own checkpoints, MindFormers' resume convention).
+
+    Raises MsllmError: a resumed checkpoint without that record, and no load_checkpoint to fall back on."""
+    import os
+
+    from msllm.errors import MsllmError
+    from msllm.formats.manifest import read_sidecar
+
+    if resumed is None:
+        return os.path.abspath(load_checkpoint) if load_checkpoint else ""
+    recorded = (read_sidecar(resumed) or {}).get("dpo_reference")
+    if recorded:
+        return recorded
+    if not load_checkpoint:
+        raise MsllmError(f"{resumed}: its manifest records no dpo_reference (the starting weights of the DPO "
+                         "reference); set load_checkpoint to them")
+    return os.path.abspath(load_checkpoint)
+
+
 def fill_reference(network: DPONetwork, start: str | None, rank: int = 0) -> None:
     """Set a full fine-tune's frozen reference copies (``reference.<name>``) to the starting weights:
     from the policy as it is now (``start`` None: right after the starting weights were loaded), or
@@ -208,8 +230,12 @@ def fill_reference(network: DPONetwork, start: str | None, rank: int = 0) -> Non
         for p in params:
             p.set_data(Tensor(own[p.name[len(REFERENCE_PREFIX):]].asnumpy()))
         return
+    from msllm.errors import MsllmError
     from msllm.lora.base import load_base_into
 
+    if not start:
+        raise MsllmError("resume_training with dpo needs load_checkpoint (the starting weights the reference is "
+                         "rebuilt from: its frozen copies are not saved in the run's checkpoints)")
     for p in params:   # load_base_into matches the model's own names
         p.name = p.name[len(REFERENCE_PREFIX):]
     try:

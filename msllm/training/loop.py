@@ -42,6 +42,8 @@ class Checkpointer:
         self.identity = {"template": read_template_name(run.cfg.train_dataset.dataset_dir)}
         if run.meta.get("tokenizer_md5"):
             self.identity["tokenizer"] = {"file": run.meta.get("tokenizer_file"), "md5": run.meta["tokenizer_md5"]}
+        if run.dpo_reference:   # a resumed DPO run rebuilds its frozen reference from these weights
+            self.identity["dpo_reference"] = run.dpo_reference
 
     def has(self, step: int) -> bool:
         """Whether the newest checkpoint saved by this run is of ``step``."""

@@ -134,6 +134,7 @@ class TrainRun:
     agree: RankAgreement
     n_params: int
     sharded: bool
+    dpo_reference: str = ""   # DPO full fine-tune: the starting weights (recorded in every checkpoint's manifest)
 
 
 def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
@@ -295,9 +296,10 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
         ckpt.load_into(policy, ckpt.load_params(path), path)
         log.info("loaded weights from %s", path)
     if cfg.dpo is not None and lora is None:   # the frozen reference = the starting weights
-        from msllm.training.dpo import fill_reference
+        from msllm.training.dpo import fill_reference, reference_source
 
-        fill_reference(run.network, cfg.load_checkpoint if resumed else None, rt.rank)
+        run.dpo_reference = reference_source(cfg.load_checkpoint, resumed[0] if resumed else None)
+        fill_reference(run.network, run.dpo_reference if resumed else None, rt.rank)
     return start_step, resumed
 
 

@@ -42,6 +42,7 @@ LR = 0.005
 LORA_LR = 0.5   # B starts at zero: a larger step for an update well above the tolerance
 TOL = 1e-4
 SEED = 0
+LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
 
 def held_out_pairs() -> list[dict]:
@@ -93,21 +94,30 @@ def trl_trainer(smollm2_dir, tmp, loss_type="sigmoid", peft_config=None, lr=LR):
                           processing_class=tok, peft_config=peft_config)
 
 
-@pytest.fixture(scope="module")
-def trl_ref(smollm2_dir, tmp_path_factory):
-    """TRL's first-step loss and metrics for each loss type, and its tokenized pairs."""
-    trainer = trl_trainer(smollm2_dir, tmp_path_factory.mktemp("trl"))
-    examples = [trainer.train_dataset[i] for i in range(N_PAIRS)]
-    inputs = trainer.data_collator(examples)
+def trl_metrics(trainer, inputs) -> dict:
+    """{loss type: {"loss", TRL's logged metrics}} of TRL's ``_compute_loss`` on ``inputs``, as they are now."""
     out = {}
     trainer.model.train()
-    for lt in ("sigmoid", "ipo", "hinge"):
+    for lt in LOSS_TYPES:
         trainer.loss_types = [lt]
         trainer._metrics["train"].clear()
         with torch.no_grad():
             loss = float(trainer._compute_loss(trainer.model, inputs, False))
         out[lt] = {"loss": loss, **{k: v[-1] for k, v in trainer._metrics["train"].items()}}
-    return examples, out
+    return out
+
+
+def msllm_metrics(net, ids, lab) -> dict:
+    import mindspore as ms
+
+    from msllm.training.dpo import metrics_dict
+
+    out = {}
+    for lt in LOSS_TYPES:
+        net.loss_type = lt
+        loss, metrics = net(ms.Tensor(ids), ms.Tensor(lab))
+        out[lt] = {"loss": float(loss.asnumpy()), **metrics_dict(metrics.asnumpy())}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -133,47 +143,81 @@ def msllm_model(smollm2_dir):
     return build
 
 
-def test_rows_are_trls_tokenization(rows, trl_ref):
+@pytest.fixture(scope="module")
+def full(rows, msllm_model, smollm2_dir, tmp_path_factory):
+    """Both sides of a full fine-tune: the first step's per-sequence log-probs and metrics, one SGD step, the
+    parameters before/after (msllm names), and the second step's metrics."""
+    import mindspore as ms
+
+    from msllm.models.llama.names import hf_to_msllm_name
+    from msllm.training.dpo import DPONetwork, build_reference
+
     ids, lab = rows
-    examples, _ = trl_ref
-    for i, ex in enumerate(examples):
+    trainer = trl_trainer(smollm2_dir, tmp_path_factory.mktemp("trl_full"))
+    examples = [trainer.train_dataset[i] for i in range(N_PAIRS)]
+    inputs = trainer.data_collator(examples)
+    with torch.no_grad():
+        trl_logps = [t.numpy() for t in trainer.compute_ref_log_probs(trainer.model, inputs)]   # TRL's sums
+    trl_first = trl_metrics(trainer, inputs)
+    before = {hf_to_msllm_name(n): p.detach().numpy().copy() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = {hf_to_msllm_name(n): p.detach().numpy().copy() for n, p in trainer.model.named_parameters()}
+    trl_second = trl_metrics(trainer, inputs)
+
+    policy = msllm_model()
+    start = {p.name: p.asnumpy().copy() for p in policy.get_parameters()}
+    net = DPONetwork(policy, build_reference(policy, False, True, "CPU"), beta=BETA)
+    logps = [x.asnumpy() for x in net.pair_logps(ms.Tensor(ids), ms.Tensor(lab))]
+    first = msllm_metrics(net, ids, lab)
+    _msllm_step(net, policy.trainable_params(), ids, lab)
+    mine = {p.name: p.asnumpy() for p in policy.get_parameters()}
+    second = msllm_metrics(net, ids, lab)
+    return dict(examples=examples, trl_logps=trl_logps, trl_first=trl_first, before=before, after=after,
+                trl_second=trl_second, logps=logps, first=first, start=start, mine=mine, second=second)
+
+
+def test_rows_are_trls_tokenization(rows, full):
+    ids, lab = rows
+    for i, ex in enumerate(full["examples"]):
         for side, key in ((0, "chosen_ids"), (1, "rejected_ids")):
-            full = ex["prompt_ids"] + ex[key]
-            np.testing.assert_array_equal(ids[i, side, :len(full)], full)
+            whole = ex["prompt_ids"] + ex[key]
+            np.testing.assert_array_equal(ids[i, side, :len(whole)], whole)
             completion = lab[i, side][lab[i, side] != -100]
             np.testing.assert_array_equal(completion, ex[key])
             assert (lab[i, side, :len(ex["prompt_ids"])] == -100).all()
 
 
-def test_first_step_logps_loss_and_metrics_equal_trl(rows, trl_ref, msllm_model):
-    import mindspore as ms
-
-    from msllm.training.dpo import DPONetwork, build_reference, dpo_losses, metrics_dict
-
-    ids, lab = rows
-    _, ref = trl_ref
-    policy = msllm_model()
-    net = DPONetwork(policy, build_reference(policy, False, True, "CPU"), beta=BETA)
-    lc, lr, rc, rr, nc, nr = [x.asnumpy() for x in net.pair_logps(ms.Tensor(ids), ms.Tensor(lab))]
-    print("msllm logps chosen", lc, "rejected", lr)
-    np.testing.assert_array_equal(lc, rc)          # policy = reference at the start
-    assert abs(lc.mean() - ref["sigmoid"]["logps/chosen"]) <= TOL
-    assert abs(lr.mean() - ref["sigmoid"]["logps/rejected"]) <= TOL
-    for lt in ("sigmoid", "ipo", "hinge"):
-        net.loss_type = lt
-        loss, metrics = net(ms.Tensor(ids), ms.Tensor(lab))
-        m = metrics_dict(metrics.asnumpy())
-        print(lt, float(loss), m, ref[lt])
-        assert abs(float(loss) - ref[lt]["loss"]) <= TOL, lt
-        for k, v in m.items():
+def _same_metrics(mine: dict, ref: dict):
+    for lt in LOSS_TYPES:
+        print(lt, mine[lt], {k: ref[lt][k] for k in mine[lt]})
+        for k, v in mine[lt].items():
             assert abs(v - ref[lt][k]) <= TOL, (lt, k, v, ref[lt][k])
-        direct = dpo_losses(*[ms.Tensor(x) for x in (lc, lr, rc, rr, nc, nr)], BETA, lt).asnumpy().mean()
-        assert abs(direct - float(loss)) <= 1e-6
 
 
-def _trl_after_one_step(trainer):
-    trainer.train()
-    return {n: p.detach().numpy().copy() for n, p in trainer.model.named_parameters()}
+def test_first_step_logps_loss_and_metrics_equal_trl(full):
+    lc, lr, rc, rr, nc, nr = full["logps"]
+    trl_c, trl_r = full["trl_logps"]
+    print("msllm logps chosen", lc, "rejected", lr, "TRL", trl_c, trl_r)
+    np.testing.assert_allclose(lc, trl_c, atol=TOL, rtol=0)
+    np.testing.assert_allclose(lr, trl_r, atol=TOL, rtol=0)
+    np.testing.assert_array_equal(lc, rc)          # policy = reference at the start
+    _same_metrics(full["first"], full["trl_first"])
+
+
+def test_one_sgd_step_full_equals_trl_then_second_step_metrics(full):
+    before, after, start, mine = full["before"], full["after"], full["start"], full["mine"]
+    assert set(mine) == set(after), set(mine) ^ set(after)
+    worst, biggest = 0.0, 0.0
+    for name, value in mine.items():
+        np.testing.assert_array_equal(start[name], before[name])   # same start
+        d_ms, d_trl = value - start[name], after[name] - before[name]
+        worst = max(worst, float(np.abs(d_ms - d_trl).max()))
+        biggest = max(biggest, float(np.abs(d_trl).max()))
+    print(f"largest update {biggest:.3g}, largest difference of the updates {worst:.3g}")
+    assert worst <= TOL and biggest >= 10 * TOL
+    # second step: policy and reference differ now, so every loss type and reward is non-trivial
+    assert all(abs(full["second"][lt]["rewards/margins"]) > 10 * TOL for lt in LOSS_TYPES)
+    _same_metrics(full["second"], full["trl_second"])
 
 
 def _msllm_step(net, params, ids, lab, lr=LR):
@@ -184,57 +228,7 @@ def _msllm_step(net, params, ids, lab, lr=LR):
 
     step = TrainStep(net, nn.SGD(params, learning_rate=lr), loss_scale="none", max_grad_norm=None)
     step.set_train()
-    loss = step(ms.Tensor(ids), ms.Tensor(lab))[0]
-    return float(loss.asnumpy())
-
-
-def test_one_sgd_step_full_equals_trl_then_second_step_metrics(rows, msllm_model, smollm2_dir, tmp_path):
-    import mindspore as ms
-
-    from msllm.training.dpo import DPONetwork, build_reference, metrics_dict
-
-    from msllm.models.llama.names import hf_to_msllm_name
-
-    ids, lab = rows
-    trainer = trl_trainer(smollm2_dir, tmp_path)
-    before = {hf_to_msllm_name(n): p.detach().numpy().copy() for n, p in trainer.model.named_parameters()}
-    after = {hf_to_msllm_name(n): v for n, v in _trl_after_one_step(trainer).items()}
-
-    policy = msllm_model()
-    start = {p.name: p.asnumpy().copy() for p in policy.get_parameters()}
-    net = DPONetwork(policy, build_reference(policy, False, True, "CPU"), beta=BETA)
-    _msllm_step(net, policy.trainable_params(), ids, lab)
-    mine = {p.name: p.asnumpy() for p in policy.get_parameters()}
-    assert set(mine) == set(after), set(mine) ^ set(after)
-    worst, biggest = 0.0, 0.0
-    for name, value in mine.items():
-        np.testing.assert_allclose(start[name], before[name], atol=0, rtol=0)   # same start
-        d_ms, d_trl = value - start[name], after[name] - before[name]
-        worst = max(worst, float(np.abs(d_ms - d_trl).max()))
-        biggest = max(biggest, float(np.abs(d_trl).max()))
-        if float(np.abs(d_ms - d_trl).max()) > TOL:
-            print("DIFF", name, float(np.abs(d_ms - d_trl).max()), float(np.linalg.norm(d_ms) / np.linalg.norm(d_trl)))
-
-    print(f"largest update {biggest:.3g}, largest difference of the updates {worst:.3g}")
-    assert worst <= TOL and biggest >= 10 * TOL
-
-    # second step: policy and reference differ now
-    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(N_PAIRS)])
-    trainer.model.train()
-    for lt in ("sigmoid", "ipo", "hinge"):
-        trainer.loss_types = [lt]
-        trainer._metrics["train"].clear()
-        with torch.no_grad():
-            ref_loss = float(trainer._compute_loss(trainer.model, inputs, False))
-        ref = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-        net.loss_type = lt
-        loss, metrics = net(ms.Tensor(ids), ms.Tensor(lab))
-        m = metrics_dict(metrics.asnumpy())
-        print(lt, float(loss), ref_loss, m)
-        assert abs(float(loss) - ref_loss) <= TOL, lt
-        assert abs(m["rewards/margins"]) > 10 * TOL     # the rewards are not trivially zero any more
-        for k, v in m.items():
-            assert abs(v - ref[k]) <= TOL, (lt, k, v, ref[k])
+    return float(step(ms.Tensor(ids), ms.Tensor(lab))[0].asnumpy())
 
 
 def test_one_sgd_step_lora_gives_peft_adapter(rows, msllm_model, smollm2_dir, tmp_path):
@@ -251,7 +245,8 @@ def test_one_sgd_step_lora_gives_peft_adapter(rows, msllm_model, smollm2_dir, tm
                           lr=LORA_LR)
     assert trainer.ref_model is None            # TRL: the base with the adapter disabled
     before = {n: p.detach().numpy().copy() for n, p in trainer.model.named_parameters() if "lora_" in n}
-    after = _trl_after_one_step(trainer)
+    trainer.train()
+    after = {n: p.detach().numpy().copy() for n, p in trainer.model.named_parameters() if "lora_" in n}
 
     def msllm_name(peft):   # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
         return peft.replace("base_model.model.", "", 1).replace(".default", "")
