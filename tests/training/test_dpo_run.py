@@ -3,7 +3,8 @@ model are tests/training/test_dpo_trl.py): pairs preprocessed with the real LLaM
 string records, vicuna_v1.1), trained by ``scripts/run_distribute.sh`` on 2 data-parallel ranks (2 pairs each)
 and by ``run_msllm.py`` in one process on the whole batch (4 pairs): every step's loss (mean of the ranks'
 losses) and every parameter at the end agree (float32 all-reduce order: 1e-5); each step line carries TRL's
-metric names; the checkpoint holds no reference copies and the next run resumes from it."""
+metric names; the checkpoint holds no reference copies; a run resumed after step 1 rebuilds its reference from the
+manifest and ends where the uninterrupted run ends."""
 
 import json
 import os
@@ -26,7 +27,8 @@ ARGS = [f"--model.model_config.seq_length={SEQ}", "--model.model_config.hidden_s
         "--model.model_config.num_layers=2", "--model.model_config.num_heads=2", "--model.model_config.n_kv_heads=1",
         f"--runner_config.train_steps={STEPS}", "--callbacks.loss_monitor.per_print_times=1", "--deterministic=True",
         "--lr_schedule.learning_rate=1e-3", "--lr_schedule.warmup_ratio=0.0", f"--seed={SEED}",
-        "--train_dataset.shuffle=False", "--dpo.beta=0.1", "--dpo.ftx=0.1"]
+        "--train_dataset.shuffle=False", "--dpo.beta=0.1", "--dpo.ftx=0.1",
+        "--callbacks.checkpoint.save_checkpoint_steps=1", "--callbacks.checkpoint.keep_checkpoint_max=5"]
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
            "logps/rejected")
 
@@ -82,7 +84,7 @@ def one_rank(pairs, tmp_path_factory):
     out = tmp_path_factory.mktemp("dp1") / "out"
     r = subprocess.run([sys.executable, os.path.join(REPO, "run_msllm.py"), "--config", TINY_YAML, "--run_mode",
                         "finetune", f"--train_dataset_dir={data}", "--runner_config.batch_size=4",
-                        f"--load_checkpoint={base}", *ARGS,
+                        "--parallel_config.data_parallel=1", f"--load_checkpoint={base}", *ARGS,
                         f"--output_dir={out}"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, r.stderr + r.stdout
@@ -113,18 +115,28 @@ def test_step_lines_carry_trls_metric_names(two_ranks, one_rank):
     assert first["rewards/chosen"] == 0.0 and first["rewards/margins"] == 0.0   # policy = reference at step 1
 
 
-def test_resume_continues_from_the_checkpoint(pairs, one_rank, tmp_path):
+def test_resume_from_step_1_ends_where_the_uninterrupted_run_ends(pairs, one_rank, tmp_path):
+    import shutil
+
     data, _, base = pairs
     one, _ = one_rank
+    out = tmp_path / "out"
+    shutil.copytree(one / "checkpoint", out / "checkpoint")
+    last = last_checkpoint(one)
+    for suffix in ("", ".json"):   # as if stopped after step 1
+        os.unlink(str(out / "checkpoint" / "rank_0" / os.path.basename(last)) + suffix)
     # load_checkpoint empty: resume looks in output_dir/checkpoint; the reference comes from the manifest
     r = subprocess.run([sys.executable, os.path.join(REPO, "run_msllm.py"), "--config", TINY_YAML, "--run_mode",
-                        "finetune", f"--train_dataset_dir={data}", "--runner_config.batch_size=4", *ARGS,
-                        f"--output_dir={one}", "--resume_training=True", f"--runner_config.train_steps={STEPS + 1}"],
+                        "finetune", f"--train_dataset_dir={data}", "--runner_config.batch_size=4",
+                        "--parallel_config.data_parallel=1", *ARGS, f"--output_dir={out}", "--resume_training=True"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    s = train_summary(one, 0)
-    assert s["start_step"] == STEPS and s["steps"] == 1
-    manifest = json.loads(open(last_checkpoint(one) + ".json").read())
+    s = train_summary(out, 0)
+    assert s["start_step"] == 1 and s["steps"] == 1
+    assert abs(s["losses"][0] - train_summary(one, 0)["losses"][1]) <= 1e-6
+    manifest = json.loads(open(last_checkpoint(out) + ".json").read())
     assert manifest["dpo_reference"] == os.path.abspath(base)
-    # the reference is the start (reloaded, not the resumed policy): the rewards are not zero on the new step
-    assert abs(s["metrics"][0]["rewards/margins"]) > 0
+    want, got = params_of(last), params_of(last_checkpoint(out))
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
