@@ -4,7 +4,8 @@ string records, vicuna_v1.1), trained by ``scripts/run_distribute.sh`` on 2 data
 and by ``run_msllm.py`` in one process on the whole batch (4 pairs): every step's loss (mean of the ranks'
 losses) and every parameter at the end agree (float32 all-reduce order: 1e-5); each step line carries TRL's
 metric names; the checkpoint holds no reference copies; a run resumed after step 1 rebuilds its reference from the
-manifest and ends where the uninterrupted run ends."""
+manifest and ends where the uninterrupted run ends; with LoRA the reference is the shared base and the
+checkpoint holds the adapters only."""
 
 import json
 import os
@@ -140,3 +141,23 @@ def test_resume_from_step_1_ends_where_the_uninterrupted_run_ends(pairs, one_ran
     assert want.keys() == got.keys()
     for k in want:
         np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+
+
+def test_lora_dpo_trains_adapters_only_against_the_shared_base(pairs, tmp_path):
+    data, _, base = pairs
+    out = tmp_path / "out"
+    pet = ["--model.model_config.pet_config.pet_type=lora", "--model.model_config.pet_config.lora_rank=4",
+           "--model.model_config.pet_config.lora_alpha=8", "--model.model_config.pet_config.target_modules=.*wq|.*wv"]
+    r = subprocess.run([sys.executable, os.path.join(REPO, "run_msllm.py"), "--config", TINY_YAML, "--run_mode",
+                        "finetune", f"--train_dataset_dir={data}", "--runner_config.batch_size=4",
+                        "--parallel_config.data_parallel=1", f"--load_checkpoint={base}", *ARGS, *pet,
+                        f"--output_dir={out}"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "reference = the base without adapters (shared weights)" in r.stderr + r.stdout
+    s = train_summary(out, 0)
+    assert s["steps"] == STEPS and s["metrics"][0]["rewards/margins"] == 0.0 and s["metrics"][1]["rewards/margins"] != 0
+    saved = params_of(last_checkpoint(out))
+    counters = ("adam_", "global_step", "beta", "learning_rate", "loss_scale", "current_iterator_step",
+                "last_overflow_iterator_step")   # optimizer and loss-scale state
+    weights = [k for k in saved if not k.startswith(counters)]
+    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights), [k for k in weights if "lora_" not in k]
