@@ -13,6 +13,9 @@ MindFormers' ``clean_wikitext`` does). ``--output_file`` may omit ``.mindrecord`
 default ``./dataset/wiki2048/wiki2048``); ``--file_partition N`` writes the shards
 ``OUTPUT0`` ... ``OUTPUT{N-1}`` as ``FileWriter(shard_num=N)`` names them. Each data file gets its
 ``.db`` and a metadata sidecar ``.json`` (with the template name).
+``--dataset_type dpo`` reads pairwise preference records (MindSpeed-LLM's and TRL's formats) into
+a MindRecord of ``chosen_input_ids`` / ``chosen_labels`` / ``rejected_input_ids`` /
+``rejected_labels`` (:mod:`msllm.data.preference`, docs/dpo.md).
 Logic: :func:`msllm.data.preprocess.preprocess_to_mindrecord`.
 """
 
@@ -34,9 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input_glob", required=True, help="glob of input files (quote it)")
-    p.add_argument("--dataset_type", default="wiki", choices=list(DATASET_TYPES),
+    p.add_argument("--dataset_type", default="wiki", choices=list(DATASET_TYPES) + ["dpo"],
                    help="qa: conversation JSON; wiki: text lines, WikiText, or .json(l) with 'text' "
-                        "(default wiki, as MindFormers)")
+                        "(default wiki, as MindFormers); dpo: pairwise preference records "
+                        "(prompt/chosen/rejected, docs/dpo.md)")
     p.add_argument("--model_file", required=True,
                    help="the tokenizer: a SentencePiece tokenizer.model, a Hugging Face tokenizer.json, or an HF "
                         "model directory (its tokenizer.json, tokenizer_config.json and chat template)")
@@ -69,6 +73,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     """Run the preprocessing and print the summary."""
     a = parse_args(argv)
+    if a.dataset_type == "dpo":
+        from msllm.data.preference import preprocess_preference
+
+        unused = [f for f, v in (("--repeat", a.repeat != 1), ("--file_partition", a.file_partition != 1),
+                                 ("--num_workers", a.num_workers != 1)) if v]
+        if unused:
+            raise MsllmError(f"{', '.join(unused)}: not implemented for --dataset_type dpo (expected the defaults)")
+        summary = preprocess_preference(a.input_glob, a.model_file, a.seq_length, a.output_file, a.template,
+                                        bool(a.shuffle), a.seed, a.pad_token_id, a.samples_num)
+        for key, value in summary.items():
+            print(f"{key:<16}: {value}")
+        return
     if a.template is not None and a.dataset_type != "qa":
         raise MsllmError(f"--template {a.template} applies to --dataset_type qa only (got {a.dataset_type})")
     template = None

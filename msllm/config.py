@@ -323,6 +323,45 @@ class TensorBoardConfig:
             raise MsllmError(f"{where}.tensorboard_queue_size must be >= 1, got {self.tensorboard_queue_size}")
 
 
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+
+
+@dataclass
+class DPOConfig:
+    """``dpo``: preference tuning (Rafailov et al. 2023) instead of the next-token loss; the data are
+    pairs (``llama_preprocess.py --dataset_type dpo``). Names and defaults: TRL 1.16.0
+    ``trl/trainer/dpo_config.py`` (``beta`` 0.1, ``loss_type`` "sigmoid", ``label_smoothing`` 0.0,
+    ``precompute_ref_log_probs``), ``ftx`` = LLaMA-Factory's / MindSpeed-LLM's ``pref_ftx`` (0.0).
+
+    beta: the KL weight beta (IPO: its tau).
+    loss_type: ``sigmoid`` | ``ipo`` | ``hinge`` (formulas: :mod:`msllm.training.dpo`).
+    label_smoothing: sigmoid only: the conservative-DPO flip probability eps in [0, 0.5).
+    ftx: weight of the SFT term (mean per-token NLL of the chosen completion) added to the loss.
+    precompute_ref: read the reference log-probs from the MindRecord's ``chosen_ref_logps`` /
+        ``rejected_ref_logps`` columns (``tools/precompute_ref.py`` writes them) instead of a
+        reference forward pass in every step.
+    """
+
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    ftx: float = 0.0
+    precompute_ref: bool = False
+
+    def validate(self, where: str) -> None:
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise MsllmError(f"{where}.loss_type={self.loss_type!r}: expected one of {', '.join(DPO_LOSS_TYPES)}")
+        if not self.beta > 0:
+            raise MsllmError(f"{where}.beta={self.beta}: expected a number > 0")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise MsllmError(f"{where}.label_smoothing={self.label_smoothing}: expected a number in [0, 0.5)")
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise MsllmError(f"{where}.label_smoothing={self.label_smoothing}: applies to loss_type sigmoid only "
+                             f"(got {self.loss_type})")
+        if self.ftx < 0:
+            raise MsllmError(f"{where}.ftx={self.ftx}: expected a number >= 0")
+
+
 @dataclass
 class RunConfig:
     """A whole run: the top level of ``configs/llama/run_llama_*.yaml``.
@@ -370,6 +409,8 @@ class RunConfig:
     eval_dataset: EvalDatasetConfig = field(default_factory=EvalDatasetConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     generation_config: GenerationConfig = field(default_factory=GenerationConfig)
+    # preference tuning (DPO) instead of the next-token loss; None = ordinary training
+    dpo: Optional[DPOConfig] = None
 
     @property
     def model_config(self) -> LlamaConfig:
@@ -386,7 +427,7 @@ class RunConfig:
         """Check each section, then the rules that join sections."""
         for f in dataclasses.fields(self):
             section = getattr(self, f.name)
-            if hasattr(section, "validate") and f.name != "model":
+            if section is not None and hasattr(section, "validate") and f.name != "model":
                 section.validate(f.name)
         self.model_config.validate("model.model_config")
         if self.model_config.pet_config is not None:

@@ -15,7 +15,7 @@ from msllm.settings import NO_EFFECT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the schema's own definitions (their validate() methods read every field, which proves nothing);
-# msllm/generation/config.py defines GenerationConfig but also resolves the settings, so it counts
+# msllm/config_generation.py defines GenerationConfig but also resolves the settings, so it counts
 SCHEMA_FILES = {os.path.join("msllm", "config.py")}
 
 

@@ -134,8 +134,7 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, overrides)
     from msllm.serving.defaults import request_defaults
 
-    defaults, notes = request_defaults(cfg.generation_config, args.max_tokens_default,   # refusals before loading
-                                       cfg.model.model_config)
+    defaults, notes = request_defaults(cfg.generation_config, args.max_tokens_default)   # refusals before loading
     engine, tok, template, context, info = open_engine(cfg, args)
     name = args.model_name or os.path.basename(os.path.normpath(info.path))
 

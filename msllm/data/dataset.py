@@ -20,6 +20,7 @@ not padding, which is what MindFormers' ``LlamaForCausalLM.construct`` does with
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +88,7 @@ class TrainData:
     read_labels: bool = True
     pad_token_id: int = 0
     vocab_size: int | None = None   # ids and labels are checked against it as batches are read
+    pairs: bool = False   # DPO preference pairs: batches of (B, 2, L) chosen/rejected (msllm.data.preference)
 
     @property
     def samples_per_rank(self) -> int:
@@ -111,9 +113,18 @@ class TrainData:
         indices = self.rank_indices(epoch)[start_step * self.batch_size:]
         if len(indices) == 0:
             return iter(())
-        data = ds.MindDataset(self.files, columns_list=list(COLUMNS),
-                              sampler=ds.SubsetSampler(indices.tolist()),
-                              num_parallel_workers=self.num_parallel_workers)
+        if self.pairs:
+            from msllm.data.preference import PAIR_COLUMNS
+
+            data = ds.MindDataset(self.files, columns_list=list(PAIR_COLUMNS), sampler=ds.SubsetSampler(indices.tolist()),
+                                  num_parallel_workers=self.num_parallel_workers)
+            # (L,) x 4 -> ids (2, L), labels (2, L): row 0 chosen, row 1 rejected (msllm.training.dpo)
+            data = data.map(operations=lambda ci, cl, ri, rl: (np.stack([ci, ri]), np.stack([cl, rl])),
+                            input_columns=list(PAIR_COLUMNS), output_columns=list(COLUMNS))
+        else:
+            data = ds.MindDataset(self.files, columns_list=list(COLUMNS),
+                                  sampler=ds.SubsetSampler(indices.tolist()),
+                                  num_parallel_workers=self.num_parallel_workers)
         if not self.read_labels:
             pad = self.pad_token_id
             data = data.map(operations=lambda ids, _labels: (ids, labels_from_input_ids(ids, pad)),
@@ -151,17 +162,36 @@ def usable_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def count_samples(files: list) -> int:
+def count_samples(files: list, column: str = COLUMNS[0]) -> int:
     """Total samples in MindRecord ``files``."""
     import mindspore.dataset as ds
 
-    return ds.MindDataset(files, columns_list=[COLUMNS[0]], shuffle=False).get_dataset_size()
+    return ds.MindDataset(files, columns_list=[column], shuffle=False).get_dataset_size()
+
+
+def check_pair_dataset(dataset_dir: str, seq_length: int) -> list:
+    """The preference MindRecord files of ``dataset_dir`` (:mod:`msllm.data.preference`), each checked
+    for the pair columns and rows of ``seq_length + 1``. Raises MsllmError naming the file."""
+    from msllm.data.mindrecord import read_mindrecord_meta, resolve_mindrecord_files
+    from msllm.data.preference import is_preference_mindrecord
+
+    files = resolve_mindrecord_files(dataset_dir)
+    for f in files:
+        if not is_preference_mindrecord(f):
+            raise MsllmError(f"{f}: dpo needs preference pairs (columns chosen_input_ids, chosen_labels, "
+                             "rejected_input_ids, rejected_labels: llama_preprocess.py --dataset_type dpo)")
+        meta = read_mindrecord_meta(f) if os.path.isfile(f + ".json") else None
+        if meta is not None and meta.get("seq_length") != seq_length:
+            raise MsllmError(f"{f}.json: records seq_length {meta.get('seq_length')}, but the model expects "
+                             f"seq_length {seq_length}; rerun llama_preprocess.py with --seq_length {seq_length}")
+    return files
 
 
 def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle: bool,
                      drop_remainder: bool, rank: int, world_size: int, seed: int = 0,
                      num_parallel_workers: int = 1, prefetch_size: int = 4,
-                     input_columns=COLUMNS, pad_token_id: int = 0, vocab_size: int | None = None) -> TrainData:
+                     input_columns=COLUMNS, pad_token_id: int = 0, vocab_size: int | None = None,
+                     pairs: bool = False) -> TrainData:
     """This rank's :class:`TrainData` over ``dataset_dir`` (a .mindrecord file, one shard of a
     ``--file_partition`` group, or a directory: :func:`msllm.data.mindrecord.resolve_mindrecord_files`).
 
@@ -181,7 +211,10 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
         raise MsllmError("train_dataset.dataset_dir is empty: point it at a .mindrecord file or a "
                          "directory of them (made by data_preprocess/llama_preprocess.py)")
     read_labels = check_input_columns(input_columns)
-    files = check_dataset(dataset_dir, seq_length)
+    files = check_pair_dataset(dataset_dir, seq_length) if pairs else check_dataset(dataset_dir, seq_length)
+    if pairs and not read_labels:
+        raise MsllmError("train_dataset.input_columns=[\"input_ids\"] with dpo: preference pairs need their labels "
+                         "(the completion tokens); use [\"input_ids\", \"labels\"]")
     if prefetch_size < 1:
         raise MsllmError(f"train_dataset.prefetch_size={prefetch_size}: expected an integer >= 1")
     if num_parallel_workers < 1:
@@ -190,10 +223,13 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
     # at start-up by msllm.settings.check_settings
     num_parallel_workers = min(num_parallel_workers, usable_workers())
     ds.config.set_prefetch_size(prefetch_size)
-    data = TrainData(files=files, num_samples=count_samples(files), rank=rank, world_size=world_size,
+    from msllm.data.preference import PAIR_COLUMNS
+
+    data = TrainData(files=files, num_samples=count_samples(files, PAIR_COLUMNS[0] if pairs else COLUMNS[0]),
+                     rank=rank, world_size=world_size,
                      batch_size=batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
                      num_parallel_workers=num_parallel_workers, read_labels=read_labels,
-                     pad_token_id=pad_token_id, vocab_size=vocab_size)
+                     pad_token_id=pad_token_id, vocab_size=vocab_size, pairs=pairs)
     if data.steps_per_epoch < 1:
         raise MsllmError(f"train_dataset {dataset_dir!r}: {data.num_samples} samples over {world_size} "
                          f"rank(s) give {data.samples_per_rank} per rank, fewer than one batch of "

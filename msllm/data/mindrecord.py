@@ -105,6 +105,7 @@ def write_mindrecord(
     batch_size: int = 1024,
     description: str = "msllm llama data",
     shard_num: int = 1,
+    schema: dict | None = None,
 ) -> int:
     """Write ``(input_ids, labels)`` rows to the MindRecord ``path`` atomically.
 
@@ -117,6 +118,9 @@ def write_mindrecord(
         batch_size: rows per ``FileWriter.write_raw_data`` call.
         description: schema description stored in the header.
         shard_num: ``FileWriter``'s ``shard_num`` (MindFormers' ``--file_partition``), 1..1000.
+        schema: other columns than :data:`SCHEMA` (``{name: {"type": "int32"|"float32", "shape": [-1]}}``,
+            in row order: each row is then a tuple of that many arrays), e.g. preference pairs
+            (:mod:`msllm.data.preference`).
 
     Returns:
         Number of rows written.
@@ -132,7 +136,7 @@ def write_mindrecord(
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f".{base}.", suffix=".tmp", dir=parent)
     try:
-        return _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_num)
+        return _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_num, schema or SCHEMA)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -152,7 +156,7 @@ def _storage_call(path: str, fn, *args):
                          "the directory not writable? Nothing was written.") from None
 
 
-def _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_num) -> int:
+def _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_num, schema) -> int:
     """Write the MindRecord inside ``tmp_dir`` under ``base``, then move it to ``path``."""
     from mindspore.mindrecord import FileWriter
 
@@ -160,16 +164,12 @@ def _write_in(tmp_dir, path, base, rows, meta, batch_size, description, shard_nu
         raise MsllmError(f"--file_partition {shard_num}: expected an integer in [1, 1000]")
     tmp_data = os.path.join(tmp_dir, base)
     writer = _storage_call(path, FileWriter, tmp_data, shard_num, True)
-    writer.add_schema(SCHEMA, description)
+    writer.add_schema(schema, description)
     count = 0
     batch: list[dict] = []
-    for input_ids, labels in rows:
-        batch.append(
-            {
-                "input_ids": np.asarray(input_ids, dtype=np.int32),
-                "labels": np.asarray(labels, dtype=np.int32),
-            }
-        )
+    dtypes = [(name, np.dtype(spec["type"])) for name, spec in schema.items()]
+    for row in rows:
+        batch.append({name: np.asarray(value, dtype=dt) for (name, dt), value in zip(dtypes, row)})
         if len(batch) >= batch_size:
             _storage_call(path, writer.write_raw_data, batch)
             count += len(batch)

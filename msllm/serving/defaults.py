@@ -28,17 +28,13 @@ NO_EFFECT = {
 }
 
 
-def request_defaults(gen, max_tokens_default: Optional[int] = None,
-                     model_config=None) -> tuple[RequestDefaults, list[str]]:
-    """``gen``: the run config's :class:`~msllm.generation.config.GenerationConfig` (None fields =
-    not set). Returns the :class:`RequestDefaults` and one line per set key without effect.
+def request_defaults(gen, max_tokens_default: Optional[int] = None) -> tuple[RequestDefaults, list[str]]:
+    """``gen``: the run config's :class:`~msllm.config_generation.GenerationConfig` (None fields =
+    not set; MindFormers' inference keys written in ``model.model_config`` are already in it:
+    :func:`msllm.compat.mindformers.hoist_generation_keys`). Returns the :class:`RequestDefaults`
+    and one line per set key without effect.
 
     ``max_tokens_default`` (the flag) wins over ``generation_config.max_new_tokens``.
-    ``model_config``: MindFormers' inference keys kept in ``model.model_config`` (``do_sample``,
-    ``top_k``, ``top_p``, ``repetition_penalty``, ``max_decode_length``, ``use_past``) fill what
-    ``generation_config`` leaves unset, as predict reads them
-    (:func:`msllm.generation.config.resolve_settings`), with the same refusals, named
-    ``model.model_config.KEY``.
 
     Raises:
         MsllmError: a set key the server cannot honour (``repetition_penalty`` != 1: the rows do
@@ -46,20 +42,9 @@ def request_defaults(gen, max_tokens_default: Optional[int] = None,
             ``max_decode_length``: a total length, while OpenAI's ``max_tokens`` counts new tokens
             only), or ``max_tokens_default`` < 1.
     """
-    from dataclasses import replace
-
-    from msllm.generation.config import MINDFORMERS_KEYS, GenerationConfig
+    from msllm.config_generation import GenerationConfig
 
     gen = gen if gen is not None else GenerationConfig()
-    mf_set = [k for k in MINDFORMERS_KEYS
-              if getattr(model_config, k, None) is not None and getattr(gen, k, None) is None]
-    if mf_set:     # MindFormers' keys under the generation_config names, then checked as one
-        mf = {k: getattr(model_config, k) for k in mf_set}
-        if mf.get("repetition_penalty", 1.0) != 1.0 or "max_decode_length" in mf:
-            key = "repetition_penalty" if mf.get("repetition_penalty", 1.0) != 1.0 else "max_decode_length"
-            raise MsllmError(f"model.model_config.{key}={mf[key]}: the server cannot honour it (no repetition "
-                             "penalty; OpenAI's max_tokens counts new tokens only): remove it to serve this config")
-        gen = replace(gen, **mf)
 
     def set_(key):
         return getattr(gen, key, None) is not None

@@ -56,6 +56,17 @@ def list_checkpoints(directory: str, prefix: Optional[str] = None) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
+REFERENCE_PREFIX = "reference."   # names of a DPO reference model's frozen copies (msllm.training.dpo)
+
+
+def check_only_reference_missing(missing: list, path: str) -> None:
+    """After a non-strict load: MsllmError unless every parameter missing from checkpoint ``path`` is
+    a DPO reference copy (not saved; reloaded from load_checkpoint)."""
+    other = [n for n in missing if not n.startswith(REFERENCE_PREFIX)]
+    if other:
+        raise MsllmError(f"checkpoint {path!r} lacks {len(other)} parameter(s) of the model, e.g. {other[0]}")
+
+
 def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt", model_config=None,
                     **extra) -> str:
     """Save every parameter of ``cell`` to ``path`` atomically, then its manifest; returns ``path``.
@@ -78,7 +89,10 @@ def save_checkpoint(cell, path: str, epoch: int, step: int, fmt: str = "ckpt", m
             raise MsllmError(f"refusing to overwrite checkpoint {path}: it does not match its manifest "
                              f"{sidecar_path(path)} ({reason}); move it away (or delete it) to save this step")
     with atomic_path(path) as tmp:
-        ms.save_checkpoint(cell, tmp, append_dict={"epoch_num": epoch, "step_num": step}, format=fmt)
+        # a DPO reference's frozen copies (``reference.*``, msllm.training.dpo) are the starting
+        # weights, reloaded from load_checkpoint on resume: not part of the run's state
+        ms.save_checkpoint(cell, tmp, append_dict={"epoch_num": epoch, "step_num": step}, format=fmt,
+                           choice_func=lambda name: not name.startswith(REFERENCE_PREFIX))
     write_sidecar(path, model_config, epoch=epoch, step=step, **extra)
     return path
 

@@ -42,6 +42,8 @@ class Checkpointer:
         self.identity = {"template": read_template_name(run.cfg.train_dataset.dataset_dir)}
         if run.meta.get("tokenizer_md5"):
             self.identity["tokenizer"] = {"file": run.meta.get("tokenizer_file"), "md5": run.meta["tokenizer_md5"]}
+        if run.dpo_reference:   # a resumed DPO run rebuilds its frozen reference from these weights
+            self.identity["dpo_reference"] = run.dpo_reference
 
     def has(self, step: int) -> bool:
         """Whether the newest checkpoint saved by this run is of ``step``."""
@@ -122,6 +124,9 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
     cfg, mc, step_cell, lr = run.cfg, run.cfg.model_config, run.step_cell, run.lr
     cc, spe, total_steps = cfg.callbacks.checkpoint, run.spe, run.total_steps
     compact = bool(getattr(run.network, "compact_loss", False))
+    dpo = cfg.dpo is not None   # the network's stats are DPO's metrics (msllm.training.dpo)
+    if dpo:
+        from msllm.training.dpo import metrics_dict
     profiler = start_profiler(run.out, run.rt.rank) if cfg.profile else None
     step = start_step
     lr_index = int(run.optimizer.global_step.asnumpy().reshape(-1)[0])
@@ -150,7 +155,8 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
                     monitor.add(StepRecord(step, epoch + 1, loss_v, seconds, float(lr[min(lr_index, total_steps - 1)]),
                                            overflow_v, float(scale.asnumpy()), float(grad_norm.asnumpy()),
                                            data_seconds=t0 - t_data, head_fraction=n_targets / n_positions,
-                                           moe=router_summary(router[0].asnumpy()) if router else None))
+                                           moe=router_summary(router[0].asnumpy()) if router and not dpo else None,
+                                           metrics=metrics_dict(router[0].asnumpy()) if dpo else None))
                     if tb is not None:
                         tb.log_step(monitor.records[-1], monitor.throughput.tgs(seconds))
                     lr_index += 0 if overflow_v else 1

@@ -46,6 +46,8 @@ class StepRecord:
     # mixture of experts: (load-balancing loss, fraction of token choices dropped by the capacity,
     # smallest and largest expert share of the token choices), from the model's router stats
     moe: tuple | None = None
+    # DPO: {TRL metric name: batch mean} (msllm.training.dpo.METRIC_NAMES)
+    metrics: dict | None = None
 
 
 def router_summary(stats) -> tuple:
@@ -89,7 +91,8 @@ class LossMonitor:
                 f"tgs: {self.throughput.tgs(r.seconds):.1f} tokens/s/device, "
                 f"TFLOPs: {self.throughput.tflops(r.seconds):.4f}, {self._util_text(r.seconds, r.head_fraction)}"
                 + (f", aux_loss: {r.moe[0]:.5f}, dropped: {r.moe[1] * 100:.2f}%, "
-                   f"expert share min/max: {r.moe[2] * 100:.1f}%/{r.moe[3] * 100:.1f}%" if r.moe else ""))
+                   f"expert share min/max: {r.moe[2] * 100:.1f}%/{r.moe[3] * 100:.1f}%" if r.moe else "")
+                + "".join(f", {k}: {v:.4f}" for k, v in (r.metrics or {}).items()))
 
     def add(self, r: StepRecord) -> None:
         self.records.append(r)
@@ -126,6 +129,7 @@ class LossMonitor:
             **({"aux_losses": [r.moe[0] for r in self.records], "dropped_fractions": [r.moe[1] for r in self.records],
                 "expert_share_min_max": [[r.moe[2], r.moe[3]] for r in self.records]}
                if self.records and self.records[0].moe else {}),
+            **({"metrics": [r.metrics for r in self.records]} if self.records and self.records[0].metrics else {}),
         }
 
     def write(self, path: str, extra: dict | None = None) -> dict:

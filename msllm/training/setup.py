@@ -134,6 +134,7 @@ class TrainRun:
     agree: RankAgreement
     n_params: int
     sharded: bool
+    dpo_reference: str = ""   # DPO full fine-tune: the starting weights (recorded in every checkpoint's manifest)
 
 
 def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
@@ -170,6 +171,20 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
                      "all" if cfg.recompute_config.recompute else "attention-core and SwiGLU",
                      mc.num_layers)
     network.return_router_stats(True)   # experts: aux loss, dropped share, expert shares in the log
+    if cfg.dpo is not None:   # preference tuning: the policy and its reference in one network
+        from msllm.training.dpo import build_dpo_network
+
+        if sharded:
+            raise MsllmError("dpo with operator sharding (semi_auto_parallel) is not implemented: the reference "
+                             "model gets no layout; use data parallel")
+        if cfg.dpo.precompute_ref:
+            raise MsllmError("dpo.precompute_ref: reading precomputed reference log-probs from the MindRecord is "
+                             "not implemented yet; set it to False (the reference runs in the same step)")
+        network = build_dpo_network(network, cfg.dpo, lora is not None, cfg.fast_paths, cfg.context.device_target)
+        log.info("dpo: loss %s, beta %g, label_smoothing %g, ftx %g; reference = %s", cfg.dpo.loss_type,
+                 cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.ftx,
+                 "the base without adapters (shared weights)" if lora is not None
+                 else "a frozen copy of the starting weights")
     return network, lora
 
 
@@ -207,7 +222,10 @@ def prepare(cfg: RunConfig) -> TrainRun:
                             cfg.train_dataset.shuffle, cfg.train_dataset.drop_remainder, data_rank,
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
-                            pad_token_id=mc.pad_token_id, vocab_size=mc.vocab_size)
+                            pad_token_id=mc.pad_token_id, vocab_size=mc.vocab_size, pairs=cfg.dpo is not None)
+    if cfg.dpo is not None and cfg.do_eval:
+        raise MsllmError("do_eval with dpo is not implemented (the evaluation pass computes the next-token loss of "
+                         "SFT data); set do_eval: False")
     meta = read_mindrecord_meta(data.files[0])
     check_data_tokenizer(cfg, meta, data.files[0])   # before any step: data of the model's own tokenizer
     spe = data.steps_per_epoch
@@ -217,7 +235,8 @@ def prepare(cfg: RunConfig) -> TrainRun:
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
     network, lora = build_network(cfg, rt, sharded)
-    n_params = sum(p.size for p in network.get_parameters())
+    # (a DPO reference's frozen copies are not the model's parameters)
+    n_params = sum(p.size for p in network.get_parameters() if not p.name.startswith(ckpt.REFERENCE_PREFIX))
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
              n_params / 1e6, mc.num_layers, mc.hidden_size, mc.num_heads, mc.kv_heads, mc.ffn_size,
              mc.vocab_size, mc.seq_length)
@@ -244,6 +263,7 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
     from msllm.training.sources import hf_start_dir
 
     cfg, rt, out, lora = run.cfg, run.rt, run.out, run.lora
+    policy = getattr(run.network, "policy", run.network)   # DPO: the model being trained
     start_step, resumed = 0, None
     if cfg.resume_training:
         source = lora.resume_source(out) if lora else (cfg.load_checkpoint or os.path.join(out, "checkpoint"))
@@ -256,7 +276,8 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
             if lora:
                 lora.resume(run.step_cell, path)  # refuses a base other than the adapter's (SHA-256)
             else:
-                ckpt.load_into(run.step_cell, ckpt.load_params(path), path)
+                missing = ckpt.load_into(run.step_cell, ckpt.load_params(path), path, strict=cfg.dpo is None)
+                ckpt.check_only_reference_missing(missing, path)
             log.info("resumed from %s: step %d (epoch %d, batch %d of the epoch)", path, start_step,
                      start_step // run.spe + 1, start_step % run.spe)
     elif lora:
@@ -264,16 +285,21 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
     elif cfg.run_mode == "finetune" and not cfg.load_checkpoint:
         raise MsllmError("run_mode finetune needs load_checkpoint (the pretrained weights to start from)")
     elif cfg.load_checkpoint and cfg.auto_trans_ckpt:
-        load_resharded(run.network, run.step_cell, cfg, rt, out, run.data)
+        load_resharded(policy, run.step_cell, cfg, rt, out, run.data)
     elif hf_start_dir(cfg):
         from msllm.convert.starting import load_base_into
 
-        load_base_into(run.network, cfg.load_checkpoint, rt.rank)   # HF names -> msllm's, tied head included
+        load_base_into(policy, cfg.load_checkpoint, rt.rank)   # HF names -> msllm's, tied head included
         log.info("loaded weights from the Hugging Face directory %s", cfg.load_checkpoint)
     elif cfg.load_checkpoint:
         path = ckpt.resolve_checkpoint(cfg.load_checkpoint, rt.rank)
-        ckpt.load_into(run.network, ckpt.load_params(path), path)
+        ckpt.load_into(policy, ckpt.load_params(path), path)
         log.info("loaded weights from %s", path)
+    if cfg.dpo is not None and lora is None:   # the frozen reference = the starting weights
+        from msllm.training.dpo import fill_reference, reference_source
+
+        run.dpo_reference = reference_source(cfg.load_checkpoint, resumed[0] if resumed else None)
+        fill_reference(run.network, run.dpo_reference if resumed else None, rt.rank)
     return start_step, resumed
 
 

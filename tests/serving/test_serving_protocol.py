@@ -8,9 +8,11 @@ SentencePiece tokenizer (tests' bundled data)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from helpers import TOKENIZER
+from helpers import REPO, TOKENIZER
 from msllm.serving.protocol import (ApiError, Request, RequestDefaults, chat_chunk, chat_logprobs, chat_request,
                                     chat_response, completion_chunk, completion_request, completion_response,
                                     logprobs_object, usage_chunk)
@@ -113,7 +115,7 @@ def test_responses_parse_as_the_openai_client_types():
 
 def test_generation_config_becomes_request_defaults_or_is_refused_by_name():
     from msllm.errors import MsllmError
-    from msllm.generation.config import GenerationConfig
+    from msllm.config_generation import GenerationConfig
     from msllm.serving.defaults import request_defaults
 
     d, notes = request_defaults(GenerationConfig(do_sample=False, max_new_tokens=64, use_past=True))
@@ -127,17 +129,19 @@ def test_generation_config_becomes_request_defaults_or_is_refused_by_name():
             request_defaults(gen)
     with pytest.raises(MsllmError, match="max_tokens_default"):
         request_defaults(None, 0)
-    # MindFormers' keys in model.model_config fill what generation_config leaves unset (as predict)
-    from types import SimpleNamespace
+    # MindFormers' keys in model.model_config fill what generation_config leaves unset (as predict):
+    # moved into generation_config when the YAML is read
+    from msllm.config import load_config
 
-    mc = SimpleNamespace(do_sample=True, top_k=7, top_p=None, repetition_penalty=None, max_decode_length=None,
-                         use_past=None)
-    d, _ = request_defaults(GenerationConfig(top_k=3), None, mc)
+    tiny = os.path.join(REPO, "configs", "llama", "run_llama_tiny.yaml")
+    mf = ["--model.model_config.do_sample=True", "--model.model_config.top_k=7"]
+    d, _ = request_defaults(load_config(tiny, mf + ["--generation_config.top_k=3"]).generation_config)
     assert d == RequestDefaults(1.0, 1.0, 3, None)
-    assert request_defaults(GenerationConfig(), None, SimpleNamespace(**dict(vars(mc), do_sample=False)))[0] \
-        == RequestDefaults(0.0, 1.0, 7, None)
-    with pytest.raises(MsllmError, match="model.model_config.repetition_penalty"):
-        request_defaults(None, None, SimpleNamespace(**dict(vars(mc), repetition_penalty=1.1)))
+    d, _ = request_defaults(load_config(tiny, ["--model.model_config.do_sample=False",
+                                               "--model.model_config.top_k=7"]).generation_config)
+    assert d == RequestDefaults(0.0, 1.0, 7, None)
+    with pytest.raises(MsllmError, match="repetition_penalty"):
+        request_defaults(load_config(tiny, ["--model.model_config.repetition_penalty=1.1"]).generation_config)
 
 
 def test_tokenize_and_detokenize_have_vllms_shapes(tok, template):

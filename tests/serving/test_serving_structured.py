@@ -34,7 +34,7 @@ def test_random_logits_follow_the_schema(structured, sampled):
     import jsonschema
 
     from msllm.generation import processors
-    from msllm.generation.config import DecodeSettings
+    from msllm.config_generation import DecodeSettings
 
     tok, so = structured
     grammar = so.grammar(SCHEMA)
