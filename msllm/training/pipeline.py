@@ -1,0 +1,181 @@
+"""The train step of a pipelined layout (``parallel_config.pipeline_stage`` > 1), and the split of
+decoder layers over stages with MindFormers' ``offset`` and ``pp_interleave_num`` keys.
+
+MindSpore 2.10 pipelines a semi-auto-parallel network this way (``mindspore.nn.PipelineCell`` and
+``mindspore.nn.PipelineGradReducer`` docstrings; tutorials ``parallel/pipeline_parallel.md``):
+
+* every cell gets ``cell.pipeline_stage`` (and, with interleaving, ``cell.pipeline_segment``);
+  MindSpore cuts the graph per stage and inserts Send/Receive between them;
+* ``nn.PipelineCell(net_with_loss, micro_batch_num)`` slices the batch into micro batches along
+  axis 0 and runs them through the stages (1F1B schedule, ``pipeline_config``); the loss is
+  computed on the last stage only (the loss cell has the last stage);
+* the gradients are accumulated over the micro batches and reduced by ``nn.PipelineGradReducer``
+  before the optimizer; MindSpore's ``TrainOneStepCell`` around a ``PipelineCell`` fails to
+  compile (``The pointer[grad_accu] is null``, measured with MindSpore 2.10 in a dry-run);
+* the repeated decoder layer is marked for lazy inlining (``mindspore.lazy_inline``), which
+  MindSpore asks for with pipelines (``Pipeline Parallel with no 'lazy_inline' is deprecated``) and
+  requires with interleaving.
+
+Stage split (MindFormers ``mindformers/models/utils.py`` ``LayerSetting``): with ``p`` stages and
+``v = pp_interleave_num`` chunks per stage, each (chunk, stage) holds ``num_layers // (p * v)``
+layers plus its ``offset`` (an int, a list of ``p`` ints, or ``v`` lists of ``p``); layers fill
+chunk 0 of stages 0..p-1, then chunk 1, ... The offsets must sum to ``num_layers % (p * v)`` so
+that every layer has a stage; msllm refuses any other split before MindSpore sees it.
+
+Execution needs an Ascend device (CPU cannot compile pipeline stages: ``Invalid backend: CPU``);
+the dry-run (``--sim_level``) compiles it on any machine.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+from msllm.errors import MsllmError
+
+Offset = Union[int, Sequence[int], Sequence[Sequence[int]]]
+
+
+def _offset_grid(offset: Offset, pp: int, v: int) -> list[list[int]]:
+    """``offset`` as ``v`` rows of ``pp`` ints (MindFormers broadcasts an int or one row)."""
+    if isinstance(offset, bool):
+        raise MsllmError(f"model.model_config.offset={offset!r}: expected an int or a list of ints")
+    if isinstance(offset, int):
+        return [[offset] * pp for _ in range(v)]
+    rows = list(offset)
+    if all(isinstance(o, int) and not isinstance(o, bool) for o in rows):
+        rows = [rows] * v
+    if len(rows) != v or any(not isinstance(r, (list, tuple)) or len(r) != pp for r in rows):
+        raise MsllmError(f"model.model_config.offset={offset!r}: expected an int, a list of pipeline_stage={pp} "
+                         f"ints, or pp_interleave_num={v} such lists")
+    return [[int(x) for x in r] for r in rows]
+
+
+def stage_assignment(num_layers: int, pipeline_stage: int, offset: Offset = 0,
+                     pp_interleave_num: int = 1) -> list[tuple[int, int]]:
+    """``(stage, chunk)`` of each decoder layer, in layer order (MindFormers' ``LayerSetting`` rule,
+    module docstring).
+
+    Raises:
+        MsllmError: a split that leaves a layer without a stage or a (chunk, stage) without a layer:
+            the offsets do not sum to ``num_layers % (pipeline_stage * pp_interleave_num)`` (with
+            offset 0: the layers are not divisible by the stages), a negative count, or a
+            malformed offset; each message names the key to change.
+    """
+    pp, v = int(pipeline_stage), int(pp_interleave_num)
+    if v < 1:
+        raise MsllmError(f"model.model_config.pp_interleave_num={v}: expected >= 1")
+    grid = _offset_grid(offset, pp, v)
+    chunks = pp * v
+    avg, rest = divmod(num_layers, chunks)
+    total = sum(map(sum, grid))
+    if total != rest:
+        if not any(map(any, grid)):
+            raise MsllmError(f"model.model_config.num_layers={num_layers} is not divisible by pipeline_stage={pp}"
+                             + (f" x pp_interleave_num={v}" if v > 1 else "")
+                             + f": set model.model_config.offset (a list of {pp} per-stage extra layers summing to "
+                             f"{rest}, MindFormers' key) or change parallel_config.pipeline_stage")
+        raise MsllmError(f"model.model_config.offset={offset!r} sums to {total}, but num_layers={num_layers} over "
+                         f"{pp} stage(s) x {v} chunk(s) leaves {rest} layer(s) to place: the offsets must sum to "
+                         f"{rest} (MindFormers' LayerSetting rule)")
+    counts = [[avg + grid[c][s] for s in range(pp)] for c in range(v)]
+    if any(n < 1 for row in counts for n in row):
+        raise MsllmError(f"model.model_config.offset={offset!r} leaves a pipeline stage without a layer "
+                         f"(layers per chunk and stage: {counts}); every stage needs at least one")
+    out = []
+    for c in range(v):
+        for s in range(pp):
+            out.extend([(s, c)] * counts[c][s])
+    return out
+
+
+def stage_layers_of(model_config, pipeline_stage: int) -> list[int] | None:
+    """Layers per stage for msllm's layout tables (:func:`msllm.parallel.layout_checks.stage_layer_counts`)
+    when the split is contiguous (``pp_interleave_num`` 1), from the model config's ``offset``;
+    ``None`` without pipelining. Raises MsllmError as :func:`stage_assignment`."""
+    if pipeline_stage <= 1:
+        return None
+    assign = stage_assignment(model_config.num_layers, pipeline_stage, getattr(model_config, "offset", 0),
+                              getattr(model_config, "pp_interleave_num", 1))
+    return [sum(1 for s, _c in assign if s == st) for st in range(pipeline_stage)]
+
+
+def mark_lazy_inline(network) -> int:
+    """Mark every decoder layer of ``network`` as MindSpore's ``@lazy_inline`` does after a cell's
+    ``__init__`` (``mindspore/graph/lazy_inline.py``: it sets ``cell_init_args`` to
+    ``"lazy_inline_" + class name + the init arguments``; cells with equal keys share one compiled
+    subgraph). The key here is the class name and the layer's parameter shapes and dtypes, so that
+    layers of one structure share a graph and differing ones (a MoE layer among dense ones) do
+    not. Returns the number of layers marked."""
+    layers = network.model.layers
+    for layer in layers:
+        shapes = tuple((p.name.split(".", 3)[-1], tuple(p.shape), str(p.dtype))
+                       for p in layer.get_parameters())
+        layer.cell_init_args = "lazy_inline_" + type(layer).__name__ + str(shapes)
+    return len(layers)
+
+
+def assign_stages(network, model_config, pipeline_stage: int) -> list[tuple[int, int]]:
+    """Set ``pipeline_stage`` (and ``pipeline_segment`` with interleaving) on each decoder layer of
+    ``network`` per :func:`stage_assignment`; the embedding is stage 0, the final norm, head and
+    loss the last stage (set by :func:`msllm.parallel.apply.apply_layout`). Returns the assignment."""
+    assign = stage_assignment(model_config.num_layers, pipeline_stage, getattr(model_config, "offset", 0),
+                              getattr(model_config, "pp_interleave_num", 1))
+    interleave = getattr(model_config, "pp_interleave_num", 1) > 1
+    for layer, (stage, chunk) in zip(network.model.layers, assign):
+        layer.pipeline_stage = stage
+        if interleave:
+            layer.pipeline_segment = chunk
+    return assign
+
+
+def check_pipeline_device(cfg) -> None:
+    """Refuse executing a pipelined layout on CPU (one message); the dry-run compiles it."""
+    if cfg.parallel_config.pipeline_stage > 1 and cfg.context.device_target == "CPU":
+        raise MsllmError(f"parallel_config.pipeline_stage={cfg.parallel_config.pipeline_stage}: MindSpore 2.10 cannot "
+                         "compile pipeline stages on CPU ('Invalid backend: CPU'); run it on Ascend, or compile it "
+                         "here with the dry-run: run_msllm.py --config CONFIG --run_mode train --sim_level 1")
+
+
+def build_pipeline_train_step(network, optimizer, cfg):
+    """The pipelined train step: ``construct(input_ids, labels) -> loss`` (fp32 scalar, meaningful on
+    the last stage), input_ids / labels (B_global, T+1) int32 with ``B_global = batch_size x
+    data_parallel x micro_batch_num`` (``full_batch``: every rank feeds the global batch).
+
+    ``PipelineCell(network, micro_batch_num)`` -> gradients of its loss (sensitivity
+    ``runner_wrapper.scale_sense`` for a fixed/dynamic scale, divided out by the reducer's
+    ``scale_sense``) -> ``PipelineGradReducer`` -> optimizer. Loss scaling is static here: the
+    overflow skip and dynamic scale of :class:`msllm.training.step.TrainStep` need the global
+    gradient norm across stages, which this step does not compute yet (named in the dry-run's
+    report). Gradient clipping likewise is not applied.
+    """
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    pc = cfg.parallel_config
+    rw = cfg.runner_wrapper
+    sens = float(rw.scale_sense) if rw.loss_scale != "none" else 1.0
+
+    class PipelineTrainStep(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.network = nn.PipelineCell(network, pc.micro_batch_num)
+            self.optimizer = optimizer
+            self.weights = optimizer.parameters
+            self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+            self.reducer = nn.PipelineGradReducer(self.weights, scale_sense=sens)
+            self.sens = sens
+
+        def construct(self, input_ids, labels):
+            loss = self.network(input_ids, labels)
+            sens = ops.fill(ms.float32, loss.shape, self.sens)
+            grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
+            grads = self.reducer(grads)
+            return ops.depend(loss, self.optimizer(grads))
+
+    step = PipelineTrainStep()
+    step.set_train()
+    return step
+
+
+__all__ = ["assign_stages", "build_pipeline_train_step", "check_pipeline_device", "mark_lazy_inline",
+           "stage_assignment", "stage_layers_of"]
