@@ -12,9 +12,9 @@ MindSpore 2.10 pipelines a semi-auto-parallel network this way (``mindspore.nn.P
 * the gradients are accumulated over the micro batches and reduced by ``nn.PipelineGradReducer``
   before the optimizer; MindSpore's ``TrainOneStepCell`` around a ``PipelineCell`` fails to
   compile (``The pointer[grad_accu] is null``, measured with MindSpore 2.10 in a dry-run);
-* the repeated decoder layer is marked for lazy inlining (``mindspore.lazy_inline``), which
-  MindSpore asks for with pipelines (``Pipeline Parallel with no 'lazy_inline' is deprecated``) and
-  requires with interleaving.
+* the network the micro batches share is marked for lazy inlining (``mindspore.lazy_inline``),
+  which MindSpore asks for with pipelines (``Pipeline Parallel with no 'lazy_inline' is
+  deprecated``) and requires in 2.10's pipeline pass.
 
 Stage split (MindFormers ``mindformers/models/utils.py`` ``LayerSetting``): with ``p`` stages and
 ``v = pp_interleave_num`` chunks per stage, each (chunk, stage) holds ``num_layers // (p * v)``
@@ -99,19 +99,16 @@ def stage_layers_of(model_config, pipeline_stage: int) -> list[int] | None:
     return [sum(1 for s, _c in assign if s == st) for st in range(pipeline_stage)]
 
 
-def mark_lazy_inline(network) -> int:
-    """Mark every decoder layer of ``network`` as MindSpore's ``@lazy_inline`` does after a cell's
-    ``__init__`` (``mindspore/graph/lazy_inline.py``: it sets ``cell_init_args`` to
-    ``"lazy_inline_" + class name + the init arguments``; cells with equal keys share one compiled
-    subgraph). The key here is the class name and the layer's parameter shapes and dtypes, so that
-    layers of one structure share a graph and differing ones (a MoE layer among dense ones) do
-    not. Returns the number of layers marked."""
-    layers = network.model.layers
-    for layer in layers:
-        shapes = tuple((p.name.split(".", 3)[-1], tuple(p.shape), str(p.dtype))
-                       for p in layer.get_parameters())
-        layer.cell_init_args = "lazy_inline_" + type(layer).__name__ + str(shapes)
-    return len(layers)
+def mark_lazy_inline(network) -> str:
+    """Mark ``network`` (the whole ``LlamaForCausalLM``, which ``PipelineCell`` calls once per micro
+    batch) as MindSpore's ``@lazy_inline`` does after a cell's ``__init__``
+    (``mindspore/graph/lazy_inline.py``: it sets ``cell_init_args`` to ``"lazy_inline_" + class
+    name + the init arguments``). MindFormers decorates ``LlamaForCausalLM.__init__`` the same way;
+    MindSpore's pipeline pass needs the micro batches to share this cell ("Pipeline parallel now
+    only support shared_cell", measured). Returns the key set."""
+    key = "lazy_inline_" + type(network).__name__ + repr(network.config)
+    network.cell_init_args = key
+    return key
 
 
 def assign_stages(network, model_config, pipeline_stage: int) -> list[tuple[int, int]]:
