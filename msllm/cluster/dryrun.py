@@ -169,6 +169,10 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
     log.info("%s; MS_SIMULATION_LEVEL %d, RANK_SIZE %d%s", layer.describe(), level, pc.device_num,
              "; context.jit_level O2 (GE) is compiled as O1: GE's compiler is part of CANN" if jit != cfg.context.jit_level
              else "")
+    launcher = os.environ.get("MSLLM_SIM_RANK_SIZE")  # scripts/msrun_launcher.sh's WORKER_NUM
+    if launcher and int(launcher) != pc.device_num:
+        raise MsllmError(f"WORKER_NUM {launcher}, but the layout of {config} (data_parallel x model_parallel x "
+                         f"pipeline_stage) has {pc.device_num} ranks")
     ranks = parse_ranks(ranks_spec, pc.device_num)
     jobs = max(1, jobs or os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=min(jobs, len(ranks))) as pool:
@@ -185,3 +189,4 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
 
 
 __all__ = ["compile_rank", "format_row", "parse_ranks", "planner_mib", "run_dryrun"]
+

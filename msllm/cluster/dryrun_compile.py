@@ -19,7 +19,8 @@ The last line of stdout is ``MSLLM_DRYRUN_RESULT {json}`` (stage, jit level used
 ``MSLLM_DRYRUN_ERROR {json}`` with MindSpore's message; MindSpore prints the level-1 memory
 figures itself at exit, which the parent reads.
 
-Usage (internal): ``python -m msllm.cluster.dryrun_compile --config CONFIG [--key=value ...]``.
+Usage (internal): ``python -m msllm.cluster.dryrun_compile --config CONFIG [--key=value ...]`` (overrides
+already in msllm's ``--section.key=value`` form: the parent normalized them).
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ def compile_train_step(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from msllm.cli import parse_entry_args
     from msllm.config import load_config
 
-    args, overrides = parse_entry_args(sys.argv[1:] if argv is None else argv)
-    cfg = load_config(args.config, overrides)
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] != "--config":  # the parent passes normalized --key=value overrides
+        print(f"usage: python -m msllm.cluster.dryrun_compile --config CONFIG [--key=value ...]", file=sys.stderr)
+        return 2
+    cfg = load_config(argv[1], argv[2:])
     try:
         facts = compile_train_step(cfg)
     except Exception as exc:  # MindSpore's RuntimeError/ValueError/TypeError: reported, not a traceback

@@ -76,15 +76,17 @@ def collectives(ir_text: str) -> list[dict]:
 
 
 def summarize(nodes: list[dict]) -> dict:
-    """``{"total": {"AllReduce x2": n, ...}, "per_layer": {layer: {"AllReduce x2": n}}}`` (keys
-    ``KIND xGROUP_SIZE``; layers as strings for JSON)."""
+    """``{"total": {"AllReduce x2": n, ...}, "per_layer": {layer: {"AllReduce x2": n}}, "ops": [...]}``
+    (keys ``KIND xGROUP_SIZE``; layers as strings for JSON; ``ops`` every node of :func:`collectives`
+    with its group as a list)."""
     total = Counter(f"{n['kind']} x{n['group_size']}" for n in nodes)
     per_layer: dict = {}
     for n in nodes:
         if n["layer"] is not None:
             per_layer.setdefault(str(n["layer"]), Counter())[f"{n['kind']} x{n['group_size']}"] += 1
     return {"total": dict(sorted(total.items())),
-            "per_layer": {k: dict(sorted(v.items())) for k, v in sorted(per_layer.items(), key=lambda kv: int(kv[0]))}}
+            "per_layer": {k: dict(sorted(v.items())) for k, v in sorted(per_layer.items(), key=lambda kv: int(kv[0]))},
+            "ops": [{**n, "group": list(n["group"])} for n in nodes]}
 
 
 # MindSpore's messages for a layout it rejects -> the YAML key to change (first match wins)
@@ -107,7 +109,7 @@ def key_for_error(message: str) -> str:
 
 def first_lines(message: str, n: int = 3) -> str:
     """MindSpore's message without its C++ call stack and traceback sections."""
-    head = message.split("----------------------------------------------------")[0]
+    head = re.split(r"\n-{4,}", message)[0]  # MindSpore's sections start with a line of dashes
     return " ".join(line.strip() for line in head.strip().splitlines()[:n] if line.strip())
 
 

@@ -125,6 +125,10 @@ def launch(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None, cwd
     """Check the arguments, start this invocation's ranks and (by default) wait; return the exit status."""
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
+    from msllm.cluster.launch_dryrun import launch_dryrun, wants_dryrun  # --sim_level: compile, start nothing
+
+    if wants_dryrun(argv):
+        return launch_dryrun(argv, cwd)
     plan = make_plan(argv, environ, cwd)
     return run_plan(plan, environ, cwd)
 
