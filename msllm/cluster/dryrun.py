@@ -87,7 +87,8 @@ def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, 
     os.makedirs(log_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"msllm_dryrun_{rank}_") as graphs:
         env = simulation_env(layer, level, rank, pc.device_num)
-        env.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=graphs, GLOG_v=env.get("GLOG_v", "2"))
+        # GLOG_v 2 (warnings): MindSpore prints its memory statistics at exit at that level
+        env.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=graphs, GLOG_v="2")
         env["PYTHONPATH"] = os.pathsep.join([_repo_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                                if p])
         t0 = time.time()
@@ -163,12 +164,16 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
                  "with parallel.parallel_mode 1; compiling the data-parallel graph as configured")
     from msllm.cluster.context import check_device_support
 
+    from msllm.settings import check_settings
+
     check_device_support(cfg)  # msllm's own refusals (pipeline split, full_batch) before MindSpore
+    check_settings(cfg, cfg.run_mode)  # and every refusal a real launch makes at start
     layer = device_layer()
     jit = "O1" if cfg.context.jit_level == "O2" else cfg.context.jit_level
-    log.info("%s; MS_SIMULATION_LEVEL %d, RANK_SIZE %d%s", layer.describe(), level, pc.device_num,
-             "; context.jit_level O2 (GE) is compiled as O1: GE's compiler is part of CANN" if jit != cfg.context.jit_level
-             else "")
+    # the one start-up line: what this run is (printed: the entry point configures no logging)
+    print(f"{layer.describe()}; MS_SIMULATION_LEVEL {level}, RANK_SIZE {pc.device_num}"
+          + ("; context.jit_level O2 (GE) is compiled as O1: GE's compiler is part of CANN"
+             if jit != cfg.context.jit_level else ""), flush=True)
     launcher = os.environ.get("MSLLM_SIM_RANK_SIZE")  # scripts/msrun_launcher.sh's WORKER_NUM
     if launcher and int(launcher) != pc.device_num:
         raise MsllmError(f"WORKER_NUM {launcher}, but the layout of {config} (data_parallel x model_parallel x "
