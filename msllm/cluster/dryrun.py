@@ -88,7 +88,10 @@ def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, 
     with tempfile.TemporaryDirectory(prefix=f"msllm_dryrun_{rank}_") as graphs:
         env = simulation_env(layer, level, rank, pc.device_num)
         # GLOG_v 2 (warnings): MindSpore prints its memory statistics at exit at that level
-        env.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=graphs, GLOG_v="2")
+        # MS_DEV_DUMP_IR_PASSES: dump only the validate pass's IR (a 13B graph's dumps of every pass
+        # are hundreds of MB and slow the compile down)
+        env.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=graphs, MS_DEV_DUMP_IR_PASSES="validate",
+                   GLOG_v="2")
         env["PYTHONPATH"] = os.pathsep.join([_repo_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                                if p])
         t0 = time.time()
