@@ -109,3 +109,17 @@ def test_ir_and_memory_parsers():
     msg = "The strategy of MatMul is not divisible\n\n------\n- C++ Call Stack"
     assert rep.key_for_error(msg) == "parallel_config.model_parallel / data_parallel"
     assert rep.first_lines(msg) == "The strategy of MatMul is not divisible"
+
+
+@pytest.mark.parametrize("mode,size,match", [
+    ("train", "3", r"RANK_SIZE 3, but the layout of .*run_llama_tiny.yaml .* has 2 ranks"),
+    ("predict", "3", r"MODE 'predict' with --sim_level: the dry-run compiles a training job"),
+    ("train", "4", r"has 3 devices but RANK_SIZE is 4"),
+])
+def test_run_distribute_sim_level_checks_its_arguments_before_compiling(mode, size, match):
+    from msllm.cluster.launch import launch
+
+    table = os.path.join(ROOT, "tests", "bad_inputs", "rank_table_3_devices.json")
+    with pytest.raises(MsllmError, match=match):
+        launch([table, os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"), "[0,3]", mode, size,
+                "--sim_level", "1"])
