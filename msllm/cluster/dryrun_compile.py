@@ -52,29 +52,22 @@ def compile_train_step(cfg) -> dict:
     from mindspore.nn.utils import no_init_parameters
 
     from msllm.cluster.context import setup_logging, setup_runtime
-    from msllm.models.llama.model import LlamaForCausalLM
-    from msllm.parallel.apply import apply_layout
     from msllm.parallel.param_layout import stage_of_rank
     from msllm.training import pipeline
-    from msllm.training.setup import build_optimizer, build_train_step
+    from msllm.training.setup import build_network, build_optimizer, build_train_step
 
     rt = setup_runtime(cfg)
     setup_logging(rt.rank)
     pc, mc = cfg.parallel_config, cfg.model_config
+    if mc.pet_config is not None:
+        raise ValueError("model.model_config.pet_config (LoRA): the dry-run compiles full training only; LoRA's "
+                         "frozen base is loaded from load_checkpoint, which a dry-run does not read")
     stage_layers = pipeline.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
     steps = 4  # the learning-rate table's length; the compiled graph does not depend on it
-    with no_init_parameters():
-        network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
-        apply_layout(network, pc, cfg.recompute_config, stage_layers)
-        if pc.pipeline_stage > 1:
-            pipeline.assign_stages(network, mc, pc.pipeline_stage)
-            pipeline.mark_lazy_inline(network)
-        network.return_router_stats(False)
+    with no_init_parameters():  # the trainer's own builders (training/setup.py), no weights filled
+        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel")
         optimizer = build_optimizer(network, cfg, np.full(steps, cfg.lr_schedule.learning_rate, np.float32))
-        if pc.pipeline_stage > 1:
-            step = pipeline.build_pipeline_train_step(network, optimizer, cfg)
-        else:
-            step = build_train_step(network, optimizer, cfg, rt)
+        step = build_train_step(network, optimizer, cfg, rt)
     rows = global_batch(cfg)
     shape = (rows, mc.seq_length + 1)
     ids = ms.Tensor(np.zeros(shape, np.int32))
