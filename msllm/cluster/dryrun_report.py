@@ -91,6 +91,8 @@ def summarize(nodes: list[dict]) -> dict:
 
 # MindSpore's messages for a layout it rejects -> the YAML key to change (first match wins)
 _KEY_HINTS = (
+    (re.compile(r"type must be same|Float16|BFloat16|dtype", re.I),
+     "model.model_config.param_init_type / compute_dtype (or optimizer.type)"),
     (re.compile(r"pipeline|stage|micro", re.I), "parallel_config.pipeline_stage / micro_batch_num"),
     (re.compile(r"strategy|shard|dev_matrix|device matrix|divisible|can not be divided|split", re.I),
      "parallel_config.model_parallel / data_parallel"),

@@ -109,6 +109,9 @@ def test_ir_and_memory_parsers():
     msg = "The strategy of MatMul is not divisible\n\n------\n- C++ Call Stack"
     assert rep.key_for_error(msg) == "parallel_config.model_parallel / data_parallel"
     assert rep.first_lines(msg) == "The strategy of MatMul is not divisible"
+    # the message the fp16 13B job gave before the pipeline step cast its gradients (issue #30)
+    fp16 = "For primitive[AdamWeightDecay], the input type must be same. name:[grad]:Tensor[Float32]."
+    assert rep.key_for_error(fp16).startswith("model.model_config.param_init_type")
 
 
 @pytest.mark.parametrize("mode,size,match", [
