@@ -167,9 +167,7 @@ def build_pipeline_train_step(network, optimizer, cfg):
             sens = ops.fill(ms.float32, loss.shape, self.sens)
             grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
             grads = self.reducer(grads)
-            # the accumulated gradients come out in float32 whatever the parameters' dtype; MindSpore's
-            # AdamWeightDecay wants them in the parameter's (found by the dry-run on the fp16 13B job:
-            # "For primitive[AdamWeightDecay], the input type must be same ... Float32 ... Float16")
+            # gradients in each parameter's dtype, as the optimizer updates them (TrainStep's convention)
             grads = tuple(ops.cast(g, w.dtype) for g, w in zip(grads, self.weights))
             return ops.depend(loss, self.optimizer(grads))
 
