@@ -109,7 +109,12 @@ def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, 
             facts = json.loads(line[len(RESULT):])
         elif line.startswith(ERROR):
             error = json.loads(line[len(ERROR):])
-    if not facts and error is None:
+    if not facts and error is None and proc.returncode < 0:  # killed: the kernel's OOM killer sends SIGKILL
+        error = {"type": f"killed by signal {-proc.returncode}",
+                 "message": f"the compile process of rank {rank} was killed by signal {-proc.returncode}"
+                            + (" (SIGKILL: most likely this machine ran out of host memory)" if proc.returncode == -9
+                               else "")}
+    elif not facts and error is None:
         error = {"type": f"exit {proc.returncode}", "message": proc.stderr.strip()[-1500:] or "no output"}
     from msllm.parallel.param_layout import stage_of_rank
     from msllm.parallel.strategy_files import strategy_file_name, strategy_format

@@ -91,6 +91,7 @@ def summarize(nodes: list[dict]) -> dict:
 
 # MindSpore's messages for a layout it rejects -> the YAML key to change (first match wins)
 _KEY_HINTS = (
+    (re.compile(r"ran out of host memory"), "none: run fewer ranks at once (--sim_jobs) or on a larger host"),
     (re.compile(r"type must be same|Float16|BFloat16|dtype", re.I),
      "model.model_config.param_init_type / compute_dtype (or optimizer.type)"),
     (re.compile(r"pipeline|stage|micro", re.I), "parallel_config.pipeline_stage / micro_batch_num"),
