@@ -67,11 +67,13 @@ def main(argv=None) -> int:
     p.add_argument("--output_dir", default="output/dryrun_layouts")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
-    rows = [run(n, args.rank, os.path.abspath(args.output_dir)) for n in (args.only or VARIANTS)]
-    if args.json:
-        with open(args.json + ".tmp", "w") as fh:
-            json.dump(rows, fh, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+    rows = []
+    for name in args.only or VARIANTS:
+        rows.append(run(name, args.rank, os.path.abspath(args.output_dir)))
+        if args.json:  # after every variant, atomically: a long sweep stopped early keeps its rows
+            with open(args.json + ".tmp", "w") as fh:
+                json.dump(rows, fh, indent=1)
+            os.replace(args.json + ".tmp", args.json)
     return 0 if all(r["ok"] for r in rows) else 1
 
 
