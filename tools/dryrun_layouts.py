@@ -33,7 +33,8 @@ VARIANTS = {
     "use_seq_parallel": ["--parallel_config.use_seq_parallel=True"],
     "recompute": ["--recompute_config.recompute=True"],
     "select_recompute": ["--recompute_config.select_recompute=True"],
-    "flash_attention": [f"{MC}use_flash_attention=True"],
+    # FlashAttentionScore takes fp16/bf16 (msllm refuses it with float32 compute)
+    "flash_attention": [f"{MC}use_flash_attention=True", f"{MC}compute_dtype=float16"],
     "fused_rms_norm": [f"{MC}fused_rms_norm=True"],
     "qwen2_biases": [f"{MC}model_type=qwen2", f"{MC}qkv_has_bias=True"],
     "qwen3_qk_norm": [f"{MC}qk_norm=True"],
