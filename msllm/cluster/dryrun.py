@@ -193,6 +193,8 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
     for r in reports:
         print(format_row(r), flush=True)
     failed = [r for r in reports if "error" in r]
+    if failed and failed[0]["error"]["type"] == "MsllmError":
+        raise MsllmError(f"rank {failed[0]['rank']}: {failed[0]['error']['mindspore']}")
     if failed:
         e = failed[0]["error"]
         raise MsllmError(f"MindSpore rejected rank {failed[0]['rank']} of this layout ({len(failed)} of {len(ranks)} "

@@ -94,8 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m msllm.cluster.dryrun_compile --config CONFIG [--key=value ...]", file=sys.stderr)
         return 2
     cfg = load_config(argv[1], argv[2:])
+    from msllm.errors import MsllmError
+
     try:
         facts = compile_train_step(cfg)
+    except MsllmError as exc:  # msllm's own refusal inside the build: not MindSpore's
+        print(f"{ERROR} {json.dumps({'type': 'MsllmError', 'message': str(exc)})}", flush=True)
+        return 2
     except Exception as exc:  # MindSpore's RuntimeError/ValueError/TypeError: reported, not a traceback
         print(f"{ERROR} {json.dumps({'type': type(exc).__name__, 'message': str(exc)})}", flush=True)
         return 2
