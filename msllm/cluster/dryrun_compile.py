@@ -11,10 +11,10 @@ runs one step through MindSpore's simulated device with inputs shaped from the Y
 ``B = batch_size x data_parallel x micro_batch_num (pipelines) x gradient_accumulation_steps``,
 the global batch every rank feeds under ``full_batch``. No dataset is read; the simulated step computes nothing (its outputs are not meaningful).
 
-Weights: msllm's parameters are ``mindspore.common.initializer``s, which MindSpore keeps deferred in
-parallel mode and reshapes to the rank's slice when compiling: at level 0 (compile only) no weight
-is filled on the host; at level 1 the simulated step fills this rank's slices (the 13B job's rank 0:
-peak RSS 3.7 GB for its 1.6B fp16 parameters).
+Weights: msllm's parameters are ``mindspore.common.initializer``s, built inside
+``mindspore.nn.utils.no_init_parameters()``; measured on the 13B job's rank 0, the host still fills
+gigabytes (3.7 and 5.5 GB RSS in two runs with fp16 weights, 15.8 GB with fp32 weights at level 0,
+stopped): keeping the host to what compiling needs is open (docs/dryrun.md).
 
 The last line of stdout is ``MSLLM_DRYRUN_RESULT {json}`` (stage, jit level used, ...) or
 ``MSLLM_DRYRUN_ERROR {json}`` with MindSpore's message; MindSpore prints the level-1 memory
@@ -51,6 +51,7 @@ def compile_train_step(cfg) -> dict:
     """Build and compile ``cfg``'s train step on this simulated rank; returns facts for the report.
     Raises whatever MindSpore raises for a layout it rejects."""
     import mindspore as ms
+    from mindspore.nn.utils import no_init_parameters
 
     from msllm.cluster.context import setup_logging, setup_runtime
     from msllm.parallel.param_layout import stage_of_rank
@@ -65,21 +66,22 @@ def compile_train_step(cfg) -> dict:
                          "frozen base is loaded from load_checkpoint, which a dry-run does not read")
     stage_layers = pipeline.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
     steps = 4  # the learning-rate table's length; the compiled graph does not depend on it
-    # the trainer's own builders (training/setup.py); in (semi-)auto parallel mode MindSpore defers
-    # every Parameter's data (Parameter._get_parameter_new_args), and its compile only reshapes the
-    # deferred initializers to this rank's slice (parallel/_utils.py _slice_parameter)
-    network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel")
-    optimizer = build_optimizer(network, cfg, np.full(steps, cfg.lr_schedule.learning_rate, np.float32))
-    step = build_train_step(network, optimizer, cfg, rt)
+    # the trainer's own builders (training/setup.py), inside mindspore.nn.utils.no_init_parameters()
+    # (MindSpore's way to build a network without filling its weights; its effect on the dry-run's
+    # host memory is not established, see docs/dryrun.md)
+    with no_init_parameters():
+        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel")
+        optimizer = build_optimizer(network, cfg, np.full(steps, cfg.lr_schedule.learning_rate, np.float32))
+        step = build_train_step(network, optimizer, cfg, rt)
     rows = global_batch(cfg)
     shape = (rows, mc.seq_length + 1)
     ids = ms.Tensor(np.zeros(shape, np.int32))
     if os.environ.get("MS_SIMULATION_LEVEL") == "0":
-        step.compile(ids, ids)  # level 0: the compile alone; no weight slice is filled on the host
+        step.compile(ids, ids)  # level 0: the compile alone
     else:
         # level 1: one step through MindSpore's simulated device; its host-side run counts each
-        # operator's device memory (printed at exit) and fills this rank's weight slices on the host
-        # (nothing is computed; docs: mindspore-ai/docs tutorials/source_en/debug/dryrun.md)
+        # operator's device memory (printed at exit); nothing is computed
+        # (docs: mindspore-ai/docs tutorials/source_en/debug/dryrun.md)
         step(ids, ids)
     return {"rank": rt.rank, "rank_size": rt.world_size, "stage": stage_of_rank(rt.rank, pc),
             "input_shape": list(shape), "stage_layers": stage_layers,
