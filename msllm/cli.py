@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
+    if args.sim_level is not None:  # dry-run: compile for the named ranks, report, no training
+        from msllm.dryrun.driver import run_dryrun
+
+        run_dryrun(args.config, overrides, args.sim_level, args.sim_rank_id, args.sim_jobs)
+        return 0
     if cfg.only_save_strategy:  # offline: no runtime set-up, no weights; works for any layout on CPU
         from msllm.parallel.strategy import save_strategy_for_run
 

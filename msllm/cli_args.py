@@ -14,7 +14,8 @@ MindFormers' ``run_mindformer.py`` flags work unchanged: ``--run_mode``, ``--loa
 ``--predict_data`` is the text or file to run ``--run_mode predict`` on; ``--use_parallel`` must
 agree with how the process was started (True under ``run_distribute.sh`` with several ranks,
 False alone): a disagreement is an error, since msllm takes parallelism from the launcher.
-``--template`` and ``--adapter`` (LoRA) apply to predict and eval. ``--show`` prints the resolved
+``--template`` and ``--adapter`` (LoRA) apply to predict and eval. ``--sim_level 0|1
+[--sim_rank_id R]`` compiles the job for Ascend with MindSpore's dry-run (:mod:`msllm.dryrun.driver`). ``--show`` prints the resolved
 model shapes, parameter count and FLOPs per token and exits without building anything.
 """
 
@@ -59,6 +60,11 @@ def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--predict_data", help="predict: a prompt, or a .txt/.json/.jsonl file of prompts")
     parser.add_argument("--template", help="predict/chat: prompt template: vicuna_v1.1, alpaca, none, chat_template, chatml (default: the checkpoint's, else the tokenizer's chat template, else plain text)")
     parser.add_argument("--adapter", help="predict/eval: a LoRA adapter checkpoint applied to the base")
+    sim = parser.add_argument_group("dry-run (msrun's names; docs/dryrun.md)")
+    sim.add_argument("--sim_level", type=int, choices=(0, 1), help="compile the Ascend job with MindSpore's "
+                     "simulation instead of running it: 0 compile, 1 compile + per-rank device memory")
+    sim.add_argument("--sim_rank_id", help="the rank(s) to compile: R, R1,R2 or [START,END) (default: all)")
+    sim.add_argument("--sim_jobs", type=int, help="ranks compiled at once (default: the CPU cores)")
     ev = parser.add_argument_group("eval (also tools/evaluate.py; without --task: perplexity over eval_dataset)")
     ev.add_argument("--task", help="ppl, mmlu, ceval, boolq, gsm8k or mc_jsonl (docs/evaluation.md)")
     ev.add_argument("--data_dir", help="the task's data: a directory of split files, or a file")

@@ -467,13 +467,74 @@ def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
     data, notes = translate_mindformers_yaml(read_yaml(path), path, RunConfig)
     # an override such as --model.model_config.top_k=5 (MindFormers' place) moves like the YAML's
     data = hoist_generation_keys(apply_overrides(data, overrides or []))
+    given = given_keys(data)
+    fill_paired_keys(data, given)
     try:
         cfg = from_dict(RunConfig, data)
         cfg.validate()
     except MsllmError as exc:
         raise MsllmError(f"{path}: {exc}") from None
     cfg.ignored_keys = [f"{key} ({why})" for key, why in notes]
+    cfg.given_keys = frozenset(given)
     return cfg
+
+
+# Keys that name one setting twice (MindFormers' YAMLs carry both spellings). A YAML that gives
+# only the first of a pair sets the second from it: an absent key is not a disagreement, and the
+# dataclass default of the absent one is no user's value (issue #30: MindFormers' own
+# run_llama_13b.yaml has enable_parallel_optimizer: True and no optimizer_shard key). Both given
+# and different stays an error (RunConfig.validate / layout_checks.optimizer_shard_enabled).
+PAIRED_KEYS = (
+    ("parallel_config.optimizer_shard", "parallel.enable_parallel_optimizer"),
+    ("parallel.enable_parallel_optimizer", "parallel_config.optimizer_shard"),
+    # train_dataset.batch_size None already means "runner_config's", so only this direction
+    ("train_dataset.batch_size", "runner_config.batch_size"),
+)
+
+
+def given_keys(data: dict, prefix: str = "") -> set:
+    """Every dotted key path present in a run-YAML mapping (sections and their keys): what the
+    user wrote, as opposed to what the dataclass defaults fill in."""
+    out = set()
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        out.add(full)
+        if isinstance(value, dict):
+            out |= given_keys(value, full)
+    return out
+
+
+def fill_paired_keys(data: dict, given: set) -> None:
+    """For each ``(src, dst)`` of :data:`PAIRED_KEYS` with ``src`` given and ``dst`` not, set
+    ``dst`` to ``src``'s value in ``data`` (modified in place; ``given`` is not)."""
+    for src, dst in PAIRED_KEYS:
+        if src not in given or dst in given:
+            continue
+        node = data
+        for part in src.split("."):
+            node = node[part]
+        value = node
+        if value is None:
+            continue
+        section, _, name = dst.rpartition(".")
+        target = data
+        for part in section.split("."):
+            if not isinstance(target.get(part), dict):
+                target[part] = {}
+            target = target[part]
+        target[name] = value
+
+
+def was_given(cfg: RunConfig, key: str) -> bool:
+    """Whether the user's YAML or an override set ``key`` (dotted). A config built in code (no
+    ``given_keys``) counts a value different from the schema's default as given."""
+    keys = getattr(cfg, "given_keys", None)
+    if keys is not None:
+        return key in keys
+    node, ref = cfg, RunConfig()
+    for part in key.split("."):
+        node, ref = getattr(node, part), getattr(ref, part)
+    return node != ref
 
 
 def save_config(cfg: RunConfig, path: str) -> None:

@@ -23,4 +23,9 @@ if [ -z "${PYTHON:-}" ]; then
   fi
 fi
 export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m msllm.cluster.launch "$@"
+# --sim_level: compile this server's ranks with MindSpore's dry-run instead of starting them
+module=msllm.cluster.launch
+for arg in "$@"; do
+  case "$arg" in --sim_level|--sim_level=*) module=msllm.dryrun.launch ;; esac
+done
+exec "$PYTHON" -m "$module" "$@"

@@ -46,7 +46,8 @@ FLOORS = {
     "generation": 8,
     "eval": 9, "serving": 9,
     "training": 10,
-    "cli": 11, "__main__": 11,
+    "dryrun": 11,                                                           # compiles the trainer's step
+    "cli": 12, "__main__": 12,
 }
 
 

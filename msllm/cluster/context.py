@@ -61,8 +61,8 @@ def launcher_role() -> tuple[str, int | None]:
 def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
     """Raise one clear :class:`MsllmError` if ``cfg`` asks the device for something it cannot do.
 
-    Any device: training with ``pipeline_stage`` > 1 is not implemented; semi-auto parallel needs
-    ``full_batch``. (``runner_config.sink_mode`` does not stop a run: msllm feeds steps one by one
+    Any device: a pipeline split MindFormers would refuse (:mod:`msllm.training.pipeline`);
+    semi-auto parallel needs ``full_batch``. (``runner_config.sink_mode`` does not stop a run: msllm feeds steps one by one
     and says so in the start-up line of :func:`msllm.settings.log_settings`.)
     CPU: no expert_parallel / model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
@@ -107,12 +107,10 @@ def check_layout_trainable(cfg: RunConfig) -> None:
     """Raise MsllmError for layouts msllm's trainer cannot train on any device (see
     :func:`check_device_support`)."""
     pc = cfg.parallel_config
-    if pc.pipeline_stage > 1:
-        raise MsllmError(
-            f"parallel_config.pipeline_stage={pc.pipeline_stage}: msllm lays out pipeline stages, "
-            "writes their strategy files, reshards and plans memory for them, but its train step "
-            "has no pipeline schedule (PipelineCell micro-batching) yet, so it does not train them; "
-            "use pipeline_stage: 1 for training")
+    if pc.pipeline_stage > 1:  # the split must be one MindFormers would accept (msllm/training/pipeline.py)
+        from msllm.parallel.stage_split import stage_layers_of
+
+        stage_layers_of(cfg.model_config, pc.pipeline_stage)
     if cfg.parallel.mode_name != "data_parallel" and not cfg.parallel.full_batch:
         raise MsllmError("parallel.full_batch must be True with semi_auto_parallel: every rank reads "
                          "the global batch and MindSpore splits it by the layout")

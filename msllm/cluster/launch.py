@@ -125,6 +125,9 @@ def launch(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None, cwd
     """Check the arguments, start this invocation's ranks and (by default) wait; return the exit status."""
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
+    if any(a == "--sim_level" or a.startswith("--sim_level=") for a in argv):
+        raise MsllmError("--sim_level is the dry-run, which starts no rank: run it through scripts/run_distribute.sh "
+                         "(or python -m msllm.dryrun.launch ARGS)")
     plan = make_plan(argv, environ, cwd)
     return run_plan(plan, environ, cwd)
 

@@ -94,7 +94,6 @@ NO_EFFECT: dict[str, str] = {
     # model
     "model.model_config.batch_size": ("MindFormers' inference batch hint; msllm batches from "
                                       "runner_config.batch_size / generation_config.batch_size"),
-    "model.model_config.offset": "pipeline layer offset; msllm assigns layers to pipeline stages evenly",
     "model.model_config.rotary_dtype": "msllm computes the rotary tables in float32",
     "model.model_config.use_prompt_flash_attention": "Ascend inference kernel choice: speed only",
     "model.model_config.use_paged_attention": "Ascend paged-attention inference: speed/memory only",

@@ -53,7 +53,9 @@ def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
         kwargs["parallel_optimizer_config"] = {"parallel_optimizer_threshold": DEFAULT_OPT_THRESHOLD_KB,
                                                "optimizer_weight_shard_size": -1}
     if pc.pipeline_stage > 1:
-        kwargs["pipeline_config"] = {"pipeline_interleave": False, "pipeline_scheduler": "1f1b"}
+        # MindFormers' pp_interleave_num > 1: interleaved chunks (pipeline_segment) per stage
+        interleave = getattr(run_config.model_config, "pp_interleave_num", 1) > 1
+        kwargs["pipeline_config"] = {"pipeline_interleave": interleave, "pipeline_scheduler": "1f1b"}
     return kwargs
 
 

@@ -32,6 +32,8 @@ import math
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from msllm.models.llama.names import OPTIMIZER_STATE_PREFIXES, is_norm_weight, is_optimizer_state, param_shapes
+
+PIPELINE_ACCU_PREFIX = "accu_grads."  # MindSpore's PipelineCell gradient accumulators
 from msllm.parallel.layout_rules import OpRule, Sym, op_rules
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -147,7 +149,7 @@ def param_layouts(model_config, parallel_config, stage_layers: Optional[Sequence
     missing = set(shapes) - set(out)
     if missing:  # a parameter without a rule: the table and the model disagree
         raise AssertionError(f"no sharding rule consumes {sorted(missing)}")
-    return with_optimizer_states(out) if include_optimizer_states else out
+    return with_optimizer_states(out, parallel_config.pipeline_stage > 1) if include_optimizer_states else out
 
 
 def layouts_from_rules(rules: Iterable[OpRule], shapes: dict, parallel_config, dtype: str,
@@ -172,15 +174,19 @@ def layouts_from_rules(rules: Iterable[OpRule], shapes: dict, parallel_config, d
                 if len(group) > 1 and nbytes >= opt_threshold_kb * 1024 and first % len(group) == 0:
                     size, step = len(group), (group[-1] - group[0]) // (len(group) - 1)
             out[name] = ParamLayout(dev, tmap, shape, rule.stage, size, step, dtype)
-    return with_optimizer_states(out) if include_optimizer_states else out
+    return with_optimizer_states(out, parallel_config.pipeline_stage > 1) if include_optimizer_states else out
 
 
-def with_optimizer_states(layouts: dict[str, ParamLayout]) -> dict[str, ParamLayout]:
+def with_optimizer_states(layouts: dict[str, ParamLayout], pipeline: bool = False) -> dict[str, ParamLayout]:
     """``layouts`` plus ``adam_m.{name}`` / ``adam_v.{name}`` with their weight's layout
-    (MindSpore clones a weight's layout for its optimizer states)."""
+    (MindSpore clones a weight's layout for its optimizer states), and with ``pipeline`` also
+    ``accu_grads.{name}``: the gradient-accumulation buffers MindSpore's pipeline adds (seen in its
+    own strategy files, compiled by the dry-run: same dev_matrix, tensor_map and opt-shard fields
+    as the weight; issue #30)."""
     out = dict(layouts)
+    prefixes = OPTIMIZER_STATE_PREFIXES + ((PIPELINE_ACCU_PREFIX,) if pipeline else ())
     for name, lay in layouts.items():
-        for prefix in OPTIMIZER_STATE_PREFIXES:
+        for prefix in prefixes:
             out[prefix + name] = lay
     return out
 
@@ -239,7 +245,7 @@ def rank_param_bytes(layouts: dict[str, ParamLayout], rank: int, parallel_config
     stage = stage_of_rank(rank, parallel_config)
     weights = states = 0
     for name, lay in layouts.items():
-        if lay.stage != stage:
+        if lay.stage != stage or name.startswith(PIPELINE_ACCU_PREFIX):  # buffers, not stored state
             continue
         if is_optimizer_state(name):
             states += lay.slice_bytes

@@ -186,7 +186,7 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
     weights = states = copies = grads = accum_buf = 0.0
     cast = mc.compute_dtype != mc.param_init_type
     for name, lay in layouts.items():
-        if lay.stage != stage:
+        if lay.stage != stage or name.startswith("accu_grads."):  # accumulators: accum_buf below
             continue
         if is_optimizer_state(name):
             states += lay.slice_numel * 4                     # AdamW moments are fp32

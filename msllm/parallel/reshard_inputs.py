@@ -30,7 +30,7 @@ from msllm.errors import MsllmError
 from msllm.formats.manifest import checkpoint_step, refuse_corrupt
 from msllm.formats.mindformers import has_fused
 from msllm.formats.mindspore_ckpt import scan_ckpt
-from msllm.models.llama.names import (is_mindformers_name, is_optimizer_state, mindformers_to_msllm_name,
+from msllm.models.llama.names import (TRAINER_PREFIXES, is_mindformers_name, mindformers_to_msllm_name,
                                       msllm_to_mindformers_name, split_state_prefix)
 from msllm.parallel.strategy_files import (StrategyRecord, file_stage, list_strategy_files, load_strategy_map,
                                            read_strategy, to_protobuf)
@@ -210,7 +210,7 @@ def check_checkpoint_matches(ckpt_file: str, rank: int, stra: Optional[dict[str,
     per_stage, _ = strategy_shape(stra)
     stage = rank // per_stage
     wanted = {n: r for n, r in stra.items() if stage in r.stages
-              and (n in shapes or not is_optimizer_state(n))}
+              and (n in shapes or not n.startswith(TRAINER_PREFIXES))}  # states may be absent
     missing = [n for n in wanted if n not in shapes]
     if missing:
         raise MsllmError(f"checkpoint {ckpt_file!r} (rank {rank}) lacks {len(missing)} parameter(s) the source "
@@ -249,7 +249,8 @@ def check_dst_covers(dst: dict[str, StrategyRecord], ckpt_shapes: dict, src, dst
     weights-only checkpoint), and full shapes must match and divide."""
     src_names = set(src) if src is not None else set(ckpt_shapes)
     _check_states_covered(ckpt_shapes, dst, f"destination strategy {dst_file!r}", "destination")
-    unknown = [n for n in dst if n not in src_names and not is_optimizer_state(n)]
+    # optimizer moments and MindSpore's pipeline accumulators (accu_grads.*) may be absent from a checkpoint
+    unknown = [n for n in dst if n not in src_names and not n.startswith(TRAINER_PREFIXES)]
     if unknown:
         raise MsllmError(f"destination strategy {dst_file!r} lists {len(unknown)} parameter(s) the source "
                          f"checkpoint lacks, e.g. {unknown[0]!r}: it belongs to another model")

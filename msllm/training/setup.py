@@ -49,6 +49,10 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
 
     from msllm.training.step import TrainStep
 
+    if cfg.parallel_config.pipeline_stage > 1:  # PipelineCell + PipelineGradReducer (training/pipeline.py)
+        from msllm.training.pipeline import build_pipeline_train_step
+
+        return build_pipeline_train_step(network, optimizer, cfg)
     rw = cfg.runner_wrapper
     reducer = None
     # data parallel: msllm all-reduces gradients itself; semi-auto parallel: MindSpore inserts
@@ -156,8 +160,16 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
         lora = LoraTraining(network, cfg, rt.rank)
     if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
         from msllm.parallel.apply import apply_layout
+        from msllm.parallel import stage_split
+        from msllm.training import pipeline
 
-        apply_layout(network, cfg.parallel_config, cfg.recompute_config)
+        pc = cfg.parallel_config
+        # contiguous stage split per MindFormers' offset (interleaved chunks: assign_stages below)
+        stage_layers = stage_split.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
+        apply_layout(network, pc, cfg.recompute_config, stage_layers)
+        if pc.pipeline_stage > 1:
+            pipeline.assign_stages(network, mc, pc.pipeline_stage)
+            pipeline.mark_lazy_inline(network)
         if lora is not None:
             lora.shard(cfg.parallel_config)
     else:
@@ -216,6 +228,8 @@ def prepare(cfg: RunConfig) -> TrainRun:
     # splits it by the layout; data parallel: each rank reads its own shard
     data_rank, data_world, dp_batches = (0, 1, cfg.parallel_config.data_parallel) if sharded \
         else (rt.rank, rt.world_size, 1)
+    if cfg.parallel_config.pipeline_stage > 1:  # PipelineCell slices micro_batch_num micro batches off axis 0
+        dp_batches *= cfg.parallel_config.micro_batch_num
     # train_dataset.batch_size: None = runner_config.batch_size (load_config refuses two that disagree)
     batch_size = cfg.train_dataset.batch_size or rc.batch_size
     data = build_train_data(cfg.train_dataset.dataset_dir, mc.seq_length, batch_size * accum * dp_batches,

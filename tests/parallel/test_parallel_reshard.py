@@ -182,7 +182,9 @@ def test_reshard_for_start_gives_each_rank_its_slice(work, tmp_path):
         for name, arr in got.items():
             want = slice_for_rank(full_gqa[name], lays[name], rank % 2) if name in lays else full_gqa[name]
             assert np.array_equal(arr, want), (rank, name)
-        assert {n for n in got if n in lays} == {n for n in lays if lays[n].stage == stage_of_rank(rank, PP)}
+        # accu_grads.* (MindSpore's pipeline accumulators, in the strategy since issue #30) are not in a checkpoint
+        assert {n for n in got if n in lays} == {n for n in lays if lays[n].stage == stage_of_rank(rank, PP)
+                                                 and not n.startswith("accu_grads.")}
     # from the sharded (dp2, mp2, optimizer-sharded) checkpoint to a RunConfig layout (mp4)
     cfg = RunConfig()
     cfg.model.model_config = MHA

@@ -158,12 +158,18 @@ def test_finetune_from_a_mindformers_named_checkpoint(tmp_path, alpaca_mindrecor
     assert abs(first - expected) < 1e-4, (first, expected)
 
 
-def test_pipeline_training_is_refused_on_every_device():
+def test_pipeline_training_is_accepted_on_ascend_and_refused_on_cpu():
+    """Issue #30: pipeline_stage > 1 trains on Ascend (msllm/training/pipeline.py, compiled by the
+    dry-run in tests/cluster/test_dryrun.py); CPU cannot compile stages; a split MindFormers
+    would refuse is refused before MindSpore."""
     from msllm.cluster.context import check_device_support
     from msllm.errors import MsllmError
-    cfg = load_config(os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml"))  # Ascend, pp 4
-    with pytest.raises(MsllmError, match="pipeline_stage=4.*no pipeline schedule"):
-        check_device_support(cfg)
+    path = os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml")  # Ascend, pp 4, 80 layers
+    check_device_support(load_config(path))
+    with pytest.raises(MsllmError, match="pipeline_stage=4.*Invalid backend: CPU"):
+        check_device_support(load_config(path, ["--context.device_target=CPU"]))
+    with pytest.raises(MsllmError, match="offset=.*sums to 1"):
+        check_device_support(load_config(path, ["--model.model_config.offset=[1,0,0,0]"]))
     check_device_support(load_config(os.path.join(ROOT, "configs", "llama", "run_llama_13b.yaml")))
 
 

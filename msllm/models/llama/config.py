@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from msllm.errors import MsllmError
 from msllm.models.llama.families import HIDDEN_ACTS, family
@@ -227,6 +227,11 @@ class LlamaConfig:
     use_flash_attention: Optional[bool] = None
     fused_rms_norm: Optional[bool] = None
     cpu_kernels: Optional[bool] = None
+    # pipeline stage split (MindFormers' keys, msllm/training/pipeline.py stage_assignment): extra
+    # layers per stage (an int, a list per stage, or per interleave chunk and stage) and the
+    # number of interleaved chunks per stage; read only when parallel_config.pipeline_stage > 1
+    offset: Union[int, list] = 0
+    pp_interleave_num: int = 1
     # parameter-efficient fine-tuning (MindFormers ``pet_config``); None = full fine-tuning
     pet_config: Optional[PetConfig] = None
     # mixture of experts (MindFormers ``moe_config``, msllm/models/llama/moe.py); None = dense MLPs

@@ -1,0 +1,107 @@
+"""The train step of a pipelined layout (``parallel_config.pipeline_stage`` > 1), and the split of
+decoder layers over stages with MindFormers' ``offset`` and ``pp_interleave_num`` keys.
+
+MindSpore 2.10 pipelines a semi-auto-parallel network this way (``mindspore.nn.PipelineCell`` and
+``mindspore.nn.PipelineGradReducer`` docstrings; tutorials ``parallel/pipeline_parallel.md``):
+
+* every cell gets ``cell.pipeline_stage`` (and, with interleaving, ``cell.pipeline_segment``);
+  MindSpore cuts the graph per stage and inserts Send/Receive between them;
+* ``nn.PipelineCell(net_with_loss, micro_batch_num)`` slices the batch into micro batches along
+  axis 0 and runs them through the stages (1F1B schedule, ``pipeline_config``); the loss is
+  computed on the last stage only (the loss cell has the last stage);
+* the gradients are accumulated over the micro batches and reduced by ``nn.PipelineGradReducer``
+  before the optimizer; MindSpore's ``TrainOneStepCell`` around a ``PipelineCell`` fails to
+  compile (``The pointer[grad_accu] is null``, measured with MindSpore 2.10 in a dry-run);
+* the network the micro batches share is marked for lazy inlining (``mindspore.lazy_inline``),
+  which MindSpore asks for with pipelines (``Pipeline Parallel with no 'lazy_inline' is
+  deprecated``) and requires in 2.10's pipeline pass.
+
+Stage split: :mod:`msllm.parallel.stage_split` (MindFormers' ``offset`` / ``pp_interleave_num``).
+
+Execution needs an Ascend device (CPU cannot compile pipeline stages: ``Invalid backend: CPU``);
+the dry-run (``--sim_level``) compiles it on any machine.
+"""
+
+from __future__ import annotations
+
+from msllm.errors import MsllmError
+from msllm.parallel.stage_split import stage_assignment
+
+def mark_lazy_inline(network) -> str:
+    """Mark ``network`` (the whole ``LlamaForCausalLM``, which ``PipelineCell`` calls once per micro
+    batch) as MindSpore's ``@lazy_inline`` does after a cell's ``__init__``
+    (``mindspore/graph/lazy_inline.py``: it sets ``cell_init_args`` to ``"lazy_inline_" + class
+    name + the init arguments``). MindFormers decorates ``LlamaForCausalLM.__init__`` the same way;
+    MindSpore's pipeline pass needs the micro batches to share this cell ("Pipeline parallel now
+    only support shared_cell", measured). Returns the key set."""
+    key = "lazy_inline_" + type(network).__name__ + repr(network.config)
+    network.cell_init_args = key
+    return key
+
+
+def assign_stages(network, model_config, pipeline_stage: int) -> list[tuple[int, int]]:
+    """Set ``pipeline_stage`` (and ``pipeline_segment`` with interleaving) on each decoder layer of
+    ``network`` per :func:`stage_assignment`; the embedding is stage 0, the final norm, head and
+    loss the last stage (set by :func:`msllm.parallel.apply.apply_layout`). Returns the assignment."""
+    assign = stage_assignment(model_config.num_layers, pipeline_stage, getattr(model_config, "offset", 0),
+                              getattr(model_config, "pp_interleave_num", 1))
+    interleave = getattr(model_config, "pp_interleave_num", 1) > 1
+    for layer, (stage, chunk) in zip(network.model.layers, assign):
+        layer.pipeline_stage = stage
+        if interleave:
+            layer.pipeline_segment = chunk
+    return assign
+
+
+def check_pipeline_device(cfg) -> None:
+    """Refuse executing a pipelined layout on CPU (one message); the dry-run compiles it."""
+    if cfg.parallel_config.pipeline_stage > 1 and cfg.context.device_target == "CPU":
+        raise MsllmError(f"parallel_config.pipeline_stage={cfg.parallel_config.pipeline_stage}: MindSpore 2.10 cannot "
+                         "compile pipeline stages on CPU ('Invalid backend: CPU'); run it on Ascend, or compile it "
+                         "here with the dry-run: run_msllm.py --config CONFIG --run_mode train --sim_level 1")
+
+
+def build_pipeline_train_step(network, optimizer, cfg):
+    """The pipelined train step: ``construct(input_ids, labels) -> loss`` (fp32 scalar, meaningful on
+    the last stage), input_ids / labels (B_global, T+1) int32 with ``B_global = batch_size x
+    data_parallel x micro_batch_num`` (``full_batch``: every rank feeds the global batch).
+
+    ``PipelineCell(network, micro_batch_num)`` -> gradients of its loss (sensitivity
+    ``runner_wrapper.scale_sense`` for a fixed/dynamic scale, divided out by the reducer's
+    ``scale_sense``) -> ``PipelineGradReducer`` -> optimizer. Loss scaling is static here: the
+    overflow skip and dynamic scale of :class:`msllm.training.step.TrainStep` need the global
+    gradient norm across stages, which this step does not compute yet (named in the dry-run's
+    report). Gradient clipping likewise is not applied.
+    """
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    pc = cfg.parallel_config
+    rw = cfg.runner_wrapper
+    sens = float(rw.scale_sense) if rw.loss_scale != "none" else 1.0
+
+    class PipelineTrainStep(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.network = nn.PipelineCell(network, pc.micro_batch_num)
+            self.optimizer = optimizer
+            self.weights = optimizer.parameters
+            self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+            self.reducer = nn.PipelineGradReducer(self.weights, scale_sense=sens)
+            self.sens = sens
+
+        def construct(self, input_ids, labels):
+            loss = self.network(input_ids, labels)
+            sens = ops.fill(ms.float32, loss.shape, self.sens)
+            grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
+            grads = self.reducer(grads)
+            # gradients in each parameter's dtype, as the optimizer updates them (TrainStep's convention)
+            grads = tuple(ops.cast(g, w.dtype) for g, w in zip(grads, self.weights))
+            return ops.depend(loss, self.optimizer(grads))
+
+    step = PipelineTrainStep()
+    step.set_train()
+    return step
+
+
+__all__ = ["assign_stages", "build_pipeline_train_step", "check_pipeline_device", "mark_lazy_inline"]
