@@ -38,13 +38,16 @@ PROMPT = "The history of the printing press begins in"
 NEW = 8
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
-# each command runs under this wrapper, which prints the process's peak RSS (KiB) when it ends
-PEAK = ("import resource, runpy, sys\n"
+# each command runs under this wrapper, which prints the process's peak RSS (KiB) when it ends:
+# VmHWM of /proc/self/status, the high-water mark of this program's own memory (getrusage's
+# ru_maxrss would also count the pytest process it was forked from: Linux keeps it across exec)
+PEAK = ("import re, runpy, sys\n"
         "sys.argv = sys.argv[1:]\n"
         "try:\n"
         "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
         "finally:\n"
-        "    print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n")
+        "    hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+        "    print('PEAK_RSS_KB', hwm, flush=True)\n")
 
 
 def make_model(directory, positions: int, rope_scaling, smollm2_dir):
