@@ -56,7 +56,6 @@ def compile_train_step(cfg) -> dict:
     from msllm.cluster.context import setup_logging, setup_runtime
     from msllm.parallel.param_layout import stage_of_rank
     from msllm.parallel import stage_split
-    from msllm.training import pipeline
     from msllm.training.setup import build_network, build_optimizer, build_train_step
 
     rt = setup_runtime(cfg)

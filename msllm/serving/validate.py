@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from msllm.serving.protocol import ApiError, bad
 from msllm.serving.structured import check_response_format

@@ -21,7 +21,6 @@ import sys
 import time
 import urllib.request
 
-import numpy as np
 import pytest
 
 from helpers import REPO
