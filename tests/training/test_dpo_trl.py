@@ -236,7 +236,7 @@ def test_one_sgd_step_lora_gives_peft_adapter(rows, msllm_model, smollm2_dir, tm
     from peft import LoraConfig
 
     from msllm.lora.apply import apply_lora
-    from msllm.models.llama.config import PetConfig
+    from msllm.config_lora import PetConfig
     from msllm.training.dpo import DPONetwork, build_reference
 
     ids, lab = rows
