@@ -525,7 +525,8 @@ class _Translation:
             pet = arch.get("pet")
             if kind == "LlamaForCausalLMWithLora":  # MindFormers 0.x: LoRA from pet_config
                 if not given and not isinstance(pet, dict):
-                    self.refuse("model.arch.type", kind, "needs model.model_config.pet_config (pet_type: lora)")
+                    self.refuse("model.arch.type", kind, "needs LoRA settings: model.model_config.pet_config, "
+                                "model.arch.pet or msllm's pet_config section (pet_type: lora)")
             elif kind != "LlamaForCausalLM":
                 self.refuse("model.arch.type", kind, "msllm builds LlamaForCausalLM only (LoRA via "
                             "pet_config)")

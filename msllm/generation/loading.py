@@ -27,7 +27,6 @@ manifest's ``"pet_config"`` key, or, in manifests written before that key, insid
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
