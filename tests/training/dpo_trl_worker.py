@@ -236,7 +236,7 @@ def peft_to_msllm_name(peft: str) -> str:   # base_model.model.model.layers.0.se
 def msllm_lora(model_dir: str, out: str, trl_before: str) -> None:
     import mindspore as ms
 
-    from msllm.models.llama.config import PetConfig
+    from msllm.config_lora import PetConfig
     from msllm.lora.apply import apply_lora
     from msllm.training.dpo import DPONetwork, build_reference
 
