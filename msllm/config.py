@@ -475,12 +475,15 @@ def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
         MsllmError: missing file, invalid YAML, unknown key, wrong type or inconsistent values,
             with the file name prefixed.
     """
-    from msllm.compat.mindformers import (hoist_generation_keys, hoist_pet_config, hoist_pet_overrides,
-                                          translate_mindformers_yaml)
+    from msllm.compat.mindformers import (hoist_generation_keys, hoist_generation_overrides, hoist_pet_config,
+                                          hoist_pet_overrides, translate_mindformers_yaml)
 
     data, notes = translate_mindformers_yaml(read_yaml(path), path, RunConfig)
     # --model.model_config.pet_config.KEY=V (MindFormers' place) overrides pet_config.KEY
     overrides = hoist_pet_overrides(overrides or [])
+    # --model.model_config.top_k=5 (MindFormers' place) beats the YAML's generation_config.top_k, as
+    # --generation_config.top_k=5 does
+    overrides = hoist_generation_overrides(overrides)
     # an override such as --model.model_config.top_k=5 (MindFormers' place) moves like the YAML's
     data = hoist_pet_config(hoist_generation_keys(apply_overrides(data, overrides)), path)
     given = given_keys(data)

@@ -141,6 +141,26 @@ def hoist_pet_config(data: dict, source: str = "") -> dict:
     return data
 
 
+def hoist_generation_overrides(overrides: list[str]) -> list[str]:
+    """``--model.model_config.KEY=VALUE`` overrides of MindFormers' decoding keys
+    (:data:`msllm.config_generation.MINDFORMERS_KEYS`) rewritten as ``--generation_config.KEY=VALUE``, so a
+    command-line value beats the run YAML's ``generation_config`` section (after the YAML is read, the
+    section would otherwise win over a value that :func:`hoist_generation_keys` finds in
+    ``model.model_config``). Where the overrides also give ``--generation_config.KEY``, that one wins (as
+    in a YAML) and the MindFormers spelling is left in place. The other overrides are returned unchanged."""
+    from msllm.config_generation import MINDFORMERS_KEYS
+
+    parsed = [parse_override(arg)[0] for arg in overrides]
+    in_section = {keys[1] for keys in parsed if len(keys) == 2 and keys[0] == "generation_config"}
+    out = []
+    for arg, keys in zip(overrides, parsed):
+        if (len(keys) == 3 and tuple(keys[:2]) == ("model", "model_config") and keys[2] in MINDFORMERS_KEYS
+                and keys[2] not in in_section):
+            arg = f"--generation_config.{keys[2]}=" + arg.split("=", 1)[1]
+        out.append(arg)
+    return out
+
+
 def hoist_pet_overrides(overrides: list[str]) -> list[str]:
     """``--model.model_config.pet_config[.KEY]=VALUE`` overrides (MindFormers' place, as the README
     and MindFormers users write them) rewritten as ``--pet_config[.KEY]=VALUE``, in order, so that
