@@ -80,9 +80,17 @@ def run_llamacpp(bin_dir: str, gguf: str, a) -> dict:
            "-npl", ",".join(str(b) for b in a.batches), "--output-format", "jsonl"]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    crashed = None
+    if r.returncode == -11:
+        # Seen on the Intel Xeon (AMX) KVM guest: ggml's AMX path (ggml_backend_amx_mul_mat, reached through the
+        # CPU backend's "extra" repacked buffers) crashes on the Q8_0 prefill. --no-repack keeps the weights in
+        # their GGUF layout (the AVX-512 / AVX2 kernels); the result records that it was needed.
+        crashed = "SIGSEGV in ggml's repacked (AMX) buffers; rerun with --no-repack"
+        cmd = cmd + ["--no-repack"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     if r.returncode != 0:
         return {"error": (r.stdout + r.stderr)[-2000:], "cmd": harness.show_cmd(cmd)}
-    out = {"cmd": harness.show_cmd(cmd), "wall_s": time.time() - t0}
+    out = {"cmd": harness.show_cmd(cmd), "wall_s": time.time() - t0, "first_attempt": crashed}
     for line in (r.stdout + "\n" + r.stderr).splitlines():
         line = line.strip()
         if line.startswith("{") and '"speed_tg"' in line:
