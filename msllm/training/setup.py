@@ -30,17 +30,25 @@ log = logging.getLogger("msllm")
 
 
 def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
-    """AdamW over ``network``'s trainable parameters; decay on matrices only (ndim >= 2)."""
-    from mindspore import Tensor, nn
+    """msllm's AdamW (:class:`msllm.training.adamw.AdamW`, MindSpore's ``nn.AdamWeightDecay`` rule)
+    over ``network``'s trainable parameters; decay on matrices only (ndim >= 2).
+    ``optimizer.type: FP32StateAdamWeightDecay`` keeps the moments in float32 whatever the
+    parameters' dtype (MindFormers' class of that name); ``AdamW`` / ``AdamWeightDecay`` keep them in
+    the parameters' dtype (MindSpore's ``nn.AdamWeightDecay``). ``lr_per_step``: (steps,) float32."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from msllm.training.adamw import AdamW
 
     params = network.trainable_params()
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     o = cfg.optimizer
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return nn.AdamWeightDecay(
+    return AdamW(
         [g for g in groups if g["params"]],  # MindSpore refuses an empty group (LoRA: matrices only)
-        learning_rate=Tensor(lr_per_step), beta1=float(o.betas[0]), beta2=float(o.betas[1]), eps=o.eps)
+        learning_rate=Tensor(lr_per_step), beta1=float(o.betas[0]), beta2=float(o.betas[1]), eps=o.eps,
+        state_dtype=ms.float32 if o.type == "FP32StateAdamWeightDecay" else None)
 
 
 def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
@@ -63,7 +71,9 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
     step = TrainStep(network, optimizer, loss_scale=rw.loss_scale, scale_sense=rw.scale_sense,
                      scale_factor=rw.scale_factor, scale_window=rw.scale_window,
                      max_grad_norm=rw.max_grad_norm if rw.use_clip_grad else None,
-                     accum_steps=cfg.runner_config.gradient_accumulation_steps, grad_reducer=reducer)
+                     accum_steps=cfg.runner_config.gradient_accumulation_steps, grad_reducer=reducer,
+                     # CPU keeps the branch; Ascend's O0/O1 backend cannot build it (step.py)
+                     branch_free_skip=cfg.context.device_target != "CPU")
     step.set_train()
     return step
 
