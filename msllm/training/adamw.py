@@ -21,7 +21,7 @@ On a skipped step the optimizer is fed ``b1 = b2 = 1``, ``lr = 0`` and ``g = 0``
 replaced, not scaled: an overflowed gradient is inf/NaN and ``0 * inf`` is NaN), so ``m' = 1 * m + 0 * 0
 = m`` and ``v' = v`` exactly, and ``p' = p - 0 * finite = p`` exactly (``eps > 0`` keeps the quotient
 finite). On a normal step ``where(False, 1, b1)`` is ``b1`` and ``lr * 1`` is ``lr``: the same numbers
-as the plain optimizer. ``tests/training/test_adamw_skip.py`` checks both bit for bit on CPU, for the
+as the plain optimizer. ``tests/training/test_adamw.py`` checks both bit for bit on CPU, for the
 fused kernel and for the composed update.
 """
 
