@@ -51,8 +51,11 @@ def dryrun(tmp_path_factory):
     cmd = [sys.executable, os.path.join(ROOT, "run_msllm.py"), "--config", TINY, "--run_mode", "train",
            "--sim_level", "1", "--sim_rank_id", ",".join(map(str, RANKS)), "--sim_jobs", "2", *LAYOUT,
            f"--output_dir={out / 'sim'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    cwd = out / "cwd"  # a fresh working directory: the dry-run leaves nothing in it
+    cwd.mkdir()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert list(cwd.iterdir()) == []  # no ./offload (MindSpore's offload_path) left behind
     off = subprocess.run([sys.executable, os.path.join(ROOT, "run_msllm.py"), "--config", TINY, "--only_save_strategy",
                           "True", *LAYOUT, f"--output_dir={out / 'offline'}"], capture_output=True, text=True, cwd=ROOT,
                          timeout=300)
