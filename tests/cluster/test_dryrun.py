@@ -123,6 +123,11 @@ def test_collectives_match_megatron_accounting(dryrun, rank):
     if stage == PP - 1:
         replicated += 1  # lm_head: vocab_emb_dp keeps the head replicated over the model-parallel group
     assert mirror == Counter({tuple(dp_group): split, tuple(stage_group): replicated}), mirror
+    # Megatron's layer holds no all-gather / reduce-scatter without sequence parallelism; MindSpore
+    # inserted them (redistributions over the model-parallel group, 4-7 per layer) until rotate_half's
+    # split, repeat_kv's copy and the attention's output transpose got strategies of their own
+    in_layer = [o["scope"] for o in ops if o["kind"] in ("AllGather", "ReduceScatter") and o["layer"] is not None]
+    assert in_layer == [], in_layer
     # pipeline: point to point with the same position in the other stage only
     peer = sorted({rank, rank + DP * MP if stage == 0 else rank - DP * MP})
     p2p = [(o["kind"], o["backward"]) for o in ops if o["kind"] in ("Send", "Receive")]
