@@ -81,16 +81,14 @@ def compile_train_step(cfg) -> dict:
     rt = setup_runtime(cfg)
     setup_logging(rt.rank)
     pc, mc = cfg.parallel_config, cfg.model_config
-    if mc.pet_config is not None:
-        raise ValueError("model.model_config.pet_config (LoRA): the dry-run compiles full training only; LoRA's "
-                         "frozen base is loaded from load_checkpoint, which a dry-run does not read")
     stage_layers = stage_split.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
     steps = 4  # the learning-rate table's length; the compiled graph does not depend on it
     # the trainer's own builders (training/setup.py), inside mindspore.nn.utils.no_init_parameters()
     # (MindSpore's way to build a network without filling its weights; its effect on the dry-run's
     # host memory is not established, see docs/dryrun.md)
     with no_init_parameters():
-        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel")
+        # LoRA (pet_config): adapters on the base as built; no base checkpoint is read
+        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel", load_base=False)
         optimizer = build_optimizer(network, cfg, np.full(steps, cfg.lr_schedule.learning_rate, np.float32))
         step = build_train_step(network, optimizer, cfg, rt)
     zeroed = zero_initializers(step)

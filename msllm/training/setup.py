@@ -151,10 +151,11 @@ class TrainRun:
     dpo_reference: str = ""   # DPO full fine-tune: the starting weights (recorded in every checkpoint's manifest)
 
 
-def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
+def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = True):
     """The training network of ``cfg`` on this rank: (``LlamaForCausalLM``, ``LoraTraining`` or None).
 
-    LoRA adapters (the frozen base loaded from ``load_checkpoint`` by ``LoraTraining``); with
+    LoRA adapters (the frozen base loaded from ``load_checkpoint`` by ``LoraTraining``, unless
+    ``load_base`` is False: the dry-run compiles it without reading a base); with
     ``sharded`` the layout's shard strategies, stages and recompute (Ascend only), else recompute
     and, for experts under data parallel, the global-batch router counts
     (:func:`msllm.parallel.apply.apply_data_parallel_moe`); experts return their router stats
@@ -167,7 +168,7 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
     if mc.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
         from msllm.lora.training import LoraTraining
 
-        lora = LoraTraining(network, cfg, rt.rank)
+        lora = LoraTraining(network, cfg, rt.rank, load_base=load_base)
     if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
         from msllm.parallel.apply import apply_layout
         from msllm.parallel import stage_split
