@@ -176,7 +176,11 @@ class RunnerConfig:
 
 @dataclass
 class OptimizerConfig:
-    """``optimizer``: AdamW (Loshchilov & Hutter 2019), MindSpore ``nn.AdamWeightDecay``.
+    """``optimizer``: AdamW (Loshchilov & Hutter 2019), MindSpore ``nn.AdamWeightDecay``'s rule
+    (:class:`msllm.training.adamw.AdamW`). ``type``: ``AdamW`` / ``AdamWeightDecay`` keep the moments
+    in the parameters' dtype (MindSpore's ``nn.AdamWeightDecay``); ``FP32StateAdamWeightDecay`` keeps
+    them in float32 whatever the parameters' dtype (MindFormers' class of that name, for fp16/bf16
+    parameters on Ascend; on CPU parameters are float32 for training, where the two are the same).
 
     Weight decay applies to matrices only (not to RMSNorm weights), as in MindFormers/Megatron.
     """

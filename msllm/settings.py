@@ -86,12 +86,6 @@ def check_settings(cfg: RunConfig, mode: str) -> list[str]:
             "them over the data-parallel group; in data_parallel mode msllm reduces gradients "
             "itself and every rank keeps whole states (and CPU has no ReduceScatter). Set both to "
             "False, or use semi_auto_parallel on Ascend")
-    if cfg.optimizer.type == "FP32StateAdamWeightDecay" and cfg.model_config.param_init_type != "float32":
-        raise MsllmError(
-            f"optimizer.type FP32StateAdamWeightDecay with param_init_type="
-            f"{cfg.model_config.param_init_type!r}: msllm's AdamW keeps its moments in the parameters' "
-            "dtype, so float32 states need float32 parameters; set param_init_type: float32 "
-            "(msllm's AdamW then is FP32StateAdamWeightDecay)")
     _layout_refusal(cfg, mode)
     for key, reason in NO_EFFECT.items():
         section, name = key.split(".")

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from msllm.cluster.context import check_device_support
 from msllm.cluster.launch_plan import check_entry_accepts
 from msllm.config import load_config
 from msllm.errors import MsllmError
@@ -31,10 +32,14 @@ def test_optimizer_sharding_in_data_parallel_mode_is_refused_for_training(key):
     assert check_settings(cfg(key), "predict") == []  # nothing to shard when not training
 
 
-def test_fp32_state_adamw_needs_fp32_parameters():
-    with pytest.raises(MsllmError, match="set param_init_type: float32"):
-        check_settings(cfg("--optimizer.type=FP32StateAdamWeightDecay",
-                           "--model.model_config.param_init_type=float16"), "train")
+def test_fp32_state_adamw_with_fp16_parameters_is_accepted_on_ascend_and_cpu_refuses_the_fp16_parameters():
+    # msllm's AdamW keeps float32 moments for fp16 parameters (MindFormers' FP32StateAdamWeightDecay,
+    # tests/training/test_adamw.py); CPU training refuses fp16 parameters themselves, in one message
+    fp16 = ("--optimizer.type=FP32StateAdamWeightDecay", "--model.model_config.param_init_type=float16",
+            "--model.model_config.compute_dtype=float16")
+    assert check_settings(cfg(*fp16, "--context.device_target=Ascend"), "train") == []
+    with pytest.raises(MsllmError, match="use float32 on CPU"):
+        check_device_support(cfg(*fp16))
     assert check_settings(cfg("--optimizer.type=FP32StateAdamWeightDecay"), "train") == []
 
 

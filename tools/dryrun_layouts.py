@@ -43,6 +43,8 @@ VARIANTS = {
     "gemma": ["--parallel_config.pipeline_stage=1", "--parallel_config.data_parallel=4",
               "--parallel_config.micro_batch_num=1", f"{MC}rms_norm_offset=1.0", f"{MC}hidden_act=gelu_pytorch_tanh", f"{MC}embedding_multiplier=11.3",
               f"{MC}tie_word_embeddings=True"],
+    # LoRA rank 8 on the attention projections (the frozen base is not read in a dry-run)
+    "lora": [f"{MC}pet_config={{pet_type: lora, lora_rank: 8, lora_alpha: 16, target_modules: '.*wq|.*wv'}}"],
     "moe_expert_parallel": ["--parallel_config.pipeline_stage=1", "--parallel_config.data_parallel=4",
                             "--parallel_config.micro_batch_num=1",
                             "--parallel_config.expert_parallel=2",

@@ -12,9 +12,14 @@ runs one step through MindSpore's simulated device with inputs shaped from the Y
 the global batch every rank feeds under ``full_batch``. No dataset is read; the simulated step computes nothing (its outputs are not meaningful).
 
 Weights: msllm's parameters are ``mindspore.common.initializer``s, built inside
-``mindspore.nn.utils.no_init_parameters()``; measured on the 13B job's rank 0, the host still fills
-gigabytes (3.7 and 5.5 GB RSS in two runs with fp16 weights, 15.8 GB with fp32 weights at level 0,
-stopped): keeping the host to what compiling needs is open (docs/dryrun.md).
+``mindspore.nn.utils.no_init_parameters()``, so nothing is filled while building; MindSpore slices
+each one to the rank's shape when compiling (``mindspore/parallel/_utils.py _slice_parameter``) and
+fills the slice on the host when the level-1 step runs (``Tensor.init_data``). Before that,
+:func:`zero_initializers` swaps every deferred initializer for ``Zero``, for which ``init_data``
+allocates with ``np.zeros`` and writes nothing (``mindspore/common/tensor.py``): the pages are
+never touched (the simulated device copies nothing), so a rank's weights and optimizer states cost
+no host memory. Nothing is computed in a dry-run, so the values do not matter; the shapes and dtypes,
+which the compile and the memory count use, are unchanged.
 
 The last line of stdout is ``MSLLM_DRYRUN_RESULT {json}`` (stage, jit level used, ...) or
 ``MSLLM_DRYRUN_ERROR {json}`` with MindSpore's message; MindSpore prints the level-1 memory
@@ -47,6 +52,21 @@ def global_batch(cfg) -> int:
     return global_batch_size(cfg)
 
 
+def zero_initializers(cell) -> int:
+    """Replace the deferred initializer of every not yet filled parameter of ``cell`` by ``Zero``
+    with the same shape and dtype (see the module docstring: a zero slice costs no host memory).
+    Returns how many were replaced."""
+    from mindspore.common.initializer import Zero, initializer
+
+    n = 0
+    for p in cell.get_parameters():
+        mode = getattr(p, "init_mode", None)
+        if p.has_init and mode is not None and not isinstance(mode.init, Zero):
+            p.init_mode = initializer("zeros", mode.shape, mode.dtype)
+            n += 1
+    return n
+
+
 def compile_train_step(cfg) -> dict:
     """Build and compile ``cfg``'s train step on this simulated rank; returns facts for the report.
     Raises whatever MindSpore raises for a layout it rejects."""
@@ -61,18 +81,17 @@ def compile_train_step(cfg) -> dict:
     rt = setup_runtime(cfg)
     setup_logging(rt.rank)
     pc, mc = cfg.parallel_config, cfg.model_config
-    if cfg.pet_config is not None:
-        raise ValueError("pet_config (LoRA): the dry-run compiles full training only; LoRA's "
-                         "frozen base is loaded from load_checkpoint, which a dry-run does not read")
     stage_layers = stage_split.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
     steps = 4  # the learning-rate table's length; the compiled graph does not depend on it
     # the trainer's own builders (training/setup.py), inside mindspore.nn.utils.no_init_parameters()
     # (MindSpore's way to build a network without filling its weights; its effect on the dry-run's
     # host memory is not established, see docs/dryrun.md)
     with no_init_parameters():
-        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel")
+        # LoRA (pet_config): adapters on the base as built; no base checkpoint is read
+        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel", load_base=False)
         optimizer = build_optimizer(network, cfg, np.full(steps, cfg.lr_schedule.learning_rate, np.float32))
         step = build_train_step(network, optimizer, cfg, rt)
+    zeroed = zero_initializers(step)
     rows = global_batch(cfg)
     shape = (rows, mc.seq_length + 1)
     ids = ms.Tensor(np.zeros(shape, np.int32))
@@ -85,7 +104,7 @@ def compile_train_step(cfg) -> dict:
         step(ids, ids)
     return {"rank": rt.rank, "rank_size": rt.world_size, "stage": stage_of_rank(rt.rank, pc),
             "input_shape": list(shape), "stage_layers": stage_layers,
-            "pipeline_train_step": pc.pipeline_stage > 1}
+            "pipeline_train_step": pc.pipeline_stage > 1, "zero_initialized_parameters": zeroed}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,6 +141,22 @@ def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, 
     return report
 
 
+# MindSpore's Ascend backend creates its memory-offload directory (default ``offload_path``
+# "./offload", mindspore.set_offload_context's documented default; that setter is gone from 2.10's
+# Python API) in the working directory at start-up, empty when offload is off, as the dry-run's is
+OFFLOAD_DIR = "offload"
+
+
+def remove_empty_offload_dir() -> bool:
+    """Remove ``./offload`` if it is an empty directory (what the compile children leave in the cwd);
+    returns whether it did. A non-empty one is left alone."""
+    try:
+        os.rmdir(OFFLOAD_DIR)  # fails on a non-empty directory: nothing of the user's is lost
+        return True
+    except OSError:
+        return False
+
+
 def _repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -188,8 +204,13 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
                          f"pipeline_stage) has {pc.device_num} ranks")
     ranks = parse_ranks(ranks_spec, pc.device_num)
     jobs = max(1, jobs or os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=min(jobs, len(ranks))) as pool:
-        reports = list(pool.map(lambda r: compile_rank(cfg, config, overrides, r, level, layer, jit), ranks))
+    offload_existed = os.path.exists(OFFLOAD_DIR)
+    try:
+        with ThreadPoolExecutor(max_workers=min(jobs, len(ranks))) as pool:
+            reports = list(pool.map(lambda r: compile_rank(cfg, config, overrides, r, level, layer, jit), ranks))
+    finally:
+        if not offload_existed:
+            remove_empty_offload_dir()
     for r in reports:
         print(format_row(r), flush=True)
     failed = [r for r in reports if "error" in r]
@@ -203,5 +224,6 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
     return reports
 
 
-__all__ = ["compile_rank", "format_row", "parse_ranks", "planner_mib", "run_dryrun"]
+__all__ = ["OFFLOAD_DIR", "compile_rank", "format_row", "parse_ranks", "planner_mib", "remove_empty_offload_dir",
+           "run_dryrun"]
 

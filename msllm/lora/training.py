@@ -25,8 +25,9 @@ log = logging.getLogger("msllm")
 class LoraTraining:
     """LoRA set-up of one training process.
 
-    ``__init__(network, cfg, rank)``: validates ``cfg.pet_config``;
-    requires ``load_checkpoint`` (the base: msllm / MindFormers checkpoint or HF directory) and
+    ``__init__(network, cfg, rank, load_base=True)``: validates ``cfg.pet_config``;
+    requires ``load_checkpoint`` (the base: msllm / MindFormers checkpoint or HF directory; with
+    ``load_base=False``, the dry-run's compile, no base is read and ``base`` is None) and
     refuses ``auto_trans_ckpt`` (the base is loaded whole; resharding a base for LoRA is not wired);
     loads the base into ``network`` and records its identity (path + SHA-256); applies LoRA
     (adapters seeded by ``cfg.seed``, identical on every rank). Logs trainable vs total
@@ -35,7 +36,7 @@ class LoraTraining:
     ``record`` (the manifest's ``"lora"`` value).
     """
 
-    def __init__(self, network, cfg, rank: int = 0):
+    def __init__(self, network, cfg, rank: int = 0, load_base: bool = True):
         from msllm.lora.adapter import lora_record
         from msllm.lora.apply import apply_lora
         from msllm.convert.starting import load_base_into
@@ -43,7 +44,7 @@ class LoraTraining:
 
         pet = cfg.pet_config
         validate_pet_config(pet)
-        if not cfg.load_checkpoint:
+        if load_base and not cfg.load_checkpoint:
             raise MsllmError("pet_config (LoRA) needs load_checkpoint: the base model to adapt "
                              "(an msllm or MindFormers checkpoint, or a Hugging Face directory)")
         if cfg.auto_trans_ckpt:
@@ -51,8 +52,11 @@ class LoraTraining:
                              "is loaded whole on every rank; set auto_trans_ckpt: False")
         self.rank = rank
         self.network = network
-        self.base = load_base_into(network, cfg.load_checkpoint, rank)
-        log.info("LoRA base model %s (SHA-256 %s)", self.base["path"], self.base["sha256"])
+        if load_base:
+            self.base = load_base_into(network, cfg.load_checkpoint, rank)
+            log.info("LoRA base model %s (SHA-256 %s)", self.base["path"], self.base["sha256"])
+        else:  # the dry-run: the base stays as built (deferred initializers), nothing is read
+            self.base = None
         self.info = apply_lora(network, pet, seed=cfg.seed)
         self.record = lora_record(pet, self.info.modules, self.base)
         log.info(self.info.log_line())

@@ -156,10 +156,10 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     (V, C) x (N,); loss LogSoftmax (N, V) and GatherD (N, V) x (N, 1).
 
     Not covered (the model computes them with functional ops, which MindSpore gives its default
-    strategy and redistributes around): the half-splits of ``Attention.rotate`` (tensor slicing),
-    ``repeat_kv``'s ``broadcast_to``, RMSNorm's ``+ eps`` and the loss's masking/sum. And
-    ``Attention.transpose`` is one primitive used for both (B, T, H, D) -> (B, H, T, D) and back,
-    so it can carry only one strategy: the q/k/v one; the output transpose is redistributed.
+    strategy and redistributes around): RMSNorm's ``+ eps`` and the loss's masking/sum. And
+    the attention's Split (rotate_half), output Transpose and repeat_kv's Tile are primitives with
+    rules since the dry-run showed MindSpore's redistributions around them (AllGathers over the
+    model-parallel group in every layer, docs/dryrun.md).
     """
     mc, pc = model_config, parallel_config
     if kernels is None:
@@ -194,12 +194,17 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
         rules += [
             # (B, T, H, D) -> (B, H, T, D): the head axis carries the mp split
             OpRule(ap, "transpose", (("dp", None, "mp", None),), st),
+            OpRule(ap, "split_half", (heads4,), st),                       # rotate_half's D/2 halves
             OpRule(ap, "mul_cos", (heads4, (None, None)), st),
             OpRule(ap, "mul_sin", (heads4, (None, None)), st),
             OpRule(ap, "neg", (heads4,), st),
             OpRule(ap, "concat", (heads4, heads4), st),
             OpRule(ap, "add_rope", (heads4, heads4), st),
         ]
+        # attention output (B, H, T, D) -> (B, T, H, D), heads split as o_proj's row-parallel input wants
+        rules.append(OpRule(ap, "transpose_out", (heads4,), st))
+        if mc.kv_heads < mc.num_heads:  # repeat_kv: Tile of (B, K, 1, S, D), kv heads split by mp
+            rules.append(OpRule(ap, "tile_kv", (("dp", "mp", None, None, None),), st))
         if flash:  # q, k, v (B, N, S, D) and the (2048, 2048) mask; the None inputs take no strategy
             rules.append(OpRule(ap, "fa_score", (heads4, heads4, heads4, (None, None)), st))
         else:

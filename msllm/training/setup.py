@@ -30,17 +30,25 @@ log = logging.getLogger("msllm")
 
 
 def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
-    """AdamW over ``network``'s trainable parameters; decay on matrices only (ndim >= 2)."""
-    from mindspore import Tensor, nn
+    """msllm's AdamW (:class:`msllm.training.adamw.AdamW`, MindSpore's ``nn.AdamWeightDecay`` rule)
+    over ``network``'s trainable parameters; decay on matrices only (ndim >= 2).
+    ``optimizer.type: FP32StateAdamWeightDecay`` keeps the moments in float32 whatever the
+    parameters' dtype (MindFormers' class of that name); ``AdamW`` / ``AdamWeightDecay`` keep them in
+    the parameters' dtype (MindSpore's ``nn.AdamWeightDecay``). ``lr_per_step``: (steps,) float32."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from msllm.training.adamw import AdamW
 
     params = network.trainable_params()
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     o = cfg.optimizer
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return nn.AdamWeightDecay(
+    return AdamW(
         [g for g in groups if g["params"]],  # MindSpore refuses an empty group (LoRA: matrices only)
-        learning_rate=Tensor(lr_per_step), beta1=float(o.betas[0]), beta2=float(o.betas[1]), eps=o.eps)
+        learning_rate=Tensor(lr_per_step), beta1=float(o.betas[0]), beta2=float(o.betas[1]), eps=o.eps,
+        state_dtype=ms.float32 if o.type == "FP32StateAdamWeightDecay" else None)
 
 
 def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
@@ -63,7 +71,9 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
     step = TrainStep(network, optimizer, loss_scale=rw.loss_scale, scale_sense=rw.scale_sense,
                      scale_factor=rw.scale_factor, scale_window=rw.scale_window,
                      max_grad_norm=rw.max_grad_norm if rw.use_clip_grad else None,
-                     accum_steps=cfg.runner_config.gradient_accumulation_steps, grad_reducer=reducer)
+                     accum_steps=cfg.runner_config.gradient_accumulation_steps, grad_reducer=reducer,
+                     # CPU keeps the branch; Ascend's O0/O1 backend cannot build it (step.py)
+                     branch_free_skip=cfg.context.device_target != "CPU")
     step.set_train()
     return step
 
@@ -141,10 +151,11 @@ class TrainRun:
     dpo_reference: str = ""   # DPO full fine-tune: the starting weights (recorded in every checkpoint's manifest)
 
 
-def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
+def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = True):
     """The training network of ``cfg`` on this rank: (``LlamaForCausalLM``, ``LoraTraining`` or None).
 
-    LoRA adapters (the frozen base loaded from ``load_checkpoint`` by ``LoraTraining``); with
+    LoRA adapters (the frozen base loaded from ``load_checkpoint`` by ``LoraTraining``, unless
+    ``load_base`` is False: the dry-run compiles it without reading a base); with
     ``sharded`` the layout's shard strategies, stages and recompute (Ascend only), else recompute
     and, for experts under data parallel, the global-batch router counts
     (:func:`msllm.parallel.apply.apply_data_parallel_moe`); experts return their router stats
@@ -157,7 +168,7 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
     if cfg.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
         from msllm.lora.training import LoraTraining
 
-        lora = LoraTraining(network, cfg, rt.rank)
+        lora = LoraTraining(network, cfg, rt.rank, load_base=load_base)
     if sharded:  # shard strategies, stages and recompute from parallel_config (Ascend only)
         from msllm.parallel.apply import apply_layout
         from msllm.parallel import stage_split

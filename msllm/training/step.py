@@ -33,6 +33,16 @@ class TrainStep(nn.Cell):
         accum_steps: gradient accumulation: the batch is split into this many micro batches
             along axis 0 and their gradients averaged before one update.
         grad_reducer: callable on the gradient tuple (all-reduce mean for data parallel) or None.
+        branch_free_skip: skip an overflowed step without a branch in the graph: the optimizer is
+            always called, as ``optimizer(grads, overflow)``, and makes the step an exact no-op
+            itself (:class:`msllm.training.adamw.AdamW`, required then). ``False`` (CPU) keeps
+            ``if not overflow: optimizer(grads)``, the form of MindSpore's
+            ``TrainOneStepWithLossScaleCell`` and MindFormers' ``MFTrainOneStepCell``; MindSpore 2.10's
+            kernel-by-kernel backend (Ascend, ``jit_level`` O0/O1) refuses that branch in the dry-run
+            (``Can not build a sub graph which contains ConditionSwitch ... by kbk``), so msllm builds
+            the branch-free form for every device but CPU (:func:`msllm.training.setup.build_train_step`).
+            Both leave parameters, moments and the optimizer's step count bit-identical on a skipped
+            step (tests/training/test_training_step_numerics.py).
 
     ``construct(input_ids, labels)`` returns ``(loss, overflow, loss_scale, grad_norm)``:
     fp32 scalar mean loss, bool scalar, fp32 scalar scale used this step, fp32 scalar norm of
@@ -43,8 +53,15 @@ class TrainStep(nn.Cell):
 
     def __init__(self, network, optimizer, loss_scale: str = "dynamic", scale_sense: float = 65536.0,
                  scale_factor: float = 2.0, scale_window: int = 1000, max_grad_norm=1.0,
-                 accum_steps: int = 1, grad_reducer=None):
+                 accum_steps: int = 1, grad_reducer=None, branch_free_skip: bool = False):
         super().__init__(auto_prefix=False)
+        if branch_free_skip:
+            from msllm.training.adamw import AdamW
+
+            if not isinstance(optimizer, AdamW):
+                raise TypeError(f"TrainStep(branch_free_skip=True) needs msllm.training.adamw.AdamW, which takes the "
+                                f"skip flag; got {type(optimizer).__name__}")
+        self.branch_free_skip = branch_free_skip
         self.network = network
         self.optimizer = optimizer
         self.weights = optimizer.parameters
@@ -127,7 +144,9 @@ class TrainStep(nn.Cell):
             coef = coef * ops.minimum(self.max_grad_norm / (grad_norm + 1e-6), 1.0)
         if self.use_scale or self.max_grad_norm is not None:
             grads = tuple([g * ops.cast(coef, g.dtype) for g in grads])
-        if not overflow:
+        if self.branch_free_skip:  # the optimizer turns an overflowed step into an exact no-op itself
+            loss = ops.depend(loss, self.optimizer(grads, overflow))
+        elif not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
         if self.n_stats:
             return loss, overflow, scale, grad_norm, stats

@@ -51,8 +51,11 @@ def dryrun(tmp_path_factory):
     cmd = [sys.executable, os.path.join(ROOT, "run_msllm.py"), "--config", TINY, "--run_mode", "train",
            "--sim_level", "1", "--sim_rank_id", ",".join(map(str, RANKS)), "--sim_jobs", "2", *LAYOUT,
            f"--output_dir={out / 'sim'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    cwd = out / "cwd"  # a fresh working directory: the dry-run leaves nothing in it
+    cwd.mkdir()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert list(cwd.iterdir()) == []  # no ./offload (MindSpore's offload_path) left behind
     off = subprocess.run([sys.executable, os.path.join(ROOT, "run_msllm.py"), "--config", TINY, "--only_save_strategy",
                           "True", *LAYOUT, f"--output_dir={out / 'offline'}"], capture_output=True, text=True, cwd=ROOT,
                          timeout=300)
@@ -120,6 +123,11 @@ def test_collectives_match_megatron_accounting(dryrun, rank):
     if stage == PP - 1:
         replicated += 1  # lm_head: vocab_emb_dp keeps the head replicated over the model-parallel group
     assert mirror == Counter({tuple(dp_group): split, tuple(stage_group): replicated}), mirror
+    # Megatron's layer holds no all-gather / reduce-scatter without sequence parallelism; MindSpore
+    # inserted them (redistributions over the model-parallel group, 4-7 per layer) until rotate_half's
+    # split, repeat_kv's copy and the attention's output transpose got strategies of their own
+    in_layer = [o["scope"] for o in ops if o["kind"] in ("AllGather", "ReduceScatter") and o["layer"] is not None]
+    assert in_layer == [], in_layer
     # pipeline: point to point with the same position in the other stage only
     peer = sorted({rank, rank + DP * MP if stage == 0 else rank - DP * MP})
     p2p = [(o["kind"], o["backward"]) for o in ops if o["kind"] in ("Send", "Receive")]

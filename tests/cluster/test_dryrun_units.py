@@ -1,6 +1,7 @@
 """Issue #30, the parts of the dry-run that need no compile: the pipeline stage split (MindFormers'
 offset / pp_interleave_num rule, refused by msllm before MindSpore), the version pin, the stub
-source's special behaviours, the rank list, and the parsers of MindSpore's output."""
+source's special behaviours, the rank list, the parsers of MindSpore's output, the zero
+initializers of the compile child and the clean-up of MindSpore's ./offload directory."""
 
 from __future__ import annotations
 
@@ -142,3 +143,43 @@ def test_the_real_launcher_refuses_sim_level():
     with pytest.raises(MsllmError, match="--sim_level is the dry-run"):
         launch([table, os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"), "[0,3]", "train", "3",
                 "--sim_level", "1"])
+
+def test_zero_initializers_swap_deferred_weights_for_zeros_of_the_same_shape_and_dtype():
+    """What the dry-run child does before the level-1 step: every deferred initializer becomes Zero
+    (MindSpore's Tensor.init_data then allocates np.zeros and writes nothing); shapes and dtypes
+    are kept, values already Zero or already filled are left alone."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Parameter, Tensor, nn
+    from mindspore.common.initializer import initializer
+    from mindspore.nn.utils import no_init_parameters
+
+    from msllm.dryrun.compile import zero_initializers
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(initializer("normal", (6, 4), ms.float16), name="w")
+            self.m = Parameter(initializer("zeros", (6, 4), ms.float32), name="m")
+            self.b = Parameter(Tensor(np.ones(4, np.float32)), name="b")  # filled at creation
+
+    with no_init_parameters():
+        net = Net()
+    assert net.w.has_init and net.m.has_init and not net.b.has_init
+    assert zero_initializers(net) == 1                    # only w: m is Zero already, b is filled
+    assert zero_initializers(net) == 0
+    w = net.w.init_data()
+    assert w.shape == (6, 4) and w.dtype == ms.float16 and not np.any(w.asnumpy())
+    np.testing.assert_array_equal(net.b.asnumpy(), np.ones(4, np.float32))
+
+
+def test_the_empty_offload_directory_is_removed_and_a_non_empty_one_kept(tmp_path, monkeypatch):
+    from msllm.dryrun.driver import OFFLOAD_DIR, remove_empty_offload_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / OFFLOAD_DIR).mkdir()
+    assert remove_empty_offload_dir() and not (tmp_path / OFFLOAD_DIR).exists()
+    assert not remove_empty_offload_dir()                 # nothing there: nothing done
+    (tmp_path / OFFLOAD_DIR).mkdir()
+    (tmp_path / OFFLOAD_DIR / "user.data").write_text("x")
+    assert not remove_empty_offload_dir() and (tmp_path / OFFLOAD_DIR / "user.data").exists()

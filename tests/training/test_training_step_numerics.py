@@ -85,15 +85,23 @@ def test_accumulation_over_k_micro_batches_equals_one_step_on_the_batch(init, k)
         np.testing.assert_allclose(gk[name], g1[name], atol=1e-6, rtol=0, err_msg=name)
 
 
-def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_window(init):
-    weights, batches = init
-    net = network(weights)
-    poisoned = Poisoned(net)
-    run = RunConfig()
-    opt = build_optimizer(net, run, np.full(16, 1e-3, np.float32))  # the trainer's AdamW
+PLAN = [1.0, float("inf"), 1.0, 1.0, 1.0, 1.0, 1.0, float("inf")]  # poison per step: inf = overflow
+
+
+def poisoned_step(weights, branch_free_skip):
+    """(poisoned network, TrainStep with the trainer's AdamW and a dynamic scale 1024 / 2 / 3)."""
+    poisoned = Poisoned(network(weights))
+    opt = build_optimizer(poisoned.net, RunConfig(), np.full(16, 1e-3, np.float32))  # the trainer's AdamW
     step = TrainStep(poisoned, opt, loss_scale="dynamic", scale_sense=1024.0, scale_factor=2.0, scale_window=3,
-                     max_grad_norm=1.0)
+                     max_grad_norm=1.0, branch_free_skip=branch_free_skip)
     step.set_train()
+    return poisoned, step
+
+
+@pytest.mark.parametrize("branch_free_skip", [False, True])
+def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_window(init, branch_free_skip):
+    weights, batches = init
+    poisoned, step = poisoned_step(weights, branch_free_skip)
 
     scale_state = ("loss_scale", "current_iterator_step", "last_overflow_iterator_step", "poison")
 
@@ -110,8 +118,7 @@ def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_
     # factor (not below 1) and the clean-step counter restarts; after `window` clean steps in a
     # row scale *= factor.
     expected, scale, clean, observed = [], 1024.0, 0, []
-    plan = [1.0, float("inf"), 1.0, 1.0, 1.0, 1.0, 1.0, float("inf")]
-    for i, poison in enumerate(plan):
+    for i, poison in enumerate(PLAN):
         before = state()
         overflow, used = run_step(i, poison)
         observed.append((overflow, used))
@@ -131,6 +138,29 @@ def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_
     assert observed == expected
     assert [u for _, u in observed] == [1024, 1024, 512, 512, 512, 1024, 1024, 1024]
     assert float(step.loss_scale.asnumpy()) == 512.0                # halved by the last overflow
+
+
+def test_branch_free_skip_takes_the_same_steps_bit_for_bit(init):
+    """The branch-free form (Ascend) against the branch (CPU, the reference): after every step of
+    a plan with clean and overflowed steps, every parameter, AdamW moment, the optimizer's step
+    count and the loss-scale state are bit-identical."""
+    weights, batches = init
+    runs = [poisoned_step(weights, flag) for flag in (False, True)]
+    for i, poison in enumerate(PLAN):
+        states = []
+        for poisoned, step in runs:
+            poisoned.poison.set_data(Tensor(poison, ms.float32))
+            t = Tensor(batches[i])
+            loss, overflow, used, norm = step(t, t)
+            states.append(({p.name: p.asnumpy().copy() for p in step.get_parameters()},
+                           [x.asnumpy() for x in (loss, overflow, used, norm)]))
+        (ref, ref_out), (got, got_out) = states
+        assert ref.keys() == got.keys() and "global_step" in ref
+        for name in ref:
+            np.testing.assert_array_equal(got[name], ref[name], err_msg=f"step {i}: {name}")
+        for a, b in zip(got_out, ref_out):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {i} outputs")
+    assert int(ref["global_step"][0]) == PLAN.count(1.0)  # skipped steps did not count
 
 
 @pytest.mark.parametrize("loss_scale", ["none", "dynamic"])

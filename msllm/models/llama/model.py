@@ -260,6 +260,16 @@ class Attention(nn.Cell):
         self.add_rope = ops.Add()
         self.neg = ops.Neg()
         self.concat = ops.Concat(-1)
+        # rotate_half's split of D in two, one primitive so the layout can shard it like its input
+        # (slicing syntax gave MindSpore a StridedSlice without strategy, redistributed by AllGathers
+        # over the model-parallel group in every layer: docs/dryrun.md)
+        self.split_half = ops.Split(-1, 2)
+        # (B, H, T, D) -> (B, T, H, D) after attention: its own primitive, so it carries its own
+        # strategy (the q/k/v transpose's splits axis 2 of a (B, T, H, D) input); repeat_kv's copy of
+        # each key/value head: Tile, shardable over the kv heads (broadcast_to had no strategy).
+        # Both were MindSpore redistributions (AllGathers over the model-parallel group) per layer.
+        self.transpose_out = ops.Transpose()
+        self.tile_kv = ops.Tile()
         self.bmm_qk = ops.BatchMatMul(transpose_b=True)
         self.bmm_pv = ops.BatchMatMul()
         self.mul_scale = ops.Mul()
@@ -270,9 +280,7 @@ class Attention(nn.Cell):
 
     def rotate(self, x, cos, sin):
         """x (B, N, T, D); cos/sin (T, D) or per row (B, 1, T, D) -> (B, N, T, D)."""
-        half = self.head_dim // 2
-        x1 = x[..., :half]
-        x2 = x[..., half:]
+        x1, x2 = self.split_half(x)                               # (B, N, T, D/2) each
         rotated = self.concat((self.neg(x2), x1))                 # rotate_half(x)
         return self.add_rope(self.mul_cos(x, cos), self.mul_sin(rotated, sin))
 
@@ -281,7 +289,7 @@ class Attention(nn.Cell):
         if self.n_rep == 1:
             return x
         b, k, t, d = x.shape
-        x = ops.broadcast_to(self.reshape(x, (b, k, 1, t, d)), (b, k, self.n_rep, t, d))
+        x = self.tile_kv(self.reshape(x, (b, k, 1, t, d)), (1, 1, self.n_rep, 1, 1))   # (B, K, n_rep, T, D)
         return self.reshape(x, (b, k * self.n_rep, t, d))
 
     def heads(self, x2d, b, t):
@@ -323,7 +331,7 @@ class Attention(nn.Cell):
             probs = self.softmax(scores)
         probs = self.cast(probs, self.compute_dtype)
         out = self.bmm_pv(probs, v)                                                    # (B, H, T, D)
-        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
+        out = self.reshape(self.transpose_out(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
         return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
 
     def attend_flash(self, x, cos, sin):
@@ -341,7 +349,7 @@ class Attention(nn.Cell):
         b, t, _ = x.shape
         q, k, v = self.project(x, cos, sin, scale_q=False)                            # (B, H|K, T, D)
         _, _, _, out = self.fa_score(q, k, v, None, None, None, self.fa_mask, None)   # (B, H, T, D)
-        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
+        out = self.reshape(self.transpose_out(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
         return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
 
     def construct(self, x, cos, sin, mask):
