@@ -140,8 +140,6 @@ NEUTRAL: dict[str, tuple[tuple, str, str]] = {
                                          "context (sequence) parallelism is not implemented"),
     "load_ckpt_format": (("ckpt", "safetensors", None), "msllm tells a checkpoint's format from its file",
                          "msllm loads ckpt and safetensors checkpoints"),
-    "model.model_config.quantization_config": ((None, {}), "no quantization",
-                                               "quantized models are not supported"),
 }
 
 # Arguments of MindFormers' callbacks: neutral values as in NEUTRAL ...
