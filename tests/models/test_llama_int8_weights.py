@@ -18,7 +18,8 @@ from msllm.errors import MsllmError
 from msllm.generation.decode import Generator
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.model import Linear, LlamaForCausalLM
-from msllm.models.llama.quantization import QuantizationConfig, dequantize, quantize_model, quantize_rows
+from msllm.models.llama.int8_model import quantize_model
+from msllm.models.llama.quantization import QuantizationConfig, dequantize, quantize_rows
 
 SEED = 12
 

@@ -108,7 +108,7 @@ class Linear(nn.Cell):
     def use_int8(self, q: np.ndarray, scale: np.ndarray, group: int, kernels) -> None:
         """Hold the weight as int8 q (out, in) with float32 scales (out, G), each covering ``group``
         inputs, and multiply on msllm's ``linear_int8`` kernel: y = x (q * scale)^T (+ b), float32
-        (inference only: no gradient). Made by :func:`msllm.models.llama.quantization.quantize_model`;
+        (inference only: no gradient). Made by :func:`msllm.models.llama.int8_model.quantize_model`;
         the parameters keep this layer's names (``...q_proj.weight``, ``...q_proj.weight_scale``)."""
         name = self.weight.name
         self.weight = Parameter(Tensor(q), name=name, requires_grad=False)

@@ -22,20 +22,19 @@ output head, each with its own scales. The head is quantized because decoding re
 copy of the table for the head alone. The embedding table, the norms and the biases stay in
 ``param_init_type`` (``embedding_init_type``): a lookup reads one row per token, so int8 would save
 memory but no time. ``modules_to_not_convert: [lm_head]`` keeps the head in the float dtype.
-Inference only: training refuses it (``msllm.cluster.context.check_device_support``).
+Inference only: training refuses it (``msllm.cluster.context.check_device_support``). The loaded
+model is converted by :func:`msllm.models.llama.int8_model.quantize_model` (apart from this module,
+which the config imports: the model imports the config).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from msllm.errors import MsllmError
-
-log = logging.getLogger("msllm")
 
 QUANT_METHODS = ("rtn",)
 GRANULARITIES = ("per_channel", "per_group")
@@ -84,10 +83,9 @@ class QuantizationConfig:
                              "smooth_quant, gptq, awq) need Golden-Stick on Ascend")
         if str(self.weight_dtype) != "int8":
             raise MsllmError(f"{where}.weight_dtype={self.weight_dtype!r}: expected int8")
-        for key in ("activation_dtype", "kvcache_dtype"):
-            if getattr(self, key) not in _NONE:
-                raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: msllm quantizes weights only (A16W8); "
-                                 "set it to none")
+        for key, value in (("activation_dtype", self.activation_dtype), ("kvcache_dtype", self.kvcache_dtype)):
+            if value not in _NONE:
+                raise MsllmError(f"{where}.{key}={value!r}: msllm quantizes weights only (A16W8); set it to none")
         if self.weight_quant_granularity not in GRANULARITIES:
             raise MsllmError(f"{where}.weight_quant_granularity={self.weight_quant_granularity!r}: expected one of "
                              f"{GRANULARITIES}")
@@ -156,52 +154,4 @@ def dequantize(q: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
     return q.astype(np.float64) * s
 
 
-def quantize_model(net, qcfg: QuantizationConfig, kernels) -> dict:
-    """Quantize ``net``'s (a loaded :class:`~msllm.models.llama.model.LlamaForCausalLM`) linear layers
-    in place, per ``qcfg``; the weights must already be loaded. A tied head gets its own int8 copy of
-    the embedding table. Logs one line; returns ``{"layers": n, "int8_bytes": b, "kept": [names]}``.
-
-    Raises:
-        MsllmError: no msllm CPU kernels (``kernels`` None: the int8 layer is theirs).
-    """
-    from msllm.models.llama.model import Linear
-
-    if kernels is None:
-        raise MsllmError("model.model_config.quantization_config (weight-only int8) runs on msllm's CPU kernels "
-                         "(the CPU fast path with cpu_kernels not false; build them with "
-                         "`python -m msllm.kernels.build`)")
-    done, kept, nbytes = 0, [], 0
-    for name, cell in list(net.cells_and_names()):
-        if not isinstance(cell, Linear) or cell.int8:
-            continue
-        if not qcfg.converts(name):
-            kept.append(name)
-            continue
-        q, scale, g = quantize_rows(_float_array(cell.weight), qcfg.group)
-        cell.use_int8(q, scale, g, kernels)
-        done, nbytes = done + 1, nbytes + q.nbytes + scale.nbytes
-    if getattr(net, "lm_head", "absent") is None:   # tied head: an int8 copy of the table for the head
-        if qcfg.converts("lm_head"):
-            table = net.model.embed_tokens.embedding_table
-            q, scale, g = quantize_rows(_float_array(table), qcfg.group)
-            head = Linear(q.shape[1], q.shape[0], net.config, 0.0, kernels)
-            head.use_int8(q, scale, g, kernels)
-            net.lm_head = head   # the root cell names its parameters lm_head.weight / lm_head.weight_scale
-            done, nbytes = done + 1, nbytes + q.nbytes + scale.nbytes
-        else:
-            kept.append("lm_head (tied to the embedding table)")
-    log.info("quantization_config: %s: %d linear layers in int8 (%.1f MB with scales)%s", qcfg.describe(), done,
-             nbytes / 1e6, f"; kept in {net.config.param_init_type}: {', '.join(kept)}" if kept else "")
-    return {"layers": done, "int8_bytes": nbytes, "kept": kept}
-
-
-def _float_array(param) -> np.ndarray:
-    """A parameter's values as float32 numpy (bfloat16 widened exactly)."""
-    import mindspore as ms
-
-    if param.dtype == ms.bfloat16:
-        return param.astype(ms.float32).asnumpy()
-    return param.asnumpy().astype(np.float32, copy=False)
-
-
-__all__ = ["QuantizationConfig", "QUANT_METHODS", "GRANULARITIES", "quantize_rows", "dequantize", "quantize_model"]
+__all__ = ["QuantizationConfig", "QUANT_METHODS", "GRANULARITIES", "quantize_rows", "dequantize"]
