@@ -87,7 +87,7 @@ def main(argv=None) -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(summary, fh, indent=1)
-    print(f"\n| mode | acc | float32 acc | changed answers | max / mean abs log-lik diff |\n|---|---|---|---|---|")
+    print("\n| mode | acc | float32 acc | changed answers | max / mean abs log-lik diff |\n|---|---|---|---|---|")
     for m, r in table.items():
         print(f"| {m} | {r['acc']:.4f} | {r['acc_float32']:.4f} | {r['changed_answers']} of {r['questions']} | "
               f"{r['max_abs_loglik_diff']:.4f} / {r['mean_abs_loglik_diff']:.4f} |")

@@ -17,7 +17,6 @@ import subprocess
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from msllm.models.llama.quantization import dequantize, quantize_rows
