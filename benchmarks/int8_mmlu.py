@@ -37,8 +37,13 @@ MODES = {"float32": [],
 
 
 def run_mode(mode: str, args) -> tuple[dict, float]:
-    """tools/evaluate.py for one mode: (its results JSON, wall seconds)."""
+    """tools/evaluate.py for one mode: (its results JSON, wall seconds); with ``--reuse`` the newest
+    results JSON already in the mode's output directory (wall seconds then None)."""
     out = os.path.join(args.output_dir, mode)
+    done = sorted(glob.glob(os.path.join(out, "eval", "results_mmlu_*.json")), key=os.path.getmtime)
+    if args.reuse and done:
+        with open(done[-1]) as fh:
+            return json.load(fh), None
     cmd = [sys.executable, os.path.join(ROOT, "tools", "evaluate.py"), "--config", CONFIG, "--load_checkpoint",
            args.model, "--task", "mmlu", "--data_dir", args.data_dir, "--num_fewshot", str(args.num_fewshot),
            f"--output_dir={out}", *MODES[mode]]
@@ -73,12 +78,14 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default="float32,int8_per_channel,int8_per_group_128")
     p.add_argument("--output_dir", default=os.path.join(HERE, ".cache", "int8_mmlu"))
     p.add_argument("--out", default=os.path.join(HERE, "results", "int8_mmlu_smollm2.json"))
+    p.add_argument("--reuse", action="store_true", help="take a mode's earlier results from --output_dir")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     results, walls = {}, {}
     for mode in modes:
         results[mode], walls[mode] = run_mode(mode, args)
-        print(f"{mode}: acc {results[mode]['results']['acc']:.4f} ({walls[mode]:.0f} s)", flush=True)
+        wall = "reused" if walls[mode] is None else f"{walls[mode]:.0f} s"
+        print(f"{mode}: acc {results[mode]['results']['acc']:.4f} ({wall})", flush=True)
     table = {m: compare(results["float32"], results[m]) for m in modes if m != "float32"}
     summary = {"model": args.model, "data_dir": args.data_dir, "num_fewshot": args.num_fewshot, "limit": args.limit,
                "files": results["float32"].get("files"), "float32_acc": results["float32"]["results"]["acc"],
