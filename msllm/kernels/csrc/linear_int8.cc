@@ -1,8 +1,9 @@
 // Weight-only int8 linear layer for inference: y = x (q * s)^T with q (out, in) int8 and s (out, G)
 // float32 scales, one per output row and group of `group` consecutive inputs (G = ceil(in / group);
 // per-output-channel: G = 1, group = in). The int8 weights are widened to float32 in registers and
-// multiplied by their group's scale there (one rounding: the float32 dequantised weight fl(q s)), the
-// products with x summed in float32 FMAs; no float32 copy of W is made for a few rows. This is
+// multiplied by their group's scale there (the float32 dequantised weight fl(q s)), the products with x
+// summed in float32 FMAs; per output channel the sums of x * q are multiplied by the row's scale once
+// at the end instead. No float32 copy of W is made for a few rows. This is
 // Golden-Stick's weight-only "A16W8" (RoundToNearest) arithmetic with float32 activations, as
 // llama.cpp's Q8_0 dot products widen int8 blocks (its block size is 32 with one fp16 scale each).
 //
