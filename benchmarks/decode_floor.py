@@ -7,9 +7,10 @@ Bandwidth: the best of ``--rounds`` alternating measurements of two independent 
 1 GiB float32 matrix W (65536 x 4096), neither msllm's: torch's ``mv`` (W x, 2 threads: each
 weight read once, the decoding access pattern) and numpy's ``W.sum()`` (one thread). Bytes per
 token for SmolLM2-135M-Instruct (30 layers, hidden 576, 9 / 3 heads of 64, FFN 1536, vocab
-49152, tied head): the linear weights and the head table (float32: 4 bytes, bfloat16: 2) plus
-2 x layers x kv heads x head_dim x 4 bytes per cached slot, at the mean slot count of the
-benchmark's decode steps (prompt + new / 2).
+49152, tied head): the linear weights and the head table (float32: 4 bytes, bfloat16: 2, weight-only
+int8 per output channel: 1 plus a 4-byte scale per output row, :func:`weight_bytes`; llama.cpp's
+Q8_0 for comparison: 34 bytes per block of 32) plus 2 x layers x kv heads x head_dim x 4 bytes per
+cached slot, at the mean slot count of the benchmark's decode steps (prompt + new / 2).
 
     .venv/bin/python benchmarks/decode_floor.py --decode benchmarks/results/decode_speed_smollm2_amd_zen4.json
         [--out benchmarks/results/decode_floor_smollm2_amd_zen4.json]
@@ -36,9 +37,28 @@ def weight_params(m: dict) -> int:
     return m["layers"] * per_layer + m["vocab"] * c           # + the (tied) output head's table
 
 
-def bytes_per_token(m: dict, weight_bytes: int, slots: float) -> float:
+def output_rows(m: dict) -> int:
+    """Output rows of every matrix a token multiplies by (one int8 scale each, per output channel)."""
+    d = m["head_dim"]
+    per_layer = m["heads"] * d + 2 * m["kv_heads"] * d + m["hidden"] + 2 * m["ffn"] + m["hidden"]
+    return m["layers"] * per_layer + m["vocab"]
+
+
+def weight_bytes(m: dict, storage: str) -> float:
+    """Bytes of the weights a decoded token reads: ``fp32``, ``bf16``, ``int8`` (msllm's weight-only
+    int8 per output channel: 1 byte a weight + a float32 scale per output row) or ``q8_0`` (llama.cpp's
+    Q8_0: blocks of 32 int8 weights with one fp16 scale, 34 bytes; ``ggml-common.h`` ``block_q8_0``)."""
+    n = weight_params(m)
+    return {"fp32": 4.0 * n, "bf16": 2.0 * n, "int8": n + 4.0 * output_rows(m), "q8_0": n * 34 / 32}[storage]
+
+
+def storage_of(framework: str) -> str:
+    return "bf16" if framework.endswith("bf16") else "int8" if framework.endswith("int8") else "fp32"
+
+
+def bytes_per_token(m: dict, storage: str, slots: float) -> float:
     cache = 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * 4 * slots
-    return weight_params(m) * weight_bytes + cache
+    return weight_bytes(m, storage) + cache
 
 
 def bandwidth(rounds: int) -> dict:
@@ -78,18 +98,19 @@ def main(argv=None):
     for name, r in dec["summary"].get("smollm2/b1", {}).items():
         if "decode_step_ms" not in r:
             continue
-        wbytes = 2 if name.endswith("bf16") else 4
-        need = bytes_per_token(SMOLLM2, wbytes, slots)
+        storage = storage_of(name)
+        need = bytes_per_token(SMOLLM2, storage, slots)
         floor_ms = 1e3 * need / (bw["best_gb_s"] * 1e9)
-        rows[name] = {"weight_bytes": wbytes, "bytes_per_token_mb": need / 1e6, "floor_ms": floor_ms,
+        rows[name] = {"weights": storage, "bytes_per_token_mb": need / 1e6, "floor_ms": floor_ms,
                       "step_ms": r["decode_step_ms"], "share_of_floor": floor_ms / r["decode_step_ms"]}
     result = {"machine": common.machine(), "command": harness.command_line(), "decode_file": a.decode,
               "model": SMOLLM2, "weight_params": weight_params(SMOLLM2), "mean_slots": slots,
-              "bandwidth": bw, "batch1": rows}
+              "bandwidth": bw, "batch1": rows,
+              "bytes_per_token_mb": {k: bytes_per_token(SMOLLM2, k, slots) / 1e6 for k in ("fp32", "bf16", "int8", "q8_0")}}
     table = ["| framework | weights | MB read per token | floor ms (at %.1f GB/s) | measured ms/step | share of floor |"
              % bw["best_gb_s"], "|---|---|---|---|---|---|"]
     for n, r in rows.items():
-        table.append(f"| {n} | {'bf16' if r['weight_bytes'] == 2 else 'fp32'} | {r['bytes_per_token_mb']:.0f} "
+        table.append(f"| {n} | {r['weights']} | {r['bytes_per_token_mb']:.0f} "
                      f"| {r['floor_ms']:.1f} | {r['step_ms']:.1f} | {100 * r['share_of_floor']:.0f}% |")
     harness.finish(a.out, result, "\n".join(table), t0)
 

@@ -11,7 +11,8 @@ Prompts: real text (the bundled Alpaca records, LLaMA tokenizer), ``[bos]`` + 12
 different windows; batch 1 uses the first. 128 new tokens, greedy, no EOS stop.
 
 Runs alternate (msllm, torch, torch with ``OMP_WAIT_POLICY=PASSIVE``, msllm-nocache, and with
-``--frameworks``: msllm-composed, msllm-bf16 = weights kept in bfloat16) per shape
+``--frameworks``: msllm-composed, msllm-bf16 = weights kept in bfloat16, msllm-int8 = weight-only int8
+per output channel) per shape
 and batch size, round after round, so the machine's background load hits them alike
 (msllm-nocache only at ``--nocache_batches``, default 1). Per run: one cold ``generate``
 (compiles; its extra time over a warm one is reported as compile time) and ``--reps`` warm ones.
@@ -60,7 +61,11 @@ WORKERS = {"msllm": ("decode_msllm.py", {"use_past": True}, {}),
            "msllm-composed": ("decode_msllm.py", {"use_past": True, "fast_paths": False}, {}),
            # weights kept in bfloat16 (param_init_type), float32 arithmetic: half the bytes per token
            "msllm-bf16": ("decode_msllm.py", {"use_past": True,
-                                              "overrides": ["--model.model_config.param_init_type=bfloat16"]}, {})}
+                                              "overrides": ["--model.model_config.param_init_type=bfloat16"]}, {}),
+           # weight-only int8 (issue #32: param_init_type int8 = RTN per output channel, the head too),
+           # float32 arithmetic: about a quarter of float32's bytes per token
+           "msllm-int8": ("decode_msllm.py", {"use_past": True,
+                                              "overrides": ["--model.model_config.param_init_type=int8"]}, {})}
 # the real model of issue #19 (SmolLM2-135M-Instruct, tied head, 9 / 3 heads, vocab 49152): its own
 # HF directory (msllm.convert.real_model), not random weights
 REAL = ("smollm2",)
@@ -143,7 +148,7 @@ def summarise(runs: list[dict]) -> dict:
         for r in rows:
             if "error" not in r:
                 by_round.setdefault(r["round"], {})[r["framework"]] = r
-        for n in ("msllm", "msllm-bf16", "msllm-nocache"):
+        for n in ("msllm", "msllm-bf16", "msllm-int8", "msllm-nocache"):
             for ref, suffix in (("torch-eager", ""), ("torch-eager-passive", "_passive")):
                 pairs = [(d[n], d[ref]) for d in by_round.values() if n in d and ref in d]
                 if pairs and n in table and "error" not in table[n]:   # median (min, max) of the paired rounds
@@ -151,7 +156,7 @@ def summarise(runs: list[dict]) -> dict:
                         st = ratios.stats([a[field] / b[field] for a, b in pairs])
                         table[n][what + suffix], table[n][what + suffix + "_paired"] = st["median"], st
                     table[n]["tokens_equal_torch"] = all(a["tokens_row0"] == b["tokens_row0"] for a, b in pairs)
-        for n in ("msllm", "msllm-bf16"):
+        for n in ("msllm", "msllm-bf16", "msllm-int8"):
             m = table.get(n, {})
             if "decode_ratio" in m:
                 m["decode_target"] = TARGETS.get(key[1], 1.0)

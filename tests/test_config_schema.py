@@ -65,10 +65,12 @@ def code_outside_schema() -> str:
 # proves nothing.
 SECTION_NAMES = {"": {"cfg", "run_config"}, "model_config": {"config", "mc", "cfg", "hf_cfg", "shape_from", "run"},
                  "generation_config": {"gc", "gen", "config", "cfg"}, "lr_schedule": {"cfg", "config", "schedule"},
-                 "pet_config": {"pet", "pc", "config"}, "recompute_config": {"rc", "recompute", "cfg"}}
+                 "pet_config": {"pet", "pc", "config"}, "recompute_config": {"rc", "recompute", "cfg"},
+                 "quantization_config": {"qcfg", "qc"}}
 # LlamaConfig's own derived shapes (kv_heads, ffn_size) read its fields through ``self``: there
-# ``self`` is the model config
-SELF_READS = {os.path.join("msllm", "models", "llama", "config.py")}
+# ``self`` is the model config; QuantizationConfig's checks and rules likewise read its own
+SELF_READS = {os.path.join("msllm", "models", "llama", "config.py"): "model_config",
+              os.path.join("msllm", "models", "llama", "quantization.py"): "quantization_config"}
 
 
 class ConfigReads(ast.NodeVisitor):
@@ -109,11 +111,13 @@ class ConfigReads(ast.NodeVisitor):
             if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Load):
                 base = self._base(sub.value, aliases)
                 if base == "self" and self.rel in SELF_READS:
-                    base = "model_config"
+                    base = SELF_READS[self.rel]
                 self.reads.add((base, sub.attr))
             if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "getattr" \
                     and len(sub.args) >= 2:
                 base, key = self._base(sub.args[0], aliases), sub.args[1]
+                if base == "self" and self.rel in SELF_READS:
+                    base = SELF_READS[self.rel]
                 if isinstance(key, ast.Constant) and isinstance(key.value, str):
                     self.reads.add((base, key.value))
                 elif isinstance(key, ast.Name):

@@ -70,6 +70,7 @@ def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
     stored in bfloat16 (``param_init_type`` / ``embedding_init_type``) with float32 compute on the
     CPU fast path, whose linear kernel reads bf16 weights (``msllm/kernels/csrc/linear.cc``).
     """
+    check_quantization(cfg, inference)
     if cfg.context.device_target != "CPU":
         check_layout_trainable(cfg)
         return
@@ -101,6 +102,24 @@ def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
             "has no bf16 kernels (MatMul, Softmax ...) and fp16 only runs slower; use float32 on CPU (for "
             "predict / chat / serve / evaluate, param_init_type bfloat16 with compute_dtype float32 keeps the "
             "weights in bfloat16 for msllm's CPU kernels, float32 arithmetic)")
+
+
+def check_quantization(cfg: RunConfig, inference: bool) -> None:
+    """MsllmError unless ``model.model_config.quantization_config`` (weight-only int8,
+    :mod:`msllm.models.llama.quantization`) is absent or asked of inference on the CPU fast path,
+    where msllm's ``linear_int8`` kernel runs it: the int8 weights have no gradient (training,
+    fine-tuning and DPO update float weights), and no other device has the kernel."""
+    qc = cfg.model_config.quantization_config
+    if qc is None:
+        return
+    if not inference:
+        raise MsllmError("model.model_config.quantization_config (weight-only int8) is for inference only (predict, "
+                         "chat, serve, evaluate): training updates float weights; remove it (or param_init_type int8) "
+                         "for train / finetune")
+    if cfg.context.device_target != "CPU" or not cfg.fast_paths:
+        raise MsllmError(f"model.model_config.quantization_config (weight-only int8) runs on msllm's CPU kernels: "
+                         f"context.device_target CPU without operator sharding (got {cfg.context.device_target!r}, "
+                         f"fast path {cfg.fast_paths}); on Ascend quantize with MindSpore Golden-Stick")
 
 
 def check_layout_trainable(cfg: RunConfig) -> None:

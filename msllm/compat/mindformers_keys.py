@@ -137,13 +137,13 @@ NEUTRAL: dict[str, tuple[tuple, str, str]] = {
                                "msllm's cosine schedule is one half cosine (num_cycles 0.5)"),
     "lr_schedule.warmup_lr_init": ((0, 0.0), "0: warmup starts from 0 as in msllm",
                                    "msllm's warmup starts from 0"),
-    "model.model_config.quant": (("", None), "no quantization", "quantized models are not supported"),
+    "model.model_config.quant": (("", None), "no quantization",
+                                 "msllm's quantization is model.model_config.quantization_config (weight-only int8, "
+                                 "inference)"),
     "parallel_config.context_parallel": ((1, None), "1: no sequence split",
                                          "context (sequence) parallelism is not implemented"),
     "load_ckpt_format": (("ckpt", "safetensors", None), "msllm tells a checkpoint's format from its file",
                          "msllm loads ckpt and safetensors checkpoints"),
-    "model.model_config.quantization_config": ((None, {}), "no quantization",
-                                               "quantized models are not supported"),
 }
 
 # Arguments of MindFormers' callbacks: neutral values as in NEUTRAL ...

@@ -238,7 +238,8 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
 
     Returns:
         ``(net, model_config, info)``: a ``LlamaForCausalLM`` in inference mode (float32 on CPU,
-        or bfloat16 parameters with ``param_init_type: bfloat16``)
+        or bfloat16 parameters with ``param_init_type: bfloat16``; with ``quantization_config`` the
+        linear layers then quantized to int8, :func:`msllm.models.llama.int8_model.quantize_model`)
         with the weights loaded, the :class:`LlamaConfig` it was built from, and
         :class:`InferenceInfo`.
 
@@ -260,6 +261,10 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
                                     cfg.pet_config)
     if adapter:
         _apply_adapter(net, adapter, info, rank)
+    if mc.quantization_config is not None:   # weight-only int8, quantized from the loaded weights
+        from msllm.models.llama.int8_model import quantize_model
+
+        quantize_model(net, mc.quantization_config, net.kernels.cpu)
     for note in info.notes:
         log.info("%s", note)
     net.set_train(False)

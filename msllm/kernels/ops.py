@@ -42,6 +42,9 @@ class CpuKernels:
     flash_attention_padded(q, k, v, window, start (B,) float32) -> o (B,T,H,D): causal attention of
         left-padded rows, row b's keys from slot start[b] (a prefill; no gradient)
     embedding(table (V,C) float32 or bfloat16, ids (...) int32) -> (..., C) float32 (inference)
+    linear_int8(x (..., in) float32, q (out, in) int8, scale (out, G) float32, group (1,) float32)
+        -> x (q * scale)^T (..., out) float32: weight-only int8 (inference, no gradient); scale[o, g]
+        covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
     """
@@ -149,11 +152,19 @@ class CpuKernels:
         self.flash_attention_padded = prim("flash_attention_padded", lambda q, k, v, w, start: q)
         # embedding rows from a float32 or bfloat16 table (csrc/decode.cc), float32 out, no gradient
         self.embedding = prim("embedding", lambda table, ids: list(ids) + [table[1]], lambda table, ids: ms.float32)
+        # weight-only int8 linear layer (csrc/linear_int8.cc), float32 out, no gradient (inference)
+        self.linear_int8 = prim("linear_int8", lambda x, q, s, g: list(x[:-1]) + [q[0]],
+                                lambda x, q, s, g: ms.float32)
 
     @staticmethod
     def window_tensor(window) -> Tensor:
         """The (1,) float32 tensor the flash operators take the sliding window from (0 = none)."""
         return Tensor(np.array([window or 0], np.float32), ms.float32)
+
+    @staticmethod
+    def group_tensor(group: int) -> Tensor:
+        """The (1,) float32 tensor ``linear_int8`` takes its group size (inputs per scale) from."""
+        return Tensor(np.array([group], np.float32), ms.float32)
 
     @staticmethod
     def eps_tensor(eps: float) -> Tensor:

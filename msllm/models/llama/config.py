@@ -19,6 +19,7 @@ from typing import Optional, Union
 
 from msllm.errors import MsllmError
 from msllm.models.llama.families import HIDDEN_ACTS, family
+from msllm.models.llama.quantization import QuantizationConfig
 
 # dtypes a config may name; the model maps them to MindSpore dtypes.
 DTYPES = ("float32", "float16", "bfloat16")
@@ -167,6 +168,10 @@ class LlamaConfig:
             MindSpore's ``RmsNorm`` on Ascend); None / True / False as above.
         cpu_kernels: msllm's CPU kernels (``msllm/kernels``: oneDNN linear layers, SwiGLU, rotary,
             cross-entropy), built by ``python -m msllm.kernels.build``; None = when built.
+        quantization_config: weight-only int8 for inference (MindFormers' key;
+            :class:`~msllm.models.llama.quantization.QuantizationConfig`); None or an empty section =
+            none. ``param_init_type: int8`` is the shorthand for ``{quant_method: rtn, weight_dtype:
+            int8, weight_quant_granularity: per_channel}``, the other parameters then float32.
     """
 
     vocab_size: int = 32000
@@ -214,10 +219,22 @@ class LlamaConfig:
     pp_interleave_num: int = 1
     # mixture of experts (MindFormers ``moe_config``, msllm/models/llama/moe.py); None = dense MLPs
     moe_config: Optional[MoeConfig] = None
+    # weight-only int8 inference (MindFormers ``quantization_config``, msllm/models/llama/quantization.py)
+    quantization_config: Optional[QuantizationConfig] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_config, dict):
             self.moe_config = MoeConfig(**self.moe_config)
+        if isinstance(self.quantization_config, dict):
+            self.quantization_config = QuantizationConfig(**self.quantization_config)
+        if self.param_init_type == "int8":   # the shorthand: RTN per output channel, other weights float32
+            if self.quantization_config is None or self.quantization_config.is_off():
+                self.quantization_config = QuantizationConfig(quant_method="rtn")
+            self.param_init_type = "float32"
+        if self.quantization_config is not None:
+            self.quantization_config.validate()
+            if self.quantization_config.is_off():
+                self.quantization_config = None
         if self.head_dim is None and self.num_heads > 0:
             if self.hidden_size % self.num_heads:
                 raise MsllmError(f"model.model_config.hidden_size={self.hidden_size} must be divisible by "
@@ -298,7 +315,8 @@ class LlamaConfig:
                              "or null (= param_init_type)")
         for key in ("compute_dtype", "layernorm_compute_type", "softmax_compute_type", "param_init_type"):
             if getattr(self, key) not in DTYPES:
-                raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: expected one of {DTYPES}")
+                also = " (param_init_type also takes int8: weight-only int8 inference)" if key == "param_init_type" else ""
+                raise MsllmError(f"{where}.{key}={getattr(self, key)!r}: expected one of {DTYPES}{also}")
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling, f"{where}.rope_scaling")
         family(self.model_type, f"{where}.model_type")

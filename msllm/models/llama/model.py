@@ -103,11 +103,29 @@ class Linear(nn.Cell):
         self.weight_as_stored = kernels is not None
         self.add_bias = ops.Add()
         self.cast = ops.Cast()
+        self.int8 = False   # weight-only int8 (inference): see use_int8
+
+    def use_int8(self, q: np.ndarray, scale: np.ndarray, group: int, kernels) -> None:
+        """Hold the weight as int8 q (out, in) with float32 scales (out, G), each covering ``group``
+        inputs, and multiply on msllm's ``linear_int8`` kernel: y = x (q * scale)^T (+ b), float32
+        (inference only: no gradient). Made by :func:`msllm.models.llama.int8_model.quantize_model`;
+        the parameters keep this layer's names (``...q_proj.weight``, ``...q_proj.weight_scale``)."""
+        name = self.weight.name
+        self.weight = Parameter(Tensor(q), name=name, requires_grad=False)
+        self.weight_scale = Parameter(Tensor(scale), name=name + "_scale", requires_grad=False)
+        self.group = kernels.group_tensor(group)
+        self.matmul_int8 = kernels.linear_int8
+        self.int8 = True
 
     def construct(self, x, static_rows=False):
         """x (..., in) -> (..., out); ``static_rows`` (a compile-time constant): the row count is
         known when the graph compiles, so a ``dynamic_rows`` layer runs the plain kernel
         (generation and scoring through the output head)."""
+        if self.int8:   # weight-only int8 (msllm/kernels/csrc/linear_int8.cc), float32 arithmetic
+            y = self.matmul_int8(self.cast(x, ms.float32), self.weight, self.weight_scale, self.group)
+            if self.bias is None:
+                return y
+            return self.add_bias(y, self.cast(self.bias, ms.float32))
         w = self.weight if self.weight_as_stored else self.cast(self.weight, self.compute_dtype)
         y = (self.matmul_static if static_rows else self.matmul)(self.cast(x, self.compute_dtype), w)
         if self.bias is None:
