@@ -105,8 +105,7 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
     if cfg.parallel.mode_name == "data_parallel":
         ckpt.load_into(network, params, path)
     else:
-        input_ids, labels = next(data.epoch_batches(0))
-        step_cell.compile(input_ids, labels)
+        step_cell.compile(*next(data.epoch_batches(0)))   # (input_ids, labels[, actual_seq_len])
         ckpt.load_into_strict_after_compile(network, params, path)
     log.info("auto_trans_ckpt: resharded %s to this rank's layout: %s", cfg.load_checkpoint, path)
     return path
