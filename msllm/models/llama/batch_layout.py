@@ -113,8 +113,8 @@ def document_layout(actual_seq_len, t: int):
     ends = ops.expand_dims(ops.cast(ops.stop_gradient(actual_seq_len), ms.float32), 2)   # (B, N, 1)
     slots = ops.reshape(ops.arange(0, t, dtype=ms.float32), (1, 1, t))                   # (1, 1, T)
     done = ops.cast(ends <= slots, ms.float32)                                            # (B, N, T)
-    segment = done.sum(1)                                                                 # (B, T)
-    start = (done * ends).max(1)                                                          # (B, T)
+    segment = ops.ReduceSum()(done, 1)                                                    # (B, T)
+    start = ops.ReduceMax()(done * ends, 1)                                               # (B, T)
     positions = ops.cast(slots[:, 0] - start, ms.int32)                                   # (B, T)
     return segment, start, positions
 
