@@ -54,7 +54,9 @@ def doc_losses(logits, ids, labels):
     return nll.sum(), int(keep.sum())
 
 
-def smollm2_samples(smollm2_dir, n=6):
+def smollm2_samples(smollm2_dir, n=4, limit=96):
+    """(input_ids, labels) of the first ``n`` bundled Alpaca records, rendered with SmolLM2's chat
+    template and cut to ``limit`` tokens (the sample builder's truncation), as preprocessing does."""
     from msllm.data.conversation import alpaca_to_conversation, validate_conversation_records
     from msllm.data.samples import build_qa_samples
     from msllm.data.templates import resolve_template
@@ -64,34 +66,37 @@ def smollm2_samples(smollm2_dir, n=6):
         records = json.load(fh)[:n]
     conv = validate_conversation_records(alpaca_to_conversation(records, "alpaca"), "alpaca")
     tok = load_tokenizer(smollm2_dir)
-    res = build_qa_samples(tok, conv, 255, resolve_template("chat_template", tok))
+    res = build_qa_samples(tok, conv, limit - 1, resolve_template("chat_template", tok))
     return [(r.input_ids, r.labels) for r in res]
 
 
-@pytest.mark.parametrize("fast_paths", [True, False], ids=["cpu_flash_kernel", "composed_mask"])
-def test_smollm2_packed_documents_lose_what_unpacked_ones_do(smollm2_dir, fast_paths):
+@pytest.mark.parametrize("kernels", [True, False], ids=["cpu_flash_kernel", "composed_mask"])
+def test_smollm2_packed_documents_lose_what_unpacked_ones_do(smollm2_dir, kernels):
     from msllm.config import load_config
     from msllm.data.packing import pack_samples
     from msllm.data.samples import pad_sample
     from msllm.generation.loading import load_for_inference
 
     samples = smollm2_samples(smollm2_dir)
+    t = 255
     cfg = load_config(os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml"),
-                      [f"--load_checkpoint={smollm2_dir}", "--model.model_config.seq_length=512"])
-    net, mc, _ = load_for_inference(cfg, fast_paths=fast_paths)
-    assert (net.kernels.cpu is not None) == fast_paths
-    rows = pack_samples(samples, 511, 0)
+                      [f"--load_checkpoint={smollm2_dir}", f"--model.model_config.seq_length={t}",
+                       f"--model.model_config.cpu_kernels={kernels}"])
+    net, mc, _ = load_for_inference(cfg, fast_paths=True)
+    assert (net.kernels.cpu is not None) == kernels
+    rows = pack_samples(samples, t, 0)
     assert len(rows) < len(samples) and sum(len(r[2]) for r in rows) == len(samples)
     ids = np.stack([r[0] for r in rows])
     labels = np.stack([r[1] for r in rows])
     width = max(len(r[2]) for r in rows) + 1
-    ends = np.stack([np.concatenate([r[2], np.full(width - len(r[2]), 511)]) for r in rows]).astype(np.int32)
-    logits = net(Tensor(ids[:, :-1]), None, Tensor(ends)).asnumpy()             # (R, 511, V)
+    ends = np.stack([np.concatenate([r[2], np.full(width - len(r[2]), t)]) for r in rows]).astype(np.int32)
+    logits = net(Tensor(ids[:, :-1]), None, Tensor(ends)).asnumpy()             # (R, T, V)
     long = max(len(s[0]) for s in samples) - 1
+    unpacked = [pad_sample(d_ids, d_lab, long, 0) for d_ids, d_lab in samples]
+    u_logits = net(Tensor(np.stack([u[0][:-1] for u in unpacked]))).asnumpy()   # (N, long, V)
     total = [0.0, 0]
     for k, (d_ids, d_lab) in enumerate(samples):
-        u_ids, u_lab = pad_sample(d_ids, d_lab, long, 0)
-        u_nll, u_n = doc_losses(net(Tensor(u_ids[None, :-1])).asnumpy()[0], u_ids, u_lab)
+        u_nll, u_n = doc_losses(u_logits[k], *unpacked[k])
         # document k in the packed rows: row r, slots s .. s + n - 1
         r = next(i for i, row in enumerate(rows) if sum(len(x[2]) for x in rows[:i + 1]) > k)
         j = k - sum(len(x[2]) for x in rows[:r])
