@@ -152,5 +152,67 @@ def packing_stats(rows: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], pad
     return {"rows": len(rows), "documents": int(sum(docs)), "max_documents_per_row": int(max(docs, default=0))}
 
 
-__all__ = ["PACKED_COLUMN", "pack_samples", "from_mindformers_row", "check_actual_seq_len",
+def unpack_row(input_ids: np.ndarray, labels: np.ndarray, actual_seq_len: np.ndarray, pad_token_id: int):
+    """The documents of one packed row in msllm's layout (T + 1 slots), each as its own
+    ``(input_ids (n,), labels (n,))``: the inverse of :func:`pack_samples` (evaluation scores
+    them as unpacked rows, so a packed file's perplexity is the unpacked file's by construction).
+
+    Document i covers slots ``[s_i, e_i)``; the one ending at T also takes slot T (its last
+    target) unless slot T is padding (``pad_token_id`` with an ignored label); padding after the last end is no document. A document's first label is dropped to
+    :data:`IGNORE_INDEX` (never a target in a row of its own)."""
+    ids = np.asarray(input_ids, np.int32)
+    lab = np.asarray(labels, np.int32)
+    t = ids.shape[0] - 1
+    ends = np.asarray(actual_seq_len, np.int64).reshape(-1)
+    check_actual_seq_len(ends, t, "packed row")
+    out, s = [], 0
+    for e in ends:
+        e = int(e)
+        if e <= s:                      # a padded (empty) entry
+            continue
+        # slot T belongs to the document ending at T unless it is padding (a pad id without target)
+        stop = t + 1 if e == t and not (ids[t] == pad_token_id and lab[t] == IGNORE_INDEX) else e
+        d_lab = lab[s:stop].copy()
+        d_lab[0] = IGNORE_INDEX
+        out.append((ids[s:stop].copy(), d_lab))
+        s = e
+    return out
+
+
+def read_packed_documents(path: str, layout: str, seq_length: int, pad_token_id: int):
+    """Every document of the packed MindRecord ``path`` (``layout`` "packed" or
+    "mindformers_packed", :func:`msllm.data.mindrecord.check_mindrecord`) as unpacked rows:
+    (input_ids, labels) (N, seq_length + 1) int32, padded with ``pad_token_id`` / IGNORE_INDEX.
+
+    Raises:
+        MsllmError: the file cannot be read, or a row's ``actual_seq_len`` is not valid (naming the file).
+    """
+    from mindspore.mindrecord import FileReader
+
+    try:
+        reader = FileReader(path, num_consumer=1, columns=["input_ids", "labels", PACKED_COLUMN])
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise MsllmError(f"{path}: cannot open MindRecord ({str(exc).strip().splitlines()[0]})") from None
+    ids_out, lab_out = [], []
+    try:
+        for k, row in enumerate(reader.get_next()):
+            ids, lab, ends = row["input_ids"], row["labels"], row[PACKED_COLUMN]
+            try:
+                if layout == "mindformers_packed":
+                    ids, lab, ends = from_mindformers_row(ids, lab, ends, pad_token_id)
+                docs = unpack_row(ids, lab, ends, pad_token_id)
+            except MsllmError as exc:
+                raise MsllmError(f"{path}: row {k}: {exc}") from None
+            for d_ids, d_lab in docs:
+                row_ids = np.full(seq_length + 1, pad_token_id, np.int32)
+                row_lab = np.full(seq_length + 1, IGNORE_INDEX, np.int32)
+                row_ids[:len(d_ids)], row_lab[:len(d_lab)] = d_ids, d_lab
+                ids_out.append(row_ids)
+                lab_out.append(row_lab)
+    finally:
+        reader.close()
+    return np.stack(ids_out), np.stack(lab_out)
+
+
+__all__ = ["PACKED_COLUMN", "unpack_row", "read_packed_documents", "pack_samples", "from_mindformers_row", "check_actual_seq_len",
            "pad_actual_seq_len", "packing_stats"]
