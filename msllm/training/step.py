@@ -15,6 +15,19 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 
+class _WithDocuments(nn.Cell):
+    """``network(input_ids, labels, actual_seq_len)`` as a cell of exactly three inputs: MindSpore's
+    GradOperation with a sensitivity miscounts the inputs of a construct that has defaults
+    ("The parameters number of the function is 3, but the number of provided arguments is 4")."""
+
+    def __init__(self, network):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    def construct(self, input_ids, labels, actual_seq_len):
+        return self.network(input_ids, labels, actual_seq_len)
+
+
 class TrainStep(nn.Cell):
     """Wraps ``network(input_ids, labels) -> loss`` into one optimizer step.
 
@@ -61,6 +74,7 @@ class TrainStep(nn.Cell):
         self.scale_update = (nn.DynamicLossScaleUpdateCell(scale_sense, scale_factor, scale_window)
                              if self.dynamic else None)
         self.grad_reducer = grad_reducer
+        self.network_docs = _WithDocuments(network)   # packed rows (a third input)
         self.n_stats = int(getattr(network, "n_router_stats", 0))
         # the stats carry no gradient: their sensitivity is zero
         self.zero_stats = Tensor(np.zeros(max(self.n_stats, 1), np.float32))
@@ -70,16 +84,15 @@ class TrainStep(nn.Cell):
     def _loss_and_grads(self, ids, lab, sens, seqs=None):
         """(loss, stats or None, gradients) of one (micro) batch; ``seqs``: packed rows' document
         ends (B, N) int32, or None (a compile-time choice: the unpacked graph is unchanged)."""
-        grad = self.grad(self.network, self.weights)
         if self.n_stats:
             if seqs is None:
                 loss, stats = self.network(ids, lab)
-                return loss, stats, grad(ids, lab, (sens, self.zero_stats))
-            loss, stats = self.network(ids, lab, seqs)
-            return loss, stats, grad(ids, lab, seqs, (sens, self.zero_stats))
+                return loss, stats, self.grad(self.network, self.weights)(ids, lab, (sens, self.zero_stats))
+            loss, stats = self.network_docs(ids, lab, seqs)
+            return loss, stats, self.grad(self.network_docs, self.weights)(ids, lab, seqs, (sens, self.zero_stats))
         if seqs is None:
-            return self.network(ids, lab), None, grad(ids, lab, sens)
-        return self.network(ids, lab, seqs), None, grad(ids, lab, seqs, sens)
+            return self.network(ids, lab), None, self.grad(self.network, self.weights)(ids, lab, sens)
+        return self.network_docs(ids, lab, seqs), None, self.grad(self.network_docs, self.weights)(ids, lab, seqs, sens)
 
     def _grads(self, input_ids, labels, sens, actual_seq_len=None):
         if self.accum_steps == 1:
