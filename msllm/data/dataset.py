@@ -73,7 +73,9 @@ class TrainData:
     """This rank's view of the training set.
 
     ``steps_per_epoch`` batches of ``batch_size`` samples per epoch; each batch is
-    ``input_ids`` and ``labels``, both (batch_size, seq_length + 1) int32.
+    ``input_ids`` and ``labels``, both (batch_size, seq_length + 1) int32, and for packed files
+    (:mod:`msllm.data.packing`; ``layout`` "packed" or "mindformers_packed") also
+    ``actual_seq_len`` (batch_size, ``documents``) int32, padded with seq_length.
     """
 
     files: list
