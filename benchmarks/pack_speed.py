@@ -17,7 +17,9 @@ every variant:
 "Supervised tokens" are the positions with a target (the assistant turns), the same count for
 every variant over the same conversations; tokens/s = supervised tokens of the timed steps /
 their seconds (steps after ``--warmup``; msllm in GRAPH_MODE, first step = compile excluded).
-fp32, AdamW (lr 1e-5), one process each. Variants run in alternating order per round
+The timed steps are the conversations of ``--steps`` packed rows (after ``--warmup`` rows): the
+unpacked variant takes one step per conversation, so every variant trains on the same supervised
+tokens. fp32, AdamW (lr 1e-5), one process each. Variants run in alternating order per round
 (``--rounds``); the ratio packed / unpacked and msllm-packed / torch-flatten are per-round paired.
 
     .venv/bin/python benchmarks/pack_speed.py --rounds 3 --steps 6        # the figure for BENCHMARKS.md
@@ -57,27 +59,32 @@ def conversations(model_dir: str, limit: int):
     return [(r.input_ids, r.labels) for r in res if r.skip_reason is None]
 
 
-def batches(model_dir: str, steps: int, packed: bool):
-    """The first ``steps`` batches (1 row each): packed rows, or single conversations padded.
-    Returns list of dicts: ids (1, T+1), labels (1, T+1), ends (1, N) or None, docs (list of samples)."""
+def batches(model_dir: str, warmup: int, steps: int, packed: bool):
+    """(warm-up batches, timed batches), 1 row each, over the same conversations for every variant:
+    the timed ones are the conversations of packed rows ``warmup .. warmup + steps - 1`` (as those
+    rows, or one padded row per conversation: then more steps, the same supervised tokens).
+    Each batch: ids (1, T+1), labels (1, T+1), ends (1, N) or None, docs (its samples)."""
     from msllm.data.packing import pack_samples, pad_actual_seq_len
     from msllm.data.samples import pad_sample
 
     samples = conversations(model_dir, 999)
-    rows = pack_samples(samples, SEQ, 0)
+    rows = pack_samples(samples, SEQ, 0)[:warmup + steps]
+    width = max(len(r[2]) for r in rows) + 1
     out, k = [], 0
-    width = max(len(r[2]) for r in rows[:steps]) + 1
-    for r in rows[:steps]:
+    for r in rows:
         docs = samples[k:k + len(r[2])]
         k += len(r[2])
         if packed:
-            out.append({"ids": r[0][None], "labels": r[1][None],
-                        "ends": pad_actual_seq_len(r[2], width, SEQ)[None], "docs": docs})
+            out.append([{"ids": r[0][None], "labels": r[1][None],
+                         "ends": pad_actual_seq_len(r[2], width, SEQ)[None], "docs": docs}])
         else:
+            row = []
             for d in docs:
                 ids, lab = pad_sample(d[0], d[1], SEQ, 0)
-                out.append({"ids": ids[None], "labels": lab[None], "ends": None, "docs": [d]})
-    return out
+                row.append({"ids": ids[None], "labels": lab[None], "ends": None, "docs": [d]})
+            out.append(row)
+    warm = [b for row in out[:warmup] for b in row][:max(warmup, 1) if not packed else None]
+    return warm, [b for row in out[warmup:] for b in row]
 
 
 def supervised(b) -> int:
@@ -108,15 +115,14 @@ def msllm_worker(a) -> dict:
                                   target_modules="|".join(LORA["targets"])))
     opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-5)
     step = TrainStep(net, opt, loss_scale="none", max_grad_norm=1.0)
-    data = batches(a.model_dir, a.rows, a.packed)
+    warm, timed = batches(a.model_dir, a.warmup, a.steps, a.packed)
     times, sup = [], 0
-    for i in range(a.warmup + a.steps):
-        b = data[i % len(data)]
+    for i, b in enumerate(warm + timed):
         args = [Tensor(b["ids"]), Tensor(b["labels"])] + ([Tensor(b["ends"])] if b["ends"] is not None else [])
         t0 = time.perf_counter()
         loss = float(step(*args)[0].asnumpy())
         dt = time.perf_counter() - t0
-        if i >= a.warmup:
+        if i >= len(warm):
             times.append(dt)
             sup += supervised(b)
     return {"supervised_tokens": sup, "seconds": sum(times), "step_s": times, "last_loss": loss,
@@ -138,10 +144,9 @@ def torch_worker(a) -> dict:
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     collate = DataCollatorWithFlattening(return_position_ids=True)
-    data = batches(a.model_dir, a.rows, True)
+    warm, timed = batches(a.model_dir, a.warmup, a.steps, True)
     times, sup = [], 0
-    for i in range(a.warmup + a.steps):
-        b = data[i % len(data)]
+    for i, b in enumerate(warm + timed):
         # transformers shifts labels inside the model; msllm's labels are already per input position
         feats = [{"input_ids": d[0].tolist(), "labels": d[1].tolist()} for d in b["docs"]]
         batch = collate(feats)
@@ -152,7 +157,7 @@ def torch_worker(a) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        if i >= a.warmup:
+        if i >= len(warm):
             times.append(dt)
             sup += supervised(b)
     return {"supervised_tokens": sup, "seconds": sum(times), "step_s": times, "last_loss": float(out.loss),
