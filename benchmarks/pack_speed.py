@@ -64,6 +64,7 @@ def batches(model_dir: str, warmup: int, steps: int, packed: bool):
     the timed ones are the conversations of packed rows ``warmup .. warmup + steps - 1`` (as those
     rows, or one padded row per conversation: then more steps, the same supervised tokens).
     Each batch: ids (1, T+1), labels (1, T+1), ends (1, N) or None, docs (its samples)."""
+    sys.path.insert(0, REPO)   # this checkout's msllm (the torch worker imports nothing else of it)
     from msllm.data.packing import pack_samples, pad_actual_seq_len
     from msllm.data.samples import pad_sample
 
