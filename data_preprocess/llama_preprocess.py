@@ -13,6 +13,8 @@ MindFormers' ``clean_wikitext`` does). ``--output_file`` may omit ``.mindrecord`
 default ``./dataset/wiki2048/wiki2048``); ``--file_partition N`` writes the shards
 ``OUTPUT0`` ... ``OUTPUT{N-1}`` as ``FileWriter(shard_num=N)`` names them. Each data file gets its
 ``.db`` and a metadata sidecar ``.json`` (with the template name).
+``--pack`` (qa) packs whole conversations into the rows with an ``actual_seq_len`` column
+(:mod:`msllm.data.packing`, docs/packing.md).
 ``--dataset_type dpo`` reads pairwise preference records (MindSpeed-LLM's and TRL's formats) into
 a MindRecord of ``chosen_input_ids`` / ``chosen_labels`` / ``rejected_input_ids`` /
 ``rejected_labels`` (:mod:`msllm.data.preference`, docs/dpo.md).
@@ -65,6 +67,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num_workers", type=int, default=1, help="tokenizer processes")
     p.add_argument("--pad_token_id", type=int, default=0, help="padding id for input_ids (LLaMA has no pad piece)")
     p.add_argument("--output_file", required=True, help="output MindRecord name (.mindrecord suffix optional)")
+    p.add_argument("--pack", action="store_true",
+                   help="qa: pack whole conversations greedily into the rows and write MindFormers' "
+                        "actual_seq_len column (MindSpeed-LLM's flag; MindFormers: PackingHandler, "
+                        "pack_strategy 'pack'); training keeps every conversation apart (docs/packing.md)")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bars")
     return p.parse_args(argv)
 
@@ -78,6 +84,8 @@ def main(argv=None) -> None:
 
         unused = [f for f, v in (("--repeat", a.repeat != 1), ("--file_partition", a.file_partition != 1),
                                  ("--num_workers", a.num_workers != 1)) if v]
+        if a.pack:
+            unused.append("--pack")
         if unused:
             raise MsllmError(f"{', '.join(unused)}: not implemented for --dataset_type dpo (expected the defaults)")
         summary = preprocess_preference(a.input_glob, a.model_file, a.seq_length, a.output_file, a.template,
@@ -95,7 +103,7 @@ def main(argv=None) -> None:
         seq_length=a.seq_length, output_file=a.output_file, repeat=a.repeat,
         shuffle=bool(a.shuffle), seed=a.seed, num_workers=a.num_workers,
         pad_token_id=a.pad_token_id, progress=not a.no_progress, template=template,
-        file_partition=a.file_partition, samples_num=a.samples_num,
+        file_partition=a.file_partition, samples_num=a.samples_num, pack=a.pack,
     )
     print(summary.format())
 

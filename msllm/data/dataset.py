@@ -73,7 +73,9 @@ class TrainData:
     """This rank's view of the training set.
 
     ``steps_per_epoch`` batches of ``batch_size`` samples per epoch; each batch is
-    ``input_ids`` and ``labels``, both (batch_size, seq_length + 1) int32.
+    ``input_ids`` and ``labels``, both (batch_size, seq_length + 1) int32, and for packed files
+    (:mod:`msllm.data.packing`; ``layout`` "packed" or "mindformers_packed") also
+    ``actual_seq_len`` (batch_size, ``documents``) int32, padded with seq_length.
     """
 
     files: list
@@ -89,6 +91,15 @@ class TrainData:
     pad_token_id: int = 0
     vocab_size: int | None = None   # ids and labels are checked against it as batches are read
     pairs: bool = False   # DPO preference pairs: batches of (B, 2, L) chosen/rejected (msllm.data.preference)
+    # packed rows (msllm.data.packing): "packed" or "mindformers_packed", with batches of
+    # (input_ids, labels, actual_seq_len (B, documents) int32 padded with seq_length)
+    layout: str = "rows"
+    documents: int = 0
+    seq_length: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.layout != "rows"
 
     @property
     def samples_per_rank(self) -> int:
@@ -121,10 +132,20 @@ class TrainData:
             # (L,) x 4 -> ids (2, L), labels (2, L): row 0 chosen, row 1 rejected (msllm.training.dpo)
             data = data.map(operations=lambda ci, cl, ri, rl: (np.stack([ci, ri]), np.stack([cl, rl])),
                             input_columns=list(PAIR_COLUMNS), output_columns=list(COLUMNS))
+        elif self.packed:
+            from msllm.data.packing import PACKED_COLUMN
+
+            cols = list(COLUMNS) + [PACKED_COLUMN]
+            data = ds.MindDataset(self.files, columns_list=cols, sampler=ds.SubsetSampler(indices.tolist()),
+                                  num_parallel_workers=self.num_parallel_workers)
+            data = data.map(operations=self.packed_row, input_columns=cols, output_columns=cols)
         else:
             data = ds.MindDataset(self.files, columns_list=list(COLUMNS),
                                   sampler=ds.SubsetSampler(indices.tolist()),
                                   num_parallel_workers=self.num_parallel_workers)
+        if self.packed and not self.read_labels:
+            raise MsllmError("train_dataset.input_columns=[\"input_ids\"] with packed data: a packed row's targets "
+                             "come from its labels column; use [\"input_ids\", \"labels\"]")
         if not self.read_labels:
             pad = self.pad_token_id
             data = data.map(operations=lambda ids, _labels: (ids, labels_from_input_ids(ids, pad)),
@@ -133,8 +154,20 @@ class TrainData:
         batches = data.create_tuple_iterator(num_epochs=1)
         if self.vocab_size is None:
             return batches
-        return (check_batch_ids(ids, labels, self.vocab_size, self.files, epoch, start_step + k)
-                for k, (ids, labels) in enumerate(batches))
+        return (check_batch_ids(b[0], b[1], self.vocab_size, self.files, epoch, start_step + k) + tuple(b[2:])
+                for k, b in enumerate(batches))
+
+    def packed_row(self, ids, labels, ends):
+        """One packed row as the model takes it: msllm's layout (MindFormers' rows converted:
+        :func:`msllm.data.packing.from_mindformers_row`), ``actual_seq_len`` padded to
+        ``documents`` with ``seq_length``."""
+        from msllm.data.packing import check_actual_seq_len, from_mindformers_row, pad_actual_seq_len
+
+        if self.layout == "mindformers_packed":
+            ids, labels, ends = from_mindformers_row(ids, labels, ends, self.pad_token_id)
+        else:
+            check_actual_seq_len(ends, self.seq_length, ", ".join(self.files))
+        return ids, labels, pad_actual_seq_len(ends, self.documents, self.seq_length)
 
 
 def check_batch_ids(input_ids, labels, vocab_size: int, files, epoch: int, batch: int):
@@ -225,13 +258,44 @@ def build_train_data(dataset_dir: str, seq_length: int, batch_size: int, shuffle
     ds.config.set_prefetch_size(prefetch_size)
     from msllm.data.preference import PAIR_COLUMNS
 
+    layout, documents = ("rows", 0) if pairs else packed_layout(files, seq_length)
     data = TrainData(files=files, num_samples=count_samples(files, PAIR_COLUMNS[0] if pairs else COLUMNS[0]),
                      rank=rank, world_size=world_size,
                      batch_size=batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
                      num_parallel_workers=num_parallel_workers, read_labels=read_labels,
-                     pad_token_id=pad_token_id, vocab_size=vocab_size, pairs=pairs)
+                     pad_token_id=pad_token_id, vocab_size=vocab_size, pairs=pairs, layout=layout,
+                     documents=documents, seq_length=seq_length)
     if data.steps_per_epoch < 1:
         raise MsllmError(f"train_dataset {dataset_dir!r}: {data.num_samples} samples over {world_size} "
                          f"rank(s) give {data.samples_per_rank} per rank, fewer than one batch of "
                          f"{batch_size}; use more data or a smaller batch_size")
     return data
+
+
+def packed_layout(files: list, seq_length: int) -> tuple[str, int]:
+    """(layout, documents) of checked MindRecord ``files``: ``("rows", 0)`` unpacked, else
+    ``"packed"`` / ``"mindformers_packed"`` (:func:`msllm.data.mindrecord.check_mindrecord`) and the
+    most documents in one row plus one (so every padded ``actual_seq_len`` ends with
+    ``seq_length``: the padding after the last document is a segment of its own, and the
+    FlashAttentionScore TND lengths end at the row's end). One pass over the
+    ``actual_seq_len`` column (MindFormers pads it to a configured ``compressed_eod_mask_length``;
+    msllm sizes it from the data, so nothing is refused).
+
+    Raises:
+        MsllmError: the files mix layouts (naming them).
+    """
+    import mindspore.dataset as ds
+
+    from msllm.data.mindrecord import check_mindrecord
+    from msllm.data.packing import PACKED_COLUMN
+
+    layouts = {f: check_mindrecord(f, seq_length)["layout"] for f in files}
+    if len(set(layouts.values())) > 1:
+        raise MsllmError(f"train data mixes row layouts {layouts} (expected all packed or all unpacked: "
+                         "preprocess them with the same --pack setting)")
+    layout = next(iter(layouts.values()))
+    if layout == "rows":
+        return layout, 0
+    data = ds.MindDataset(files, columns_list=[PACKED_COLUMN], shuffle=False)
+    most = max(int(row[0].shape[0]) for row in data.create_tuple_iterator(output_numpy=True, num_epochs=1))
+    return layout, most + 1

@@ -70,7 +70,8 @@ SIDECAR_KEYS = (
     "bos_id",          # int
     "eos_id",          # int
     "num_samples",     # int: rows in the MindRecord (after repeat)
-    "columns",         # {"input_ids": "int32", "labels": "int32"}
+    "columns",         # {"input_ids": "int32", "labels": "int32"} (+ "actual_seq_len" when packed)
+    "packing",         # --pack: {"rows", "documents", "max_documents_per_row"} (msllm.data.packing); None
     "input_files",     # list of input paths (absolute, sorted)
     "repeat",          # int
     "shuffle",         # bool
@@ -344,15 +345,22 @@ def check_mindrecord(path: str, seq_length: int) -> dict:
     Checks: the data file is a MindRecord, its ``.db`` exists, it was not renamed after writing,
     it has int32 ``input_ids``/``labels`` columns, the first sample (and the sidecar, if any)
     has length ``seq_length + 1`` in both columns, and the sidecar's ``num_samples`` matches.
+    A packed file (an ``actual_seq_len`` column, :mod:`msllm.data.packing`) may instead have rows
+    of ``seq_length``: MindFormers' packed layout.
 
     Returns:
-        The metadata (see :func:`read_mindrecord_meta`).
+        The metadata (see :func:`read_mindrecord_meta`) plus ``"layout"``: ``"rows"`` (one sample
+        per row), ``"packed"`` (msllm's packed rows) or ``"mindformers_packed"``.
 
     Raises:
         MsllmError: naming the file and, for a length mismatch, both lengths.
     """
     expected = seq_length + 1
     first, n = read_first_sample(path)
+    packed = "actual_seq_len" in schema_columns(path)
+    if packed and all(int(first[name].shape[0]) == seq_length for name in COLUMNS):
+        # MindFormers' packed rows: seq_length long, labels shifted (msllm.data.packing.from_mindformers_row)
+        expected = seq_length
     for name in COLUMNS:
         got = int(first[name].shape[0])
         if got != expected:
@@ -374,7 +382,14 @@ def check_mindrecord(path: str, seq_length: int) -> dict:
                 f"{side}: records {meta['num_samples']} samples but {path} holds {n} "
                 "(the sidecar belongs to another run; rerun llama_preprocess.py)"
             )
+    meta["layout"] = ("mindformers_packed" if expected == seq_length else "packed") if packed else "rows"
     return meta
+
+
+def schema_columns(path: str) -> list[str]:
+    """Column names of the MindRecord ``path`` (from its header)."""
+    schemas = read_header(path).get("schema") or []
+    return sorted(schemas[0].get("schema", {})) if schemas and isinstance(schemas[0], dict) else []
 
 
 def _is_data_file(path: str) -> bool:

@@ -155,6 +155,7 @@ class PreprocessSummary:
     truncated: int = 0
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     dropped_tail_tokens: int = 0
+    packing: dict | None = None   # --pack: rows, documents, max_documents_per_row (msllm.data.packing)
     num_workers: int = 1
     tokenize_seconds: float = 0.0
     write_seconds: float = 0.0
@@ -199,6 +200,11 @@ class PreprocessSummary:
             lines.append(f"  {n:>6}  {reason}")
         if self.samples_num is not None:
             lines.append(f"--samples_num     : {self.samples_num} kept, {self.not_used} more built and not used")
+        if self.packing is not None:
+            p = self.packing
+            lines.append(f"packed            : {p['documents']} conversations in {p['rows']} rows "
+                         f"(up to {p['max_documents_per_row']} per row, column actual_seq_len); padding "
+                         f"{1 - self.tokens_written / max(p['rows'] * (self.seq_length + 1), 1):.1%} of the slots")
         if self.dataset_type == "wiki":
             lines.append(f"dropped tail      : {self.dropped_tail_tokens} tokens (final partial block)")
         files = self.data_files or [self.output_file]
@@ -251,6 +257,7 @@ def preprocess_to_mindrecord(
     template: str | None = None,
     file_partition: int = 1,
     samples_num: int | None = None,
+    pack: bool = False,
 ) -> PreprocessSummary:
     """Tokenize the inputs matching ``input_glob`` and write ``output_file`` (a MindRecord with
     int32 ``input_ids``/``labels`` rows of ``seq_length + 1``, its ``.db`` and ``.json`` sidecar;
@@ -258,6 +265,9 @@ def preprocess_to_mindrecord(
 
     Args: see ``data_preprocess/llama_preprocess.py --help``; ``progress`` shows tqdm bars;
     ``template``: ``qa`` only, ``None`` = :data:`LIBRARY_TEMPLATE`; recorded in the sidecar.
+    ``pack`` (``qa`` only): whole conversations packed greedily into the rows, with MindFormers'
+    ``actual_seq_len`` column beside ``input_ids`` / ``labels`` (:mod:`msllm.data.packing`); the
+    order (repeat, shuffle) is decided first, then packed.
 
     Returns:
         The :class:`PreprocessSummary`.
@@ -274,6 +284,8 @@ def preprocess_to_mindrecord(
     """
     t_start = time.perf_counter()
     _validate_args(dataset_type, seq_length, repeat, num_workers, output_file, file_partition, samples_num)
+    if pack and dataset_type != "qa":
+        raise MsllmError(f"--pack applies to --dataset_type qa only (got {dataset_type}: wiki rows are already full)")
     if dataset_type == "wiki" and template is not None:
         raise MsllmError(f"--template {template!r} applies to --dataset_type qa only (wiki text has no turns)")
     template_name = (template or LIBRARY_TEMPLATE) if dataset_type == "qa" else None
@@ -358,6 +370,13 @@ def preprocess_to_mindrecord(
     summary.samples_written = int(order.shape[0])
     summary.tokens_written = int(lengths[order].sum())
     summary.loss_tokens = int(loss[order].sum())
+    packed = None
+    if pack:   # the order first (repeat, shuffle), then whole documents into rows in that order
+        from msllm.data.packing import PACKED_COLUMN, pack_samples, packing_stats
+
+        packed = pack_samples((samples[int(i)] for i in order), seq_length, pad_token_id)
+        summary.packing = packing_stats(packed, pad_token_id)
+        summary.samples_written = len(packed)
 
     meta = {
         "format": SIDECAR_FORMAT,
@@ -373,7 +392,8 @@ def preprocess_to_mindrecord(
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
         "num_samples": summary.samples_written,
-        "columns": {"input_ids": "int32", "labels": "int32"},
+        "columns": {"input_ids": "int32", "labels": "int32", **({PACKED_COLUMN: "int32"} if pack else {})},
+        "packing": summary.packing,
         "input_files": files,
         "repeat": repeat,
         "shuffle": bool(shuffle),
@@ -384,7 +404,10 @@ def preprocess_to_mindrecord(
         # file_partition and data_files are added by write_mindrecord
     }
 
-    def rows() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def rows() -> Iterator[tuple[np.ndarray, ...]]:
+        if packed is not None:
+            yield from tqdm(packed, desc="write", unit="row", disable=not progress)
+            return
         for idx in tqdm(order, desc="write", unit="sample", disable=not progress):
             ids, lab = samples[int(idx)]
             yield pad_sample(ids, lab, seq_length, pad_token_id)
@@ -394,7 +417,10 @@ def preprocess_to_mindrecord(
 
     t_write = time.perf_counter()
     summary.import_seconds = t_write - t_import
-    write_mindrecord(output_file, rows(), meta=meta, shard_num=file_partition)
+    schema = None
+    if pack:
+        schema = {name: {"type": "int32", "shape": [-1]} for name in ("input_ids", "labels", PACKED_COLUMN)}
+    write_mindrecord(output_file, rows(), meta=meta, shard_num=file_partition, schema=schema)
     summary.write_seconds = time.perf_counter() - t_write
     summary.total_seconds = time.perf_counter() - t_start
     return summary

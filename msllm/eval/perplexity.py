@@ -70,6 +70,11 @@ def read_eval_records(dataset_dir: str, seq_length: int, input_columns=("input_i
     every token after a non-padding one (:func:`msllm.data.dataset.labels_from_input_ids`) instead of
     the file's labels.
 
+    Packed files (``llama_preprocess.py --pack``, or MindFormers' packed rows with
+    ``actual_seq_len``) are read back as one row per document
+    (:func:`msllm.data.packing.read_packed_documents`): every document is scored exactly as in an
+    unpacked file, so the perplexity is the same.
+
     Raises:
         MsllmError: empty ``dataset_dir``, bad ``input_columns``, or a file the checks refuse.
     """
@@ -80,8 +85,20 @@ def read_eval_records(dataset_dir: str, seq_length: int, input_columns=("input_i
         raise MsllmError("eval_dataset.dataset_dir is empty: point it at an evaluation .mindrecord file or "
                          "directory (data_preprocess/llama_preprocess.py), e.g. --eval_dataset_dir X")
     read_labels = check_input_columns(input_columns, "eval_dataset.input_columns")
+    from msllm.data.mindrecord import check_mindrecord
+    from msllm.data.packing import read_packed_documents
+
     ids, labels = [], []
     for f in check_dataset(dataset_dir, seq_length):
+        layout = check_mindrecord(f, seq_length)["layout"]
+        if layout != "rows":   # packed: each document scored as its own row (msllm.data.packing)
+            if not read_labels:
+                raise MsllmError(f"{f}: packed rows need their labels column (eval_dataset.input_columns "
+                                 "[\"input_ids\", \"labels\"])")
+            a, b = read_packed_documents(f, layout, seq_length, pad_token_id)
+            ids.append(a)
+            labels.append(b)
+            continue
         arrays = read_mindrecord_arrays(f)
         ids.append(arrays["input_ids"])
         labels.append(arrays["labels"] if read_labels else labels_from_input_ids(arrays["input_ids"], pad_token_id))

@@ -39,6 +39,8 @@ class CpuKernels:
     rope(x (B,T,N,D), cos (P,D), sin (P,D)) -> x cos + rotate_half(x) sin over rows 0..T-1 of the tables
     decode_attention(q (B,H,1,D), k (S*B,K,D), v (S*B,K,D), mask (B,1,1,S)) -> softmax(q k^T + mask) v
         (B,H,1,D), H/K query heads per key/value head; decoding only (no gradient)
+    flash_attention_docs(q, k, v, window, start (B,T) float32) -> (o, lse): packed rows, query t sees
+        keys max(start[b,t], t-W+1)..t (its own document; keys of earlier documents are skipped)
     flash_attention_padded(q, k, v, window, start (B,) float32) -> o (B,T,H,D): causal attention of
         left-padded rows, row b's keys from slot start[b] (a prefill; no gradient)
     embedding(table (V,C) float32 or bfloat16, ids (...) int32) -> (..., C) float32 (inference)
@@ -104,6 +106,16 @@ class CpuKernels:
 
         self.flash_attention = prim("flash_attention", lambda q, k, v, w: (q, [q[0], q[2], q[1]]),
                                     lambda q, k, v, w: (q, q), bprop=attn_bprop)
+        # packed rows: the same with each slot's document start (B, T) float32 (csrc/attention.cc)
+        docs_grad = prim("flash_attention_docs_grad", lambda do, q, k, v, w, st, o, lse: (q, k, v),
+                         lambda *d: (d[1], d[2], d[3]))
+
+        def docs_bprop(q, k, v, window, start, out, dout):
+            dq, dk, dv = docs_grad(dout[0], q, k, v, window, start, out[0], out[1])
+            return dq, dk, dv, ops.zeros_like(window), ops.zeros_like(start)
+
+        self.flash_attention_docs = prim("flash_attention_docs", lambda q, k, v, w, st: (q, [q[0], q[2], q[1]]),
+                                         lambda q, k, v, w, st: (q, q), bprop=docs_bprop)
 
         # ---- RMSNorm and residual add + RMSNorm -------------------------------------------------
         norm_grad = prim("rms_norm_grad", lambda dy, x, w, rstd: (x, w), lambda *d: (d[1], d[2]))

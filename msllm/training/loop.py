@@ -137,12 +137,13 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
                 batches = run.data.epoch_batches(epoch, start_step=step - epoch * spe)
                 while step < min(total_steps, (epoch + 1) * spe):
                     t_data = time.perf_counter()
-                    input_ids, labels = next(batches)
+                    batch = next(batches)    # (input_ids, labels[, actual_seq_len] of packed rows)
+                    labels = batch[1]
                     if profiler is not None and step + 1 == cfg.profile_start_step:
                         profiler.start()
                     t0 = time.perf_counter()
                     in_step = True
-                    loss, overflow, scale, grad_norm, *router = step_cell(input_ids, labels)
+                    loss, overflow, scale, grad_norm, *router = step_cell(*batch)
                     loss_v = float(loss.asnumpy())  # synchronises: the time includes the whole step
                     in_step = False
                     seconds = time.perf_counter() - t0

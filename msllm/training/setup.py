@@ -115,8 +115,7 @@ def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, da
     if cfg.parallel.mode_name == "data_parallel":
         ckpt.load_into(network, params, path)
     else:
-        input_ids, labels = next(data.epoch_batches(0))
-        step_cell.compile(input_ids, labels)
+        step_cell.compile(*next(data.epoch_batches(0)))   # (input_ids, labels[, actual_seq_len])
         ckpt.load_into_strict_after_compile(network, params, path)
     log.info("auto_trans_ckpt: resharded %s to this rank's layout: %s", cfg.load_checkpoint, path)
     return path
@@ -248,6 +247,13 @@ def prepare(cfg: RunConfig) -> TrainRun:
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
                             pad_token_id=mc.pad_token_id, vocab_size=mc.vocab_size, pairs=cfg.dpo is not None)
+    if data.packed and cfg.parallel.mode_name != "data_parallel":
+        # the packed rows' third input (actual_seq_len) has no pipeline micro-batching and no
+        # operator-sharding strategy yet (docs/packing.md)
+        raise MsllmError(f"train_dataset {cfg.train_dataset.dataset_dir!r} holds packed rows (actual_seq_len): "
+                         f"packed training is implemented for data parallel only, not for "
+                         f"{cfg.parallel.mode_name} (model_parallel / pipeline_stage > 1); use unpacked data "
+                         "(llama_preprocess.py without --pack) for this layout")
     if cfg.dpo is not None and cfg.do_eval:
         raise MsllmError("do_eval with dpo is not implemented (the evaluation pass computes the next-token loss of "
                          "SFT data); set do_eval: False")

@@ -15,6 +15,19 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 
+class _WithDocuments(nn.Cell):
+    """``network(input_ids, labels, actual_seq_len)`` as a cell of exactly three inputs: MindSpore's
+    GradOperation with a sensitivity miscounts the inputs of a construct that has defaults
+    ("The parameters number of the function is 3, but the number of provided arguments is 4")."""
+
+    def __init__(self, network):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    def construct(self, input_ids, labels, actual_seq_len):
+        return self.network(input_ids, labels, actual_seq_len)
+
+
 class TrainStep(nn.Cell):
     """Wraps ``network(input_ids, labels) -> loss`` into one optimizer step.
 
@@ -44,7 +57,9 @@ class TrainStep(nn.Cell):
             Both leave parameters, moments and the optimizer's step count bit-identical on a skipped
             step (tests/training/test_training_step_numerics.py).
 
-    ``construct(input_ids, labels)`` returns ``(loss, overflow, loss_scale, grad_norm)``:
+    ``construct(input_ids, labels[, actual_seq_len])`` returns ``(loss, overflow, loss_scale, grad_norm)``
+    (``actual_seq_len`` (B * accum_steps, N) int32: packed rows' document ends, passed to the
+    network as its third input; :mod:`msllm.data.packing`):
     fp32 scalar mean loss, bool scalar, fp32 scalar scale used this step, fp32 scalar norm of
     the gradients before clipping; plus ``stats`` (S,) fp32 (averaged over micro batches) when the
     network returns ``(loss, stats)`` (``network.n_router_stats`` = S > 0: a mixture of experts'
@@ -76,28 +91,36 @@ class TrainStep(nn.Cell):
         self.scale_update = (nn.DynamicLossScaleUpdateCell(scale_sense, scale_factor, scale_window)
                              if self.dynamic else None)
         self.grad_reducer = grad_reducer
+        self.network_docs = _WithDocuments(network)   # packed rows (a third input)
         self.n_stats = int(getattr(network, "n_router_stats", 0))
         # the stats carry no gradient: their sensitivity is zero
         self.zero_stats = Tensor(np.zeros(max(self.n_stats, 1), np.float32))
         self.hyper_map = ops.HyperMap()
         self.reduce_sum = ops.ReduceSum()
 
-    def _loss_and_grads(self, ids, lab, sens):
-        """(loss, stats or None, gradients) of one (micro) batch."""
+    def _loss_and_grads(self, ids, lab, sens, seqs=None):
+        """(loss, stats or None, gradients) of one (micro) batch; ``seqs``: packed rows' document
+        ends (B, N) int32, or None (a compile-time choice: the unpacked graph is unchanged)."""
         if self.n_stats:
-            loss, stats = self.network(ids, lab)
-            return loss, stats, self.grad(self.network, self.weights)(ids, lab, (sens, self.zero_stats))
-        return self.network(ids, lab), None, self.grad(self.network, self.weights)(ids, lab, sens)
+            if seqs is None:
+                loss, stats = self.network(ids, lab)
+                return loss, stats, self.grad(self.network, self.weights)(ids, lab, (sens, self.zero_stats))
+            loss, stats = self.network_docs(ids, lab, seqs)
+            return loss, stats, self.grad(self.network_docs, self.weights)(ids, lab, seqs, (sens, self.zero_stats))
+        if seqs is None:
+            return self.network(ids, lab), None, self.grad(self.network, self.weights)(ids, lab, sens)
+        return self.network_docs(ids, lab, seqs), None, self.grad(self.network_docs, self.weights)(ids, lab, seqs, sens)
 
-    def _grads(self, input_ids, labels, sens):
+    def _grads(self, input_ids, labels, sens, actual_seq_len=None):
         if self.accum_steps == 1:
-            return self._loss_and_grads(input_ids, labels, sens)
+            return self._loss_and_grads(input_ids, labels, sens, actual_seq_len)
         micro = input_ids.shape[0] // self.accum_steps
         total_loss = total_stats = total = None
         for i in range(self.accum_steps):                                 # unrolled at compile time
             ids = input_ids[i * micro:(i + 1) * micro]
             lab = labels[i * micro:(i + 1) * micro]
-            loss, stats, grads = self._loss_and_grads(ids, lab, sens)
+            seqs = None if actual_seq_len is None else actual_seq_len[i * micro:(i + 1) * micro]
+            loss, stats, grads = self._loss_and_grads(ids, lab, sens, seqs)
             if total is None:
                 total, total_loss, total_stats = grads, loss, stats
             else:
@@ -120,9 +143,9 @@ class TrainStep(nn.Cell):
             sq = self.reduce_sum(sq, -1)
         return self.reduce_sum(sq)
 
-    def construct(self, input_ids, labels):
+    def construct(self, input_ids, labels, actual_seq_len=None):
         scale = self.loss_scale * 1.0
-        loss, stats, grads = self._grads(input_ids, labels, ops.cast(scale, ms.float32))
+        loss, stats, grads = self._grads(input_ids, labels, ops.cast(scale, ms.float32), actual_seq_len)
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
         inv_scale = 1.0 / scale

@@ -109,3 +109,41 @@ def test_no_other_module_keeps_its_own_mask_rule():
             if re.search(r"^\s*(MASKED|NEG)\s*=|def (mask_for|causal_mask)\b|-1e9\)", text, re.M):
                 offenders.append(os.path.relpath(os.path.join(base, f), ROOT))
     assert not offenders, offenders
+
+
+class Documents(nn.Cell):
+    """The packed-row rules in the graph: (segment, start, positions, mask, targets)."""
+
+    def __init__(self, window):
+        super().__init__()
+        self.window = window
+
+    def construct(self, ends, targets):
+        from msllm.models.llama.batch_layout import document_layout, document_mask, document_targets
+
+        segment, start, pos = document_layout(ends, targets.shape[1])
+        return (segment, start, pos, document_mask(segment, self.window, ms.float32),
+                document_targets(targets, segment, -100))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_document_rules_hand_checked_and_against_the_float64_reference(window):
+    """Packed rows (MindFormers' actual_seq_len, padded with T): row 0 holds documents of 3, 4, 2
+    tokens and a padding tail of 1; row 1 one document filling the row. Positions, segments and
+    targets hand-checked; the mask element by element from the rule (same segment, causal, window)."""
+    ends = np.array([[3, 7, 9, 10], [10, 10, 10, 10]], np.int32)
+    targets = np.arange(20, dtype=np.int32).reshape(2, 10) + 100
+    seg, start, pos, mask, tgt = (x.asnumpy() for x in Documents(window)(ms.Tensor(ends), ms.Tensor(targets)))
+    np.testing.assert_array_equal(pos, [[0, 1, 2, 0, 1, 2, 3, 0, 1, 0], list(range(10))])
+    np.testing.assert_array_equal(start, [[0, 0, 0, 3, 3, 3, 3, 7, 7, 9], [0] * 10])
+    np.testing.assert_array_equal(seg[0], [0, 0, 0, 1, 1, 1, 1, 2, 2, 3])
+    # the last token of each document (slots 2, 6, 8) predicts nothing; slot 9 (the row's end) keeps its target
+    want = targets.copy()
+    want[0, [2, 6, 8]] = -100
+    np.testing.assert_array_equal(tgt, want)
+    doc = [[0, 0, 0, 1, 1, 1, 1, 2, 2, 3], [0] * 10]
+    for b in range(2):
+        for q in range(10):
+            for k in range(10):
+                seen = doc[b][k] == doc[b][q] and k <= q and (window is None or k > q - window)
+                assert mask[b, 0, q, k] == (0.0 if seen else MASKED), (b, q, k)

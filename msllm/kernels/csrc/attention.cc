@@ -13,6 +13,12 @@
 // transformers' sliding_window_overlay (Mistral): each query block then multiplies only the key
 // range its rows can see, so the work per block is O(BQ (W + BQ)), not O(BQ T).
 // Output o (B, T, H, D) and lse (B, H, T).
+//
+// Packed rows (several documents per row, msllm/data/packing.py): the (B, T) float input
+// ``start`` gives each slot's document start, and query t sees keys max(start[t], t-W+1)..t only
+// (block-diagonal causal attention, what FlashAttentionScore's actual_seq_qlen / actual_seq_kvlen
+// do on Ascend). A query block's key range starts at its first row's document start, so keys of
+// earlier documents are never multiplied: the work per block is O(BQ (document + BQ)), not O(BQ T).
 #include "common.h"
 
 using namespace msllm;
@@ -38,6 +44,17 @@ int64_t read_window(const void *p) {
   return w >= 1.f ? static_cast<int64_t>(w) : 0;
 }
 
+// The first key slot a query may see beyond causality and the window: left padding (one value per
+// batch row, stride_t 0) or a packed row's document start (one value per slot, stride_t 1); 0 without.
+struct KeyFloor {
+  const float *p = nullptr;
+  int64_t stride_b = 0, stride_t = 0, t = 0;
+  int64_t at(int64_t b, int64_t slot) const {
+    if (!p) return 0;
+    return std::min<int64_t>(std::max<int64_t>(0, static_cast<int64_t>(p[b * stride_b + slot * stride_t])), t);
+  }
+};
+
 bool read_dims(int *ndims, int64_t **shapes, Dims *out) {
   if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return false;
   Dims d{shapes[0][0], shapes[0][1], shapes[0][2], shapes[1][2], shapes[0][3], 1};
@@ -51,10 +68,10 @@ bool read_dims(int *ndims, int64_t **shapes, Dims *out) {
 }  // namespace
 
 namespace {
-// The forward pass; ``start`` (B,) or null: row b's keys before slot start[b] are hidden (left
-// padding), and its query rows before start[b] see no key at all (output 0, lse -inf). ``lse``
-// may be null (inference).
-void flash_forward(const Dims &dm, const float *q, const float *k, const float *v, int64_t W, const float *start,
+// The forward pass; ``floor`` (KeyFloor): keys before floor.at(b, t) are hidden from query t
+// (left padding: query rows before the row's start see no key at all, output 0, lse -inf; packed
+// rows: keys of earlier documents). ``lse`` may be null (inference).
+void flash_forward(const Dims &dm, const float *q, const float *k, const float *v, int64_t W, const KeyFloor &floor,
                    float *o, float *lse) {
   const int64_t T = dm.t, D = dm.d, BQ = block_rows(T), nqb = (T + BQ - 1) / BQ;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -63,8 +80,8 @@ void flash_forward(const Dims &dm, const float *q, const float *k, const float *
   Pool::get().run(static_cast<int>(nbh * nqb), [&](int i) {
     const int64_t qb = nqb - 1 - i / nbh, bh = i % nbh, b = bh / dm.h, h = bh % dm.h, g = h / dm.rep;
     const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), kend = q0 + nq;
-    const int64_t sb = start ? std::min<int64_t>(std::max<int64_t>(0, static_cast<int64_t>(start[b])), T) : 0;
-    const int64_t k0 = std::max(first_key(q0, W), std::min(sb, kend - 1));
+    // the block's first key: its first row's floor (floors never decrease along a row)
+    const int64_t k0 = std::max(first_key(q0, W), std::min(floor.at(b, q0), kend - 1));
     const int64_t nk = kend - k0;  // keys k0..kend-1
     const float *qp = q + (b * T + q0) * dm.ldq() + h * D;
     const float *kp = k + (b * T + k0) * dm.ldk() + g * D;
@@ -74,7 +91,7 @@ void flash_forward(const Dims &dm, const float *q, const float *k, const float *
     float inv_l[kMaxBlock];
     for (int64_t r = 0; r < nq; ++r) {
       float *row = s + r * nk;
-      const int64_t lo = std::max(first_key(q0 + r, W), sb) - k0, valid = q0 + r + 1 - k0;  // keys lo..valid-1
+      const int64_t lo = std::max(first_key(q0 + r, W), floor.at(b, q0 + r)) - k0, valid = q0 + r + 1 - k0;
       if (lo >= valid) {  // a padding row: nothing visible
         std::memset(row, 0, sizeof(float) * nk);
         if (lse) lse[bh * T + q0 + r] = -INFINITY;
@@ -102,8 +119,22 @@ MSLLM_AOT(msllm_flash_attention) {
   Dims dm;
   if (!read_dims(ndims, shapes, &dm)) return 2;
   flash_forward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-                static_cast<const float *>(params[2]), read_window(params[3]), nullptr, static_cast<float *>(params[4]),
+                static_cast<const float *>(params[2]), read_window(params[3]), KeyFloor{}, static_cast<float *>(params[4]),
                 static_cast<float *>(params[5]));
+  return 0;
+}
+
+// Packed rows: q (B,T,H,D), k, v (B,T,K,D), window (1), start (B,T) float32 = each slot's document
+// start -> o (B,T,H,D), lse (B,H,T); query t sees keys max(start[t], t - W + 1) .. t.
+MSLLM_AOT(msllm_flash_attention_docs) {
+  if (nparam != 7 || !all_f32(nparam, dtypes)) return 1;
+  Dims dm;
+  if (!read_dims(ndims, shapes, &dm)) return 2;
+  if (ndims[4] != 2 || shapes[4][0] != dm.b || shapes[4][1] != dm.t) return 2;
+  const KeyFloor floor{static_cast<const float *>(params[4]), dm.t, 1, dm.t};
+  flash_forward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                static_cast<const float *>(params[2]), read_window(params[3]), floor, static_cast<float *>(params[5]),
+                static_cast<float *>(params[6]));
   return 0;
 }
 
@@ -115,29 +146,19 @@ MSLLM_AOT(msllm_flash_attention_padded) {
   Dims dm;
   if (!read_dims(ndims, shapes, &dm)) return 2;
   if (ndims[4] != 1 || shapes[4][0] != dm.b) return 2;
+  const KeyFloor floor{static_cast<const float *>(params[4]), 1, 0, dm.t};
   flash_forward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-                static_cast<const float *>(params[2]), read_window(params[3]), static_cast<const float *>(params[4]),
+                static_cast<const float *>(params[2]), read_window(params[3]), floor,
                 static_cast<float *>(params[5]), nullptr);
   return 0;
 }
 
-// do (B,T,H,D), q, k, v, window (1), o, lse (B,H,T) -> dq (B,T,H,D), dk (B,T,K,D), dv (B,T,K,D).
+namespace {
+// The backward pass (FlashAttention-2, algorithm 2) over the key ranges the forward used.
 // One task per (batch row, key/value head): it owns dk and dv of that head, so no two threads
 // write the same gradient rows.
-MSLLM_AOT(msllm_flash_attention_grad) {
-  if (nparam != 10 || !all_f32(nparam, dtypes)) return 1;
-  Dims dm;
-  if (!read_dims(ndims + 1, shapes + 1, &dm)) return 2;
-  const float *dout = static_cast<const float *>(params[0]);
-  const float *q = static_cast<const float *>(params[1]);
-  const float *k = static_cast<const float *>(params[2]);
-  const float *v = static_cast<const float *>(params[3]);
-  const int64_t W = read_window(params[4]);
-  const float *o = static_cast<const float *>(params[5]);
-  const float *lse = static_cast<const float *>(params[6]);
-  float *dq = static_cast<float *>(params[7]);
-  float *dk = static_cast<float *>(params[8]);
-  float *dv = static_cast<float *>(params[9]);
+void flash_backward(const Dims &dm, const float *dout, const float *q, const float *k, const float *v, int64_t W,
+                    const KeyFloor &floor, const float *o, const float *lse, float *dq, float *dk, float *dv) {
   const int64_t T = dm.t, D = dm.d, BQ = block_rows(T), nqb = (T + BQ - 1) / BQ, ldq = dm.ldq(), ldk = dm.ldk();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Pool::get().run(static_cast<int>(dm.b * dm.k), [&](int i) {
@@ -154,14 +175,15 @@ MSLLM_AOT(msllm_flash_attention_grad) {
       for (int64_t t = 0; t < T; ++t)  // delta_t = dO_t . O_t  (FlashAttention-2, alg. 2 line 4)
         delta[t] = dot(dout + (b * T + t) * ldq + h * D, o + (b * T + t) * ldq + h * D, D);
       for (int64_t qb = 0; qb < nqb; ++qb) {
-        const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0), k0 = first_key(q0, W), nk = q0 + nq - k0;
+        const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0);
+        const int64_t k0 = std::max(first_key(q0, W), floor.at(b, q0)), nk = q0 + nq - k0;
         const float *qp = q + (b * T + q0) * ldq + h * D, *dop = dout + (b * T + q0) * ldq + h * D;
         const float *kp = kb + k0 * ldk, *vp = vb + k0 * ldk;  // keys k0..q0+nq-1
         float *dkp = dkb + k0 * ldk, *dvp = dvb + k0 * ldk;
         float *dqp = dq + (b * T + q0) * ldq + h * D;
         sgemm('N', 'T', nq, nk, D, scale, qp, ldq, kp, ldk, 0.f, p, nk);  // S
         for (int64_t r = 0; r < nq; ++r) {                                 // P = exp(S - L), causal (band)
-          const int64_t lo = first_key(q0 + r, W) - k0, valid = q0 + r + 1 - k0;
+          const int64_t lo = std::max(first_key(q0 + r, W), floor.at(b, q0 + r)) - k0, valid = q0 + r + 1 - k0;
           float *pr = p + r * nk;
           exp_shift_sum(pr + lo, pr + lo, valid - lo, 1.f, lrow[q0 + r]);
           std::memset(pr, 0, sizeof(float) * lo);
@@ -179,5 +201,32 @@ MSLLM_AOT(msllm_flash_attention_grad) {
       }
     }
   });
+}
+}  // namespace
+
+// do (B,T,H,D), q, k, v, window (1), o, lse (B,H,T) -> dq (B,T,H,D), dk (B,T,K,D), dv (B,T,K,D).
+MSLLM_AOT(msllm_flash_attention_grad) {
+  if (nparam != 10 || !all_f32(nparam, dtypes)) return 1;
+  Dims dm;
+  if (!read_dims(ndims + 1, shapes + 1, &dm)) return 2;
+  flash_backward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                 static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), read_window(params[4]),
+                 KeyFloor{}, static_cast<const float *>(params[5]), static_cast<const float *>(params[6]),
+                 static_cast<float *>(params[7]), static_cast<float *>(params[8]), static_cast<float *>(params[9]));
+  return 0;
+}
+
+// Packed rows: do, q, k, v, window (1), start (B,T), o, lse -> dq, dk, dv (as above, keys of each
+// slot's own document only).
+MSLLM_AOT(msllm_flash_attention_docs_grad) {
+  if (nparam != 11 || !all_f32(nparam, dtypes)) return 1;
+  Dims dm;
+  if (!read_dims(ndims + 1, shapes + 1, &dm)) return 2;
+  if (ndims[5] != 2 || shapes[5][0] != dm.b || shapes[5][1] != dm.t) return 2;
+  const KeyFloor floor{static_cast<const float *>(params[5]), dm.t, 1, dm.t};
+  flash_backward(dm, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                 static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), read_window(params[4]),
+                 floor, static_cast<const float *>(params[6]), static_cast<const float *>(params[7]),
+                 static_cast<float *>(params[8]), static_cast<float *>(params[9]), static_cast<float *>(params[10]));
   return 0;
 }

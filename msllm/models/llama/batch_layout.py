@@ -18,6 +18,22 @@ Layout of a batch of B rows over a cache of S slots:
   differ per layer (Qwen2's ``max_window_layers``, Gemma 2's alternate layers): the rule takes
   the window as an argument and the model builds one mask per distinct window.
 
+Packed rows (several whole documents in one row, :mod:`msllm.data.packing`) carry
+``actual_seq_len`` (B, N) int32, MindFormers' column: the cumulative end of each document over the
+row's T slots, padded with T (MindFormers' ``HFDataset._iter_packed_data``,
+``mindformers/dataset/dataloader/hf_dataloader.py``). From it (:func:`document_layout`):
+
+* **segment** of slot t: the number of ends ``<= t`` (slots after the last end, the padding,
+  form one more segment);
+* **start** of slot t: the largest end ``<= t`` (0 in the first document), and its **position**
+  ``t - start``: positions restart at every document (MindFormers' ``position_ids``, MindSpeed's
+  ``--reset-position-ids``), so each document is rotated as if it were alone;
+* **visibility** (:func:`document_mask`): the query in slot q sees the key in slot k iff they are
+  in the same segment and ``k <= q`` (and ``k > q - W`` with a window): block-diagonal causal
+  attention (MindSpeed's ``--reset-attention-mask``; FlashAttentionScore's ``actual_seq_qlen``);
+* **targets** (:func:`document_targets`): slot t's target is the token in slot t + 1; it is
+  ignored when slot t + 1 starts another document (t + 1 < T), so no label crosses a document.
+
 The model's additive mask uses :data:`MASKED` (-1e9, not -inf: a fully hidden row, such as an
 empty serving row, gives finite scores and zero attention instead of NaN; msllm's decode kernel
 skips keys at or below -1e8). Only masks of the sequence in use are built, (B, 1, T, S): never
@@ -89,4 +105,41 @@ def causal_positions(t: int):
     return ops.expand_dims(ops.arange(0, t, dtype=ms.int32), 0)
 
 
-__all__ = ["MASKED", "HIDDEN", "left_pad", "positions_for", "key_positions", "additive_mask", "causal_positions"]
+def document_layout(actual_seq_len, t: int):
+    """In-graph per-document layout of packed rows (module doc): ``actual_seq_len`` (B, N) int32
+    document ends (padded with T) -> (segment (B, T) float32, start (B, T) float32, positions
+    (B, T) int32). Float32 because MindSpore's CPU reductions take it; exact below 2^24 slots.
+    No gradient flows through it."""
+    ends = ops.expand_dims(ops.cast(ops.stop_gradient(actual_seq_len), ms.float32), 2)   # (B, N, 1)
+    slots = ops.reshape(ops.arange(0, t, dtype=ms.float32), (1, 1, t))                   # (1, 1, T)
+    done = ops.cast(ends <= slots, ms.float32)                                            # (B, N, T)
+    segment = ops.ReduceSum()(done, 1)                                                    # (B, T)
+    start = ops.ReduceMax()(done * ends, 1)                                               # (B, T)
+    positions = ops.cast(slots[:, 0] - start, ms.int32)                                   # (B, T)
+    return segment, start, positions
+
+
+def document_mask(segment, window: Optional[int], dtype):
+    """The block-diagonal causal rule (module doc) as an additive mask: ``segment`` (B, T) float32
+    from :func:`document_layout` -> (B, 1, T, T) of ``dtype``, 0 where seen, :data:`MASKED`
+    elsewhere. ``window``: a compile-time constant (None: causal within the document)."""
+    t = segment.shape[1]
+    k = ops.reshape(ops.arange(0, t, dtype=ms.int32), (1, 1, 1, t))
+    q = ops.reshape(ops.arange(0, t, dtype=ms.int32), (1, 1, t, 1))
+    same = ops.expand_dims(ops.expand_dims(segment, 1), 1) == ops.expand_dims(ops.expand_dims(segment, 1), 3)
+    seen = ops.logical_and(same, k <= q)                                                  # (B, 1, T, T)
+    if window is not None:
+        seen = ops.logical_and(seen, k > q - window)
+    return ops.cast((ops.cast(seen, ms.float32) - 1.0) * (-MASKED), dtype)
+
+
+def document_targets(targets, segment, ignore: int):
+    """``targets`` (B, T) int32 with the target of every document's last slot set to ``ignore``
+    (slot t + 1 < T in another segment: its token belongs to the next document)."""
+    crosses = segment[:, 1:] != segment[:, :-1]                                           # (B, T-1)
+    crosses = ops.concat((crosses, ops.zeros_like(crosses[:, :1])), 1)                    # (B, T)
+    return ops.select(crosses, ops.full_like(targets, ignore), targets)
+
+
+__all__ = ["MASKED", "HIDDEN", "left_pad", "positions_for", "key_positions", "additive_mask", "causal_positions",
+           "document_layout", "document_mask", "document_targets"]

@@ -61,7 +61,8 @@ from msllm.kernels.select import ASCEND_FLASH, ASCEND_NORM, CPU_FLASH, CPU_NORM,
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.kv_cache import KVCache
 from msllm.models.llama.moe import SparseMoE, load_balancing_loss
-from msllm.models.llama.batch_layout import additive_mask, causal_positions
+from msllm.models.llama.batch_layout import (additive_mask, causal_positions, document_layout, document_mask,
+                                             document_targets)
 from msllm.models.llama.rotary import rotary_frequencies
 
 log = logging.getLogger("msllm")
@@ -251,6 +252,9 @@ class Attention(nn.Cell):
             # fused path: msllm/kernels/csrc/attention.cc (FlashAttention-2 blocking on the CPU; q, k,
             # v stay in the projections' (B, T, heads, D) layout; rotary by csrc/elementwise.cc)
             self.flash, self.flash_padded = kern.flash_attention, kern.flash_attention_padded
+            # packed rows: each query sees only its own document's keys (blocks before the
+            # document's start are skipped; csrc/attention.cc)
+            self.flash_docs = kern.flash_attention_docs
             self.window = kern.window_tensor(window)
         elif attention == ASCEND_FLASH:
             # fused path: MindSpore's FlashAttentionScore (Ascend; its docstring in mindspore 2.10
@@ -266,6 +270,16 @@ class Attention(nn.Cell):
                                                 next_tokens=0 if band else 2147483647,
                                                 inner_precise=0, input_layout="BNSD", sparse_mode=4 if band else 2)
             self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1), ms.uint8)
+            # packed rows: the same primitive in layout "TND" (the batch's B*T tokens one after another)
+            # with actual_seq_qlen = actual_seq_kvlen = the cumulative document ends over the whole
+            # batch and sparse_mode 3 ("rightDownCausal", the compressed mask): causal attention
+            # inside each document, as MindFormers' LLaMA does with use_eod_attn_mask_compression
+            # (mindformers/parallel_core/training_graph/transformer/flash_attention.py). With a
+            # window: sparse_mode 4 with the same pre_tokens / next_tokens, per document.
+            self.fa_tnd = FlashAttentionScore(head_num=h, keep_prob=1.0, scale_value=1.0 / math.sqrt(d),
+                                              pre_tokens=window - 1 if band else 2147483647,
+                                              next_tokens=0 if band else 2147483647,
+                                              inner_precise=0, input_layout="TND", sparse_mode=4 if band else 3)
         self.scale = 1.0 / math.sqrt(d)
         self.softmax_dtype = ms_dtype(config.softmax_compute_type)
         self.compute_dtype = ms_dtype(config.compute_dtype)
@@ -370,11 +384,46 @@ class Attention(nn.Cell):
         out = self.reshape(self.transpose_out(out, (0, 2, 1, 3)), (b * t, self.n_heads * self.head_dim))
         return self.reshape(self.o_proj(out), (b, t, self.hidden))                     # (B, T, C)
 
-    def construct(self, x, cos, sin, mask):
+    def attend_flash_docs(self, x, cos, sin, start):
+        """Packed rows on msllm's CPU kernels: x (B, T, C), cos/sin (B*T, D) (each slot's own
+        position), start (B, T) float32 (each slot's document start) -> (B, T, C)."""
+        b, t, c = x.shape
+        d = self.head_dim
+        q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)                        # (B, T, H|K, D)
+        q = self.reshape(self.rope(self.reshape(q, (1, b * t, self.n_heads, d)), cos, sin), (b, t, self.n_heads, d))
+        k = self.reshape(self.rope(self.reshape(k, (1, b * t, self.n_kv, d)), cos, sin), (b, t, self.n_kv, d))
+        out, _ = self.flash_docs(q, k, v, self.window, start)                          # (B, T, H, D)
+        out = self.o_proj(self.reshape(out, (b * t, self.n_heads * d)))                # (B*T, C)
+        return self.reshape(out, (b, t, self.hidden))
+
+    def attend_fa_tnd(self, x, cos, sin, cu_seqlens):
+        """Packed rows on MindSpore's FlashAttentionScore (Ascend), layout TND: x (B, T, C), cos/sin
+        (B, 1, T, D), cu_seqlens (B*N,) int64 cumulative document ends over the B*T tokens
+        -> (B, T, C)."""
+        b, t, _ = x.shape
+        d = self.head_dim
+        q, k, v = self.project(x, cos, sin, scale_q=False)                            # (B, H|K, T, D)
+        q = self.reshape(self.transpose(q, (0, 2, 1, 3)), (b * t, self.n_heads, d))   # (B*T, H, D)
+        k = self.reshape(self.transpose(k, (0, 2, 1, 3)), (b * t, self.n_kv, d))
+        v = self.reshape(self.transpose(v, (0, 2, 1, 3)), (b * t, self.n_kv, d))
+        _, _, _, out = self.fa_tnd(q, k, v, None, None, None, self.fa_mask, None, cu_seqlens, cu_seqlens)
+        out = self.reshape(out, (b * t, self.n_heads * d))                             # (B*T, H*D)
+        return self.reshape(self.o_proj(out), (b, t, self.hidden))
+
+    def construct(self, x, cos, sin, mask, docs=None):
+        """x (B, T, C) -> (B, T, C). Unpacked rows: cos/sin (T, D), mask (T, T). Packed rows
+        (``docs`` not None, :meth:`LlamaModel.document_inputs`): the flash kernel takes cos/sin
+        (B*T, D) and docs = each slot's document start (B, T) float32; FlashAttentionScore takes
+        cos/sin (B, 1, T, D) and docs = the TND cumulative ends (B*N,) int64; the composed
+        operators take cos/sin (B, 1, T, D) and the block-diagonal mask (B, 1, T, T)."""
         if self.flash is not None:
-            return self.attend_flash(x, cos, sin)
+            if docs is None:
+                return self.attend_flash(x, cos, sin)
+            return self.attend_flash_docs(x, cos, sin, docs)
         if self.fa_score is not None:
-            return self.attend_fa_score(x, cos, sin)
+            if docs is None:
+                return self.attend_fa_score(x, cos, sin)
+            return self.attend_fa_tnd(x, cos, sin, docs)
         q, k, v = self.project(x, cos, sin)
         return self.attend(q, k, v, mask)                                              # causal mask (T, T)
 
@@ -513,8 +562,8 @@ class DecoderLayer(nn.Cell):
         m = self.mlp(self.reshape(normed, (b * t, c)))                             # (B*T, C)
         return self.add_mlp(h, self.reshape(m, (b, t, c)))
 
-    def construct(self, x, cos, sin, mask):
-        return self.feed_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, mask))
+    def construct(self, x, cos, sin, mask, docs=None):
+        return self.feed_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, mask, docs))
 
     def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, index, fresh=False, start=None):
         """As ``construct`` for new tokens x (B, T, C) over a cache (written in place); returns x'
@@ -559,6 +608,7 @@ class LlamaModel(nn.Cell):
         inv_freq, self.rope_factor = rotary_frequencies(config)
         self.inv_freq = Tensor(inv_freq[None, :], ms.float32)                  # (1, D/2)
         self.mask_dtype = ms_dtype(config.softmax_compute_type)
+        self.attention_kind = choice.attention   # how packed rows' documents reach the attention
         # one mask per distinct window; layer i uses masks[self.mask_of[i]]
         windows = [config.layer_window(i) for i in range(config.num_layers)]
         self.windows = tuple(dict.fromkeys(windows))
@@ -584,31 +634,56 @@ class LlamaModel(nn.Cell):
             x = self.mul_embed(x, self.embed_scale)
         return self.cast(x, self.compute_dtype)
 
-    def construct(self, input_ids):
-        return self.forward_with_router(input_ids)[0]
+    def construct(self, input_ids, actual_seq_len=None):
+        return self.forward_with_router(input_ids, actual_seq_len)[0]
 
-    def forward_with_router(self, input_ids):
+    def forward_with_router(self, input_ids, actual_seq_len=None):
         """token ids (B, T) -> (hidden (B, T, C), counts (E,), probs (E,), dropped ()): the MoE
         layers' router statistics and dropped token choices summed over the layers (zeros for a
-        dense model)."""
-        t = input_ids.shape[1]
+        dense model). ``actual_seq_len`` (B, N) int32: packed rows' document ends
+        (:mod:`~msllm.models.llama.batch_layout`): positions restart and attention stays inside
+        each document; None: one sequence per row (this graph is then unchanged)."""
+        b, t = input_ids.shape
         x = self.embed(input_ids)                                               # (B, T, C)
-        pos = causal_positions(t)                                               # (1, T)
-        cos, sin = self.rotary(pos)                                             # (1, T, D)
-        cos, sin = cos[0], sin[0]                                               # (T, D)
-        masks = self.masks(pos, pos)                                            # each (1, 1, T, T)
-        # (T, T) and (T, D): the shapes msllm.parallel.layout_rules' strategies are written for
+        docs = None
+        if actual_seq_len is None:
+            pos = causal_positions(t)                                           # (1, T)
+            cos, sin = self.rotary(pos)                                         # (1, T, D)
+            cos, sin = cos[0], sin[0]                                           # (T, D)
+            masks = self.masks(pos, pos)                                        # each (1, 1, T, T)
+        else:
+            cos, sin, masks, docs = self.document_inputs(actual_seq_len, b, t)
         counts, probs, dropped = self.zero_stats, self.zero_stats, self.zero_stats.sum()
         i = 0
         for layer in self.layers:
-            mask = masks[self.mask_of[i]][0, 0]                                 # (T, T)
+            mask = masks[self.mask_of[i]]
+            if actual_seq_len is None:
+                # (T, T) and (T, D): the shapes msllm.parallel.layout_rules' strategies are written for
+                mask = mask[0, 0]
             if layer.is_moe:
-                x, c, p, d = layer(x, cos, sin, mask)
+                x, c, p, d = layer(x, cos, sin, mask, docs)
                 counts, probs, dropped = counts + c, probs + p, dropped + d
             else:
-                x = layer(x, cos, sin, mask)
+                x = layer(x, cos, sin, mask, docs)
             i += 1
         return self.norm(x), counts, probs, dropped
+
+    def document_inputs(self, actual_seq_len, b, t):
+        """Packed rows: (cos, sin, masks, docs) for the attention path in use (shapes in
+        :meth:`Attention.construct`); masks are built for the composed path only."""
+        segment, start, pos = document_layout(actual_seq_len, t)               # (B, T) each
+        cos, sin = self.rotary(pos)                                             # (B, T, D)
+        masks = (None,) * len(self.windows)
+        if self.attention_kind == CPU_FLASH:
+            return self.reshape(cos, (b * t, -1)), self.reshape(sin, (b * t, -1)), masks, start
+        cos, sin = cos[:, None], sin[:, None]                                   # (B, 1, T, D)
+        if self.attention_kind == ASCEND_FLASH:
+            # TND: row r's ends shifted by r * T; the padding ends (T) close each row, and the
+            # model appends one T per row so the last length is always B * T
+            ends = ops.concat((ops.cast(actual_seq_len, ms.int64), ops.fill(ms.int64, (b, 1), t)), 1)
+            offsets = ops.reshape(ops.arange(0, b, dtype=ms.int64) * t, (b, 1))
+            return cos, sin, masks, self.reshape(ends + offsets, (-1,))
+        return cos, sin, tuple(document_mask(segment, w, self.mask_dtype) for w in self.windows), None
 
     def rotary(self, positions):
         """positions (B, T) int32 -> cos, sin (B, T, D) in compute dtype: the angles
@@ -660,7 +735,11 @@ class LlamaModel(nn.Cell):
 class LlamaForCausalLM(nn.Cell):
     """LLaMA with its output head and next-token loss.
 
-    ``construct(input_ids, labels=None)``:
+    ``construct(input_ids, labels=None, actual_seq_len=None)``:
+        ``actual_seq_len`` (B, N) int32: packed rows' cumulative document ends over the T tokens
+            (:mod:`msllm.data.packing`, :mod:`~msllm.models.llama.batch_layout`): positions restart
+            and attention stays causal within each document, and the target of a document's last
+            token is ignored, so every document's loss terms are those of its own unpacked row.
         input_ids (B, T+1) int32 with labels (B, T+1) int32 -> scalar fp32 mean cross-entropy over
             positions whose target (``labels[:, 1:]``) is not ``ignore_token_id``; tokens are
             ``input_ids[:, :-1]``. This is the MindRecord sample layout of ``llama_preprocess``.
@@ -669,7 +748,7 @@ class LlamaForCausalLM(nn.Cell):
             With experts and :meth:`return_router_stats` on: (loss, stats (E + 2,) float32 without
             gradient: [load-balancing loss, fraction of the token choices the capacity dropped,
             each expert's share of the token choices]).
-        input_ids (B, T) alone -> logits (B, T, V) fp32.
+        input_ids (B, T) alone (and optionally actual_seq_len over those T) -> logits (B, T, V) fp32.
 
     ``forward_cached(input_ids, positions, key_positions, index, caches, last_only)``: generation with a
     key/value cache written in place (see :meth:`LlamaModel.forward_cached`) -> logits (B, T, V)
@@ -760,12 +839,17 @@ class LlamaForCausalLM(nn.Cell):
             return self.head(self.reshape(h[:, t - 1:t, :], (b, c)), True)                # (B, V)
         return self.reshape(self.head(self.reshape(h, (b * t, c)), True), (b, t, self.config.vocab_size))
 
-    def construct(self, input_ids, labels=None):
+    def construct(self, input_ids, labels=None, actual_seq_len=None):
         if labels is None:
-            return self.logits(input_ids)
+            if actual_seq_len is None:
+                return self.logits(input_ids)
+            return self.logits_of(self.model(input_ids, actual_seq_len))
         tokens = input_ids[:, :-1]                                              # (B, T)
         targets = labels[:, 1:]                                                 # (B, T)
-        h, counts, probs, dropped = self.model.forward_with_router(tokens)     # (B, T, C), (E,), (E,), ()
+        if actual_seq_len is not None:  # packed rows: no target crosses a document
+            segment, _, _ = document_layout(actual_seq_len, tokens.shape[1])
+            targets = document_targets(targets, segment, self.config.ignore_token_id)
+        h, counts, probs, dropped = self.model.forward_with_router(tokens, actual_seq_len)  # (B, T, C), (E,), (E,), ()
         loss = self.lm_loss(h, targets)
         if not self.moe_layers or not (self.aux_loss_factor or self.router_stats):
             return loss
