@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from msllm.cluster.context import launcher_role
 
         extra = None
-        if cfg.model_config.pet_config is not None:  # LoRA adapters follow their base layers' split
+        if cfg.pet_config is not None:  # LoRA adapters follow their base layers' split
             from msllm.lora.layout import lora_param_layouts
 
-            extra = lora_param_layouts(cfg.model_config, cfg.parallel_config)
+            extra = lora_param_layouts(cfg.model_config, cfg.pet_config, cfg.parallel_config)
         role, rank = launcher_role()  # under run_distribute.sh each rank writes only its own file
         if role == "scheduler":      # a CPU cluster's scheduler process has no rank: nothing to write
             return 0

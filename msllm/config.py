@@ -22,6 +22,7 @@ from msllm.config_io import apply_overrides, from_dict, read_yaml, to_dict  # no
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_open
 from msllm.config_generation import GenerationConfig
+from msllm.config_lora import PetConfig
 from msllm.models.llama.config import LlamaConfig
 
 PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
@@ -377,7 +378,13 @@ class RunConfig:
     do_eval / eval_step_interval / eval_epoch_interval: evaluation loss and perplexity on
         ``eval_dataset`` during training, every so many steps / epochs (MindFormers' keys;
         an interval <= 0 turns that trigger off).
-    generation_config: decoding settings for predict, chat and generative evaluation.
+    generation_config: decoding settings for predict, chat and generative evaluation
+        (:class:`msllm.config_generation.GenerationConfig`; MindFormers' decoding keys in
+        ``model.model_config`` are moved here when the YAML is read).
+    pet_config: LoRA fine-tuning (:class:`msllm.config_lora.PetConfig`, MindFormers' keys); None =
+        full fine-tuning. MindFormers' place, ``model.model_config.pet_config`` (0.x:
+        ``model.arch.pet``), in the YAML or in an override, is moved here when the YAML is read
+        (:func:`msllm.compat.mindformers.hoist_pet_config`); validated at load.
     """
 
     seed: int = 0
@@ -409,6 +416,9 @@ class RunConfig:
     eval_dataset: EvalDatasetConfig = field(default_factory=EvalDatasetConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     generation_config: GenerationConfig = field(default_factory=GenerationConfig)
+    # parameter-efficient fine-tuning (LoRA; MindFormers' model.model_config.pet_config, moved here
+    # when the YAML is read); None = full fine-tuning
+    pet_config: Optional[PetConfig] = None
     # preference tuning (DPO) instead of the next-token loss; None = ordinary training
     dpo: Optional[DPOConfig] = None
 
@@ -430,10 +440,9 @@ class RunConfig:
             if section is not None and hasattr(section, "validate") and f.name != "model":
                 section.validate(f.name)
         self.model_config.validate("model.model_config")
-        if self.model_config.pet_config is not None:
-            from msllm.config_lora import validate_pet_config  # pure Python, no MindSpore
+        from msllm.config_lora import validate_pet_config  # pure Python, no MindSpore
 
-            validate_pet_config(self.model_config.pet_config)
+        validate_pet_config(self.pet_config)  # None (full fine-tuning) passes
         if self.run_mode not in RUN_MODES:
             raise MsllmError(f"run_mode={self.run_mode!r}: expected one of {RUN_MODES}")
         if self.profile and not 1 <= self.profile_start_step <= self.profile_stop_step:
@@ -456,17 +465,27 @@ def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
     A MindFormers YAML is first translated to this schema
     (:func:`msllm.compat.mindformers.translate_mindformers_yaml`); the MindFormers keys it accepts
     without effect are kept as ``cfg.ignored_keys`` (``"key (reason)"`` strings) for the one
-    start-up log line of :func:`msllm.settings.log_settings`.
+    start-up log line of :func:`msllm.settings.log_settings`. The settings MindFormers keeps in
+    ``model.model_config`` that are not the model's (decoding keys, LoRA's ``pet_config``) move to
+    ``generation_config`` and ``pet_config`` there and again after the overrides, so
+    ``--model.model_config.pet_config.lora_rank=8`` and ``--pet_config.lora_rank=8`` are one setting
+    (:func:`msllm.compat.mindformers.hoist_pet_config`, :func:`~msllm.compat.mindformers.hoist_pet_overrides`).
 
     Raises:
         MsllmError: missing file, invalid YAML, unknown key, wrong type or inconsistent values,
             with the file name prefixed.
     """
-    from msllm.compat.mindformers import hoist_generation_keys, translate_mindformers_yaml
+    from msllm.compat.mindformers import (hoist_generation_keys, hoist_generation_overrides, hoist_pet_config,
+                                          hoist_pet_overrides, translate_mindformers_yaml)
 
     data, notes = translate_mindformers_yaml(read_yaml(path), path, RunConfig)
+    # --model.model_config.pet_config.KEY=V (MindFormers' place) overrides pet_config.KEY
+    overrides = hoist_pet_overrides(overrides or [])
+    # --model.model_config.top_k=5 (MindFormers' place) beats the YAML's generation_config.top_k, as
+    # --generation_config.top_k=5 does
+    overrides = hoist_generation_overrides(overrides)
     # an override such as --model.model_config.top_k=5 (MindFormers' place) moves like the YAML's
-    data = hoist_generation_keys(apply_overrides(data, overrides or []))
+    data = hoist_pet_config(hoist_generation_keys(apply_overrides(data, overrides)), path)
     given = given_keys(data)
     fill_paired_keys(data, given)
     try:

@@ -37,6 +37,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 return _convert(value, arg, path)
             except MsllmError as exc:
                 errors.append(str(exc))
+        if len(errors) == 1:  # Optional[X]: X's own message (an Optional section's unknown key, named)
+            raise MsllmError(errors[0])
         raise MsllmError(f"{path}: expected {' or '.join(_type_name(a) for a in args)}, "
                          f"got {value!r} ({type(value).__name__})")
     if dataclasses.is_dataclass(tp):

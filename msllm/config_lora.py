@@ -1,5 +1,14 @@
-"""Meaning and validation of ``model.model_config.pet_config`` (the dataclass is
-:class:`msllm.models.llama.config.PetConfig`; its keys are MindFormers', ``lora_llama2_7b.yaml``).
+"""The run YAML's ``pet_config`` section (LoRA): the :class:`PetConfig` dataclass, its meaning and its
+validation. The keys are MindFormers' (``configs/llama2/lora_llama2_7b.yaml``).
+
+Where it lives: the top-level ``pet_config`` section of the run config
+(:class:`msllm.config.RunConfig`; ``--pet_config.lora_rank=8``). MindFormers keeps it in
+``model.model_config.pet_config`` (and its 0.x YAMLs in ``model.arch.pet``); a YAML or an override
+may keep that place, and msllm moves it into ``pet_config`` when the YAML is read and after the
+overrides (:func:`msllm.compat.mindformers.hoist_pet_config`), so the model config describes the
+model only. A checkpoint manifest records it under its own ``"pet_config"`` key
+(:func:`msllm.formats.manifest.manifest_pet_config` also reads manifests that kept it inside
+``"model_config"``).
 
 Pure Python (no MindSpore): the config schema can call :func:`validate_pet_config` at load time.
 
@@ -27,14 +36,62 @@ Semantics (each key does what it says, or is refused here with a reason):
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from dataclasses import dataclass
+from typing import Optional
 
 from msllm.errors import MsllmError
 
 PET_TYPES = ("lora",)
 A_INITS = ("kaiming_uniform", "gaussian", "normal")
 B_INITS = ("zeros", "zero")
-WHERE = "model.model_config.pet_config"
+WHERE = "pet_config"
+# where MindFormers' YAMLs keep the section; moved to WHERE when a run YAML is read
+MINDFORMERS_WHERE = "model.model_config.pet_config"
+
+
+@dataclass
+class PetConfig:
+    """``pet_config`` (top level of the run YAML; MindFormers' ``model.model_config.pet_config``):
+    parameter-efficient fine-tuning (MindFormers' keys, ``configs/llama2/lora_llama2_7b.yaml``).
+
+    pet_type: ``lora`` (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
+    lora_rank: r, the rank of the update B A (> 0).
+    lora_alpha: the update is scaled by lora_alpha / lora_rank.
+    lora_dropout: dropout on the adapter's input during training (0 = none).
+    target_modules: regex matched (``re.fullmatch``) against module names in msllm/HF naming
+        (``model.layers.0.self_attn.q_proj``) or MindFormers naming (``model.layers.0.attention.wq``),
+        or against the last name component alone (``q_proj|v_proj``), as PEFT matches.
+    lora_a_init / lora_b_init: initialisers of A (r, in) and B (out, r); PEFT's defaults:
+        A Kaiming-uniform (a = sqrt(5)), B zeros, so the adapted model starts equal to the base.
+
+    The meaning of each key in detail, and what is refused: this module's docstring.
+    """
+
+    pet_type: str = "lora"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    target_modules: str = ".*wq|.*wk|.*wv|.*wo"
+    lora_a_init: str = "kaiming_uniform"
+    lora_b_init: str = "zeros"
+
+
+def pet_config_from(value, where: str = WHERE) -> Optional[PetConfig]:
+    """A :class:`PetConfig` from a mapping of its keys (a manifest's ``"pet_config"``), a
+    :class:`PetConfig` (returned as is) or None (full fine-tuning).
+
+    Raises MsllmError naming ``where`` for an unknown key or a value that is not a mapping."""
+    if value is None or isinstance(value, PetConfig):
+        return value
+    if not isinstance(value, dict):
+        raise MsllmError(f"{where}: expected a mapping of LoRA keys (lora_rank, lora_alpha, ...), got {value!r}")
+    names = {f.name for f in dataclasses.fields(PetConfig)}
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise MsllmError(f"{where}.{unknown[0]}: unknown key; {where} has {', '.join(sorted(names))}")
+    return PetConfig(**value)
 
 
 def lora_scale(pet_config) -> float:
@@ -43,7 +100,7 @@ def lora_scale(pet_config) -> float:
 
 
 def validate_pet_config(pet_config, where: str = WHERE) -> None:
-    """Check a :class:`~msllm.models.llama.config.PetConfig`; None (full fine-tuning) passes.
+    """Check a :class:`PetConfig`; None (full fine-tuning) passes. Messages name ``where.key``.
 
     Raises:
         MsllmError: one message naming the key and what was expected: an unknown ``pet_type``
@@ -76,4 +133,5 @@ def validate_pet_config(pet_config, where: str = WHERE) -> None:
                          "model start equal to the base model, as PEFT and MindFormers do)")
 
 
-__all__ = ["PET_TYPES", "A_INITS", "B_INITS", "lora_scale", "validate_pet_config"]
+__all__ = ["PET_TYPES", "A_INITS", "B_INITS", "WHERE", "MINDFORMERS_WHERE", "PetConfig", "pet_config_from",
+           "lora_scale", "validate_pet_config"]

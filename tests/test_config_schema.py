@@ -183,7 +183,7 @@ def test_schema_walk_finds_nested_sections():
     paths = {p for p, _, _ in schema_fields(RunConfig)}
     # a sample from each level, so a broken walk cannot pass the test above vacuously
     for p in ("runner_config.batch_size", "model.model_config.hidden_size",
-              "model.model_config.pet_config.lora_rank", "generation_config.top_p",
+              "pet_config.lora_rank", "generation_config.top_p",
               "callbacks.checkpoint.keep_checkpoint_max", "tensorboard.tensorboard_dir"):
         assert p in paths, p
     from msllm.config import DatasetConfig

@@ -43,8 +43,7 @@ def main():
 
     overrides = []
     if pet:
-        overrides += ["--model.model_config.pet_config.pet_type=lora"] + \
-            [f"--model.model_config.pet_config.{k}={v}" for k, v in pet.items()]
+        overrides += ["--pet_config.pet_type=lora"] + [f"--pet_config.{k}={v}" for k, v in pet.items()]
     hf_dir = args.get("hf_dir")
     if hf_dir:  # a real model: its run YAML, load_checkpoint = the HF directory (shape from config.json)
         from msllm.config import load_config
@@ -74,7 +73,7 @@ def main():
     if pet:
         from msllm.lora.apply import apply_lora
 
-        info = apply_lora(net, mc.pet_config, seed=cfg.seed)
+        info = apply_lora(net, cfg.pet_config, seed=cfg.seed)
     opt = common.ms_adamw(net.trainable_params(), steps + warmup + 1)
     step = build_train_step(net, opt, cfg, rt=wc.single_process())
     phases.mark("build")
@@ -93,7 +92,7 @@ def main():
         if pet:
             from msllm.lora.adapter import lora_record, save_adapter_checkpoint
 
-            save_adapter_checkpoint(step, net, path, lora_record(mc.pet_config, info.modules, None), 1, 1,
+            save_adapter_checkpoint(step, net, path, lora_record(cfg.pet_config, info.modules, None), 1, 1,
                                     model_config=mc)
         else:
             ms.save_checkpoint(step, path)

@@ -24,6 +24,12 @@ Rules:
 * A key with no effect is removed and listed; a value msllm cannot honour (``repeat: 2``,
   ``extend_method: YaRN``, ``lr_scale: True``, a trainer/model/dataset type msllm does not have)
   raises :class:`~msllm.errors.MsllmError` naming the file, the key and what to do.
+* Settings MindFormers keeps in ``model.model_config`` that are not the model's move to msllm's own
+  sections, after the translation and again after the overrides (:func:`msllm.config.load_config`):
+  the decoding keys to ``generation_config`` (:func:`hoist_generation_keys`), ``pet_config`` (LoRA;
+  0.x: ``model.arch.pet``) to the top-level ``pet_config`` (:func:`hoist_pet_config`,
+  :func:`hoist_pet_overrides`). The no-effect keys inside it (``mindformers_keys.NO_EFFECT``'s
+  ``model.model_config.pet_config.*``) are looked up before the move, at MindFormers' place.
 * Anything else is left for the schema check, which rejects an unknown key with the nearest valid
   name (keys inside MindFormers-shaped sections are moved where that message names them).
 """
@@ -38,6 +44,7 @@ import types
 import typing
 from typing import Any, Union
 
+from msllm.config_io import apply_overrides, parse_override
 from msllm.compat.mindformers_keys import CALLBACK_ARGS_NEUTRAL, CALLBACK_ARGS_NO_EFFECT, NEUTRAL, NO_EFFECT
 from msllm.config_generation import MINDFORMERS_KEYS
 from msllm.errors import MsllmError
@@ -88,6 +95,97 @@ def hoist_generation_keys(data: dict) -> dict:
             if gen.get(k) is None:
                 gen[k] = v
     return data
+
+
+# MindFormers' place of the LoRA section (model.model_config.pet_config) and msllm's (top level)
+PET_MF_PATH = ("model", "model_config", "pet_config")
+PET_PATH = ("pet_config",)
+
+
+def _merge_pet(mf_value: Any, value: Any, mf_key: str, key: str, source: str = "") -> Any:
+    """The LoRA section given at MindFormers' place (``mf_value``, named ``mf_key``) and at msllm's
+    (``value``, ``key``) as one: None at either place is no value; two mappings join key by key;
+    a key both set to different values (or two different non-mappings) is one MsllmError naming
+    both keys."""
+    if mf_value is None:
+        return value
+    if value is None:
+        return mf_value
+    where = f"{source}: " if source else ""
+    hint = (f"give it once (msllm keeps LoRA in {'.'.join(PET_PATH)}; MindFormers' {'.'.join(PET_MF_PATH)} "
+            "is moved there)")
+    if isinstance(mf_value, dict) and isinstance(value, dict):
+        for k in mf_value:
+            if k in value and mf_value[k] != value[k]:
+                raise MsllmError(f"{where}{mf_key}.{k}={mf_value[k]!r} and {key}.{k}={value[k]!r} both set LoRA's "
+                                 f"{k}: {hint}")
+        return {**mf_value, **value}
+    if mf_value != value:
+        raise MsllmError(f"{where}{mf_key}={mf_value!r} and {key}={value!r} both set LoRA (pet_config): {hint}")
+    return value
+
+
+def hoist_pet_config(data: dict, source: str = "") -> dict:
+    """MindFormers keeps LoRA's settings in ``model.model_config.pet_config`` (its
+    ``configs/llama2/lora_llama2_7b.yaml``); msllm's schema has them in the top-level ``pet_config``
+    section (:class:`msllm.config_lora.PetConfig`), so the model config describes the model only.
+    A ``pet_config`` found in ``model.model_config`` moves there; if both places are given, they
+    join key by key, and a key set to two different values is one MsllmError naming both keys
+    (``source``, the file, prefixed). Returns ``data`` (changed in place)."""
+    mc = (data.get("model") or {}).get("model_config")
+    if not isinstance(mc, dict) or "pet_config" not in mc:
+        return data
+    merged = _merge_pet(mc.pop("pet_config"), data.get("pet_config"), ".".join(PET_MF_PATH), "pet_config", source)
+    if merged is not None or "pet_config" in data:
+        data["pet_config"] = merged
+    return data
+
+
+def hoist_generation_overrides(overrides: list[str]) -> list[str]:
+    """``--model.model_config.KEY=VALUE`` overrides of MindFormers' decoding keys
+    (:data:`msllm.config_generation.MINDFORMERS_KEYS`) rewritten as ``--generation_config.KEY=VALUE``, so a
+    command-line value beats the run YAML's ``generation_config`` section (after the YAML is read, the
+    section would otherwise win over a value that :func:`hoist_generation_keys` finds in
+    ``model.model_config``). Where the overrides also give ``--generation_config.KEY``, that one wins (as
+    in a YAML) and the MindFormers spelling is left in place. The other overrides are returned unchanged."""
+    from msllm.config_generation import MINDFORMERS_KEYS
+
+    parsed = [parse_override(arg)[0] for arg in overrides]
+    in_section = {keys[1] for keys in parsed if len(keys) == 2 and keys[0] == "generation_config"}
+    out = []
+    for arg, keys in zip(overrides, parsed):
+        if (len(keys) == 3 and tuple(keys[:2]) == ("model", "model_config") and keys[2] in MINDFORMERS_KEYS
+                and keys[2] not in in_section):
+            arg = f"--generation_config.{keys[2]}=" + arg.split("=", 1)[1]
+        out.append(arg)
+    return out
+
+
+def hoist_pet_overrides(overrides: list[str]) -> list[str]:
+    """``--model.model_config.pet_config[.KEY]=VALUE`` overrides (MindFormers' place, as the README
+    and MindFormers users write them) rewritten as ``--pet_config[.KEY]=VALUE``, in order, so that
+    they override the run YAML's ``pet_config`` section (moved there by :func:`hoist_pet_config`)
+    exactly as the ``--pet_config...`` spelling does. The other overrides are returned unchanged.
+
+    Raises MsllmError when overrides give both spellings with different values for one key
+    (naming both)."""
+    out, mf_form, ms_form = [], [], []
+    for arg in overrides:
+        keys, _ = parse_override(arg)
+        if tuple(keys[:3]) == PET_MF_PATH:
+            raw = arg.split("=", 1)[1]
+            new = "--" + ".".join(PET_PATH + tuple(keys[3:])) + "=" + raw
+            mf_form.append(arg)
+            out.append(new)
+        else:
+            if tuple(keys[:1]) == PET_PATH:
+                ms_form.append(arg)
+            out.append(arg)
+    if mf_form and ms_form:
+        mf_value = apply_overrides({}, mf_form)["model"]["model_config"]["pet_config"]
+        _merge_pet(mf_value, apply_overrides({}, ms_form)["pet_config"], "--model.model_config.pet_config",
+                   "--pet_config", "overrides")
+    return out
 
 
 def _schema_has(path: str, schema: type) -> bool:
@@ -169,6 +267,7 @@ class _Translation:
         self._model()
         self._generic()
         hoist_generation_keys(self.data)
+        hoist_pet_config(self.data, self.source)
 
     def _looks_like_mindformers(self) -> bool:
         d = self.data
@@ -441,17 +540,22 @@ class _Translation:
         if isinstance(arch, dict) and not _schema_has("model.arch", self.schema):
             model.pop("arch")
             kind = arch.get("type", "LlamaForCausalLM")
+            given = [w for w, v in (("model.model_config.pet_config", mc.get("pet_config") if isinstance(mc, dict)
+                                     else None), ("pet_config", self.data.get("pet_config"))) if isinstance(v, dict)]
+            pet = arch.get("pet")
             if kind == "LlamaForCausalLMWithLora":  # MindFormers 0.x: LoRA from pet_config
-                if not (isinstance(mc, dict) and isinstance(mc.get("pet_config"), dict)):
-                    self.refuse("model.arch.type", kind, "needs model.model_config.pet_config (pet_type: lora)")
+                if not given and not isinstance(pet, dict):
+                    self.refuse("model.arch.type", kind, "needs LoRA settings: model.model_config.pet_config, "
+                                "model.arch.pet or msllm's pet_config section (pet_type: lora)")
             elif kind != "LlamaForCausalLM":
                 self.refuse("model.arch.type", kind, "msllm builds LlamaForCausalLM only (LoRA via "
-                            "model_config.pet_config)")
+                            "pet_config)")
             self.note("model.arch", f"{kind}: msllm's one model (LoRA comes from pet_config)")
-            pet = arch.get("pet")
-            if isinstance(pet, dict) and isinstance(mc, dict):  # older layout: model.arch.pet
-                merged = {"pet_type": pet.get("pet_type", "lora"), **(pet.get("pet_config") or {})}
-                self.put(mc, "pet_config", merged, "model.model_config", "model.arch.pet")
+            if isinstance(pet, dict):  # older layout: model.arch.pet -> msllm's pet_config section
+                if given:
+                    self.note("model.arch.pet", f"overridden by {given[0]}")
+                else:
+                    self.data["pet_config"] = {"pet_type": pet.get("pet_type", "lora"), **(pet.get("pet_config") or {})}
         if not isinstance(mc, dict):
             return
         where = "model.model_config"

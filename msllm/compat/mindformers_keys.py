@@ -112,6 +112,8 @@ NO_EFFECT: dict[str, str] = {
     "model.model_config.need_nz": "Ascend weight format option",
     "model.model_config.llm_backend": "MindFormers inference backend choice",
     "model.model_config.boost_model_type": "MindFormers inference backend choice",
+    # at MindFormers' place: looked up (compat.mindformers._generic) before pet_config moves to the
+    # run config's top-level section (hoist_pet_config)
     "model.model_config.pet_config.in_channels": "msllm takes the adapter shapes from the layers",
     # read by no MindFormers LlamaConfig / LlamaForCausalLM (research/qwen2_5 YAMLs keep them
     # "copied from Qwen"; dev branch fd4deebc)

@@ -29,7 +29,7 @@ from msllm.convert.tokenizer_export import export_tokenizer, recorded_tokenizer
 from msllm.errors import MsllmError
 from msllm.fileio import atomic_path, write_json_atomic
 from msllm.formats.dtypes import FLOAT_DTYPES, STORAGE, TensorRef, cast, normalize_dtype, tensor_nbytes
-from msllm.formats.manifest import read_sidecar, sidecar_path, verify_checkpoint, write_sidecar
+from msllm.formats.manifest import manifest_model_config, read_sidecar, sidecar_path, verify_checkpoint, write_sidecar
 from msllm.formats.mindformers import fused_parts, msllm_name_map, split_fused
 from msllm.formats.mindspore_ckpt import CkptWriter, scan_checkpoint
 from msllm.formats.safetensors import SafetensorsWriter
@@ -156,8 +156,8 @@ def msllm_model_config(ckpt_path: str, config_path: Optional[str]) -> LlamaConfi
             raise MsllmError(f"{ckpt_path} does not match its manifest {sidecar_path(ckpt_path)}: {problem} "
                              "(truncated or replaced?)")
         if manifest.get("model_config") is not None:
-            try:
-                side_cfg = from_dict(LlamaConfig, manifest["model_config"], "model_config")
+            try:   # manifest_model_config: without the pet_config older manifests kept in it
+                side_cfg = from_dict(LlamaConfig, manifest_model_config(manifest), "model_config")
             except MsllmError as exc:
                 raise MsllmError(f"{sidecar_path(ckpt_path)}: {exc}") from None
     if side_cfg is not None and yaml_cfg is not None:

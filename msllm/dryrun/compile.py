@@ -61,8 +61,8 @@ def compile_train_step(cfg) -> dict:
     rt = setup_runtime(cfg)
     setup_logging(rt.rank)
     pc, mc = cfg.parallel_config, cfg.model_config
-    if mc.pet_config is not None:
-        raise ValueError("model.model_config.pet_config (LoRA): the dry-run compiles full training only; LoRA's "
+    if cfg.pet_config is not None:
+        raise ValueError("pet_config (LoRA): the dry-run compiles full training only; LoRA's "
                          "frozen base is loaded from load_checkpoint, which a dry-run does not read")
     stage_layers = stage_split.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
     steps = 4  # the learning-rate table's length; the compiled graph does not depend on it

@@ -18,7 +18,7 @@ from typing import Optional
 
 from msllm.errors import MsllmError
 from msllm.formats.manifest import (CORRUPT, GOOD, UNVERIFIED, checkpoint_files, checkpoint_status, rank_dir,
-                                    read_sidecar, sidecar_path)
+                                    manifest_model_config, read_sidecar, sidecar_path)
 from msllm.formats.mindformers import has_fused, split_fused_params, to_msllm_names
 
 log = logging.getLogger("msllm")
@@ -123,7 +123,7 @@ def _manifest_model_config(path: str):
     from msllm.config_io import from_dict
     from msllm.models.llama.config import LlamaConfig
 
-    data = (read_sidecar(path) or {}).get("model_config")
+    data = manifest_model_config(read_sidecar(path))  # an older manifest's pet_config dropped
     return from_dict(LlamaConfig, data, "model_config") if data else None
 
 

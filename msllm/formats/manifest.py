@@ -1,10 +1,13 @@
 """The checkpoint manifest (``X.ckpt.json``) and the checkpoint file-name pattern.
 
 Manifest: ``{"format": "msllm-ckpt-v1", "file", "size", "sha256", "model_config": {...} | null,
-**extra}`` written atomically *after* the checkpoint was renamed into place, so a checkpoint
-whose manifest matches it (size and SHA-256) is known to be complete and unchanged. Written by
+["pet_config": {...},] **extra}`` written atomically *after* the checkpoint was renamed into place,
+so a checkpoint whose manifest matches it (size and SHA-256) is known to be complete and unchanged. Written by
 the trainer (extra: ``epoch``, ``step``) and by the HF converter (extra: ``converted_from``,
-``source_format``, ``dtype``).
+``source_format``, ``dtype``). ``pet_config`` (LoRA's settings, :class:`msllm.config_lora.PetConfig`)
+is written by LoRA checkpoints (:mod:`msllm.lora.adapter`); manifests written before it had its own
+key kept it inside ``model_config``: :func:`manifest_model_config` and :func:`manifest_pet_config`
+read both forms.
 
 Three states of a checkpoint file (:func:`checkpoint_status`):
 
@@ -73,19 +76,51 @@ def file_sha256(path: str) -> str:
     return file_digest(path, "sha256")
 
 
-def write_sidecar(path: str, model_config=None, **extra) -> dict:
+def write_sidecar(path: str, model_config=None, pet_config=None, **extra) -> dict:
     """Write the manifest of checkpoint ``path`` to ``path + ".json"``, atomically; returns it.
 
     ``model_config`` is a :class:`LlamaConfig` or a dict of its fields; with it, tools can
-    rebuild the model (e.g. HF export) without a YAML.
+    rebuild the model (e.g. HF export) without a YAML. ``pet_config`` (a
+    :class:`~msllm.config_lora.PetConfig` or a dict of its keys; None: no key written) is LoRA's
+    settings, under its own ``"pet_config"`` key.
     """
     if model_config is not None and not isinstance(model_config, dict):
         model_config = dataclasses.asdict(model_config)
+    if pet_config is not None:
+        extra = {"pet_config": pet_config if isinstance(pet_config, dict) else dataclasses.asdict(pet_config),
+                 **extra}
     manifest = {"format": SIDECAR_FORMAT, "file": os.path.basename(path),
                 "size": os.path.getsize(path), "sha256": file_sha256(path),
                 "model_config": model_config, **extra}
     write_json_atomic(sidecar_path(path), manifest)
     return manifest
+
+
+def manifest_model_config(manifest: Optional[dict]) -> Optional[dict]:
+    """The manifest's ``"model_config"`` as :class:`~msllm.models.llama.config.LlamaConfig`'s fields
+    (a new dict; None if it records none): a ``"pet_config"`` inside it (manifests written before
+    LoRA's settings had their own key) is dropped, :func:`manifest_pet_config` reads it."""
+    mc = (manifest or {}).get("model_config")
+    if not isinstance(mc, dict) or not mc:
+        return None
+    return {k: v for k, v in mc.items() if k != "pet_config"}
+
+
+def manifest_pet_config(manifest: Optional[dict]):
+    """LoRA's settings a manifest records (:class:`~msllm.config_lora.PetConfig`), or None: its own
+    ``"pet_config"`` key, else the ``"pet_config"`` inside ``"model_config"`` (manifests written
+    before the key), else an adapter manifest's ``"lora"`` record's.
+
+    Raises MsllmError for a recorded value that is not a mapping of PetConfig's keys."""
+    from msllm.config_lora import pet_config_from
+
+    manifest = manifest or {}
+    for where, value in (("pet_config", manifest.get("pet_config")),
+                         ("model_config.pet_config", (manifest.get("model_config") or {}).get("pet_config")),
+                         ("lora.pet_config", (manifest.get("lora") or {}).get("pet_config"))):
+        if value is not None:
+            return pet_config_from(value, f"checkpoint manifest {where}")
+    return None
 
 
 def read_sidecar(path: str) -> Optional[dict]:
@@ -163,4 +198,5 @@ def checkpoint_files(directory: str) -> list[str]:
 
 __all__ = ["SIDECAR_FORMAT", "CHECKPOINT_NAME", "GOOD", "UNVERIFIED", "CORRUPT", "checkpoint_name", "rank_dir",
            "parse_checkpoint_name", "checkpoint_step", "sidecar_path", "file_sha256", "write_sidecar",
+           "manifest_model_config", "manifest_pet_config",
            "read_sidecar", "checkpoint_status", "verify_checkpoint", "refuse_corrupt", "checkpoint_files"]

@@ -20,12 +20,13 @@ trainer from the dataset's sidecar) and ``"tokenizer"`` travel in :class:`Infere
 LoRA: ``adapter`` (``--adapter``) names an adapter checkpoint of LoRA training (or the PEFT
 import), applied on top of the base without merging by :func:`msllm.lora.adapter.load_adapter_into`
 (which refuses a base whose SHA-256 differs from the one the adapter records). A checkpoint that
-holds base and adapter weights together gets the adapters applied with its ``pet_config``.
+holds base and adapter weights together gets the adapters applied with the run's ``pet_config``
+section, else the one its manifest records (:func:`msllm.formats.manifest.manifest_pet_config`: the
+manifest's ``"pet_config"`` key, or, in manifests written before that key, inside ``"model_config"``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -167,9 +168,10 @@ def _adapter_modules(params: dict) -> dict:
     return found
 
 
-def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool, device: str):
+def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool, device: str, pet=None):
+    """``pet``: the run's ``pet_config`` (:class:`~msllm.config_lora.PetConfig` or None)."""
     from msllm.formats.loading import load_into, load_params, resolve_checkpoint
-    from msllm.formats.manifest import read_sidecar
+    from msllm.formats.manifest import manifest_model_config, manifest_pet_config, read_sidecar
 
     try:
         ckpt = resolve_checkpoint(path, 0)   # data-parallel ranks hold the same weights: rank 0's
@@ -181,8 +183,8 @@ def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool, device:
     if manifest.get("lora"):
         raise MsllmError(f"{ckpt} is a LoRA adapter checkpoint (no base weights): pass the base model as "
                          f"load_checkpoint and this file as --adapter")
-    saved = manifest.get("model_config")
-    if isinstance(saved, dict):
+    saved = manifest_model_config(manifest)   # without the pet_config older manifests kept in it
+    if saved:
         if _names_no_model(mc):   # e.g. a run YAML for an HF model: the checkpoint's own shape, as for the HF dir
             mc = _inference_config(mc, _manifest_config(saved, ckpt))
         else:
@@ -193,17 +195,13 @@ def _load_msllm(path: str, rank: int, mc: LlamaConfig, fast_paths: bool, device:
     if adapters:
         from msllm.lora.apply import apply_lora
 
-        pet = mc.pet_config
-        if pet is None and isinstance(saved, dict) and saved.get("pet_config"):
-            from msllm.models.llama.config import PetConfig
-
-            pet = PetConfig(**saved["pet_config"])
+        pet = pet if pet is not None else manifest_pet_config(manifest)
         if pet is None:
-            raise MsllmError(f"checkpoint {ckpt} holds LoRA adapters ({len(adapters)} modules) but neither it nor "
-                             "model.model_config has a pet_config (lora_rank, lora_alpha) to apply them with")
+            raise MsllmError(f"checkpoint {ckpt} holds LoRA adapters ({len(adapters)} modules) but neither its "
+                             "manifest nor the run config has a pet_config (lora_rank, lora_alpha) to apply them with")
         apply_lora(net, pet, modules=sorted(adapters), dropout=0.0)
-    elif mc.pet_config is not None:
-        log.info("model.model_config.pet_config has no effect here: checkpoint %s holds no LoRA adapter "
+    elif pet is not None:
+        log.info("pet_config has no effect here: checkpoint %s holds no LoRA adapter "
                  "weights (use --adapter for a separate adapter)", ckpt)
     load_into(net, params, ckpt)
     tok, md5 = manifest.get("tokenizer"), manifest.get("tokenizer_md5")
@@ -258,7 +256,8 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
     if is_hf_dir(path):
         net, mc, info = _load_hf(path, cfg.model_config, fast, cfg.context.device_target)
     else:
-        net, mc, info = _load_msllm(path, rank, cfg.model_config, fast, cfg.context.device_target)
+        net, mc, info = _load_msllm(path, rank, cfg.model_config, fast, cfg.context.device_target,
+                                    cfg.pet_config)
     if adapter:
         _apply_adapter(net, adapter, info, rank)
     for note in info.notes:

@@ -1,6 +1,7 @@
 """LoRA (Hu et al. 2021) for msllm's LLaMA, native in MindSpore, checked against Hugging Face PEFT.
 
-* :mod:`msllm.config_lora`: ``pet_config`` semantics and validation (pure Python).
+* :mod:`msllm.config_lora`: the run config's ``pet_config`` section (:class:`~msllm.config_lora.PetConfig`),
+  its semantics and validation (pure Python).
 * :mod:`msllm.lora.targets`: which linear modules a ``target_modules`` regex selects (msllm/HF or
   MindFormers names), adapter parameter names and shapes (pure Python).
 * :mod:`msllm.lora.layer`: the :class:`~msllm.lora.layer.LoRALinear` cell and A's initialisers.

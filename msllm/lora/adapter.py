@@ -7,7 +7,9 @@ File: an ordinary MindSpore checkpoint (``.ckpt`` or ``.safetensors``) holding
 ``step_num``. No base weight is in it.
 
 Manifest (``X.ckpt.json``, :mod:`msllm.formats.manifest` format ``msllm-ckpt-v1``): the usual keys
-(``file``, ``size``, ``sha256``, ``model_config``, ``epoch``, ``step``) plus ``"lora"``::
+(``file``, ``size``, ``sha256``, ``model_config`` (the base model's), ``epoch``, ``step``), LoRA's
+settings under ``"pet_config"`` (manifests written before that key kept them inside
+``model_config``; both are read), plus ``"lora"``::
 
     {"format": "msllm-lora-v1",
      "pet_config": {"pet_type": "lora", "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
@@ -55,7 +57,8 @@ def save_adapter_checkpoint(cell, network, path: str, record: dict, epoch: int =
         record: :func:`lora_record`.
         epoch, step: stored as ``epoch_num`` / ``step_num`` entries and in the manifest, as the
             trainer's full checkpoints do (``msllm.training.checkpoint.save_checkpoint``).
-        model_config: the LlamaConfig (or dict) written to the manifest.
+        model_config: the LlamaConfig (or dict) written to the manifest; LoRA's settings go to its
+            ``"pet_config"`` key (from ``record``).
     Returns ``path``.
     """
     import mindspore as ms
@@ -68,7 +71,7 @@ def save_adapter_checkpoint(cell, network, path: str, record: dict, epoch: int =
     with atomic_path(path) as tmp:
         ms.save_checkpoint(cell, tmp, append_dict={"epoch_num": epoch, "step_num": step}, format=fmt,
                            choice_func=lambda name: name not in frozen)
-    write_sidecar(path, model_config, epoch=epoch, step=step, lora=record, **extra)
+    write_sidecar(path, model_config, record["pet_config"], epoch=epoch, step=step, lora=record, **extra)
     return path
 
 
@@ -98,22 +101,25 @@ def read_adapter_manifest(path: str) -> dict:
 
 
 def pet_config_of(manifest: dict):
-    """The :class:`~msllm.models.llama.config.PetConfig` recorded in an adapter manifest."""
-    from msllm.models.llama.config import PetConfig
+    """The :class:`~msllm.config_lora.PetConfig` recorded in an adapter manifest (its ``"lora"``
+    record's)."""
+    from msllm.config_lora import pet_config_from
 
-    return PetConfig(**manifest["lora"]["pet_config"])
+    return pet_config_from(manifest["lora"]["pet_config"], "adapter manifest lora.pet_config")
 
 
 def model_config_of(manifest: dict):
-    """The base model's :class:`~msllm.models.llama.config.LlamaConfig` recorded in a manifest
-    (``pet_config`` dropped), or None if it records none."""
+    """The base model's :class:`~msllm.models.llama.config.LlamaConfig` recorded in a manifest, or
+    None if it records none (a ``pet_config`` inside it, as manifests written before LoRA's settings
+    had their own key kept it, is dropped: :func:`msllm.formats.manifest.manifest_model_config`)."""
     from msllm.config_io import from_dict
+    from msllm.formats.manifest import manifest_model_config
     from msllm.models.llama.config import LlamaConfig
 
-    mc = manifest.get("model_config")
+    mc = manifest_model_config(manifest)
     if not mc:
         return None
-    return from_dict(LlamaConfig, dict(mc, pet_config=None), "model_config")
+    return from_dict(LlamaConfig, mc, "model_config")
 
 
 def _check_entries(cell, params: dict, skip: set, path: str) -> None:

@@ -68,7 +68,8 @@ def apply_lora(network, pet_config, seed: int = 0, modules=None, dropout=None) -
     Args:
         network: the model, built, base weights loaded or not (loading before or after works:
             the base weight Parameters keep their names ``<module>.weight``).
-        pet_config: a :class:`~msllm.models.llama.config.PetConfig` (validated here).
+        pet_config: a :class:`~msllm.config_lora.PetConfig`, the run config's ``pet_config``
+            section or an adapter manifest's (validated here).
         seed: seed of A's initialisation (with each parameter's name, :func:`~msllm.lora.layer.init_a`);
             the same on every rank. Pass the run's ``seed``.
         modules: adapt exactly these modules (msllm names) instead of matching ``target_modules``
@@ -79,7 +80,9 @@ def apply_lora(network, pet_config, seed: int = 0, modules=None, dropout=None) -
     (r, in) and ``<module>.lora_B.weight`` (out, r), float32; B starts at zero, so the logits
     equal the base model's exactly until the first update.
 
-    Returns a :class:`LoraInfo`. Raises MsllmError for an invalid ``pet_config``, a regex that
+    Returns a :class:`LoraInfo`, also recorded on the network as ``network.lora_info`` (read by
+    :func:`msllm.lora.layout.apply_lora_layout`: the model config carries no LoRA settings).
+    Raises MsllmError for an invalid ``pet_config``, a regex that
     matches nothing (listing the modules there are), or a network that already has LoRA.
     """
     import numpy as np
@@ -107,8 +110,10 @@ def apply_lora(network, pet_config, seed: int = 0, modules=None, dropout=None) -
             p.name = f"{module}.{local}"
     adapters = adapter_param_names(network)
     params = list(network.get_parameters())
-    return LoraInfo(list(modules), rank, alpha, drop, lora_scale(pet_config),
+    info = LoraInfo(list(modules), rank, alpha, drop, lora_scale(pet_config),
                     sum(p.size for p in params if p.name in set(adapters)), sum(p.size for p in params), adapters)
+    network.lora_info = info
+    return info
 
 
 def adapter_param_names(network) -> list[str]:

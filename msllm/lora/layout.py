@@ -25,19 +25,22 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from msllm.errors import MsllmError
 from msllm.lora.targets import adapter_names, adapter_shapes, match_targets
 from msllm.parallel.layout_rules import OpRule, concrete, op_rules
 from msllm.parallel.param_layout import DEFAULT_OPT_THRESHOLD_KB, ParamLayout, layouts_from_rules
 
 
-def lora_modules(model_config) -> list[str]:
-    """The modules ``model_config.pet_config`` adapts ([] without a pet_config)."""
-    pc = model_config.pet_config
-    return [] if pc is None else match_targets(model_config, pc.target_modules)
+def lora_modules(model_config, pet_config) -> list[str]:
+    """The modules of the model ``model_config`` describes that ``pet_config`` (the run config's
+    LoRA section, :class:`~msllm.config_lora.PetConfig`) adapts ([] when it is None)."""
+    return [] if pet_config is None else match_targets(model_config, pet_config.target_modules)
 
 
-def lora_op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
-    """The LoRA primitives' strategies, one group per adapted module (see the module docstring).
+def lora_op_rules(model_config, pet_config, parallel_config,
+                  stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
+    """The LoRA primitives' strategies, one group per module ``pet_config`` adapts (see the module
+    docstring).
 
     Rows added for module P whose base rule is ``MatMul ((dp, w_in), (w_out, w_in))``::
 
@@ -47,13 +50,18 @@ def lora_op_rules(model_config, parallel_config, stage_layers: Optional[Sequence
         P.lora_b_matmul         ((dp, None), (w_out, None))  param P.lora_B.weight (out, r)
         P.add_lora              ((dp, w_out), (dp, w_out))
 
-    Returns [] when ``model_config.pet_config`` is None.
+    Returns [] when ``pet_config`` is None.
     """
-    modules = lora_modules(model_config)
+    modules = lora_modules(model_config, pet_config)
     if not modules:
         return []
+    return _rules(model_config, parallel_config, modules, pet_config.lora_dropout > 0, stage_layers)
+
+
+def _rules(model_config, parallel_config, modules: Sequence[str], dropout: bool,
+           stage_layers: Optional[Sequence[int]]) -> list[OpRule]:
+    """:func:`lora_op_rules` for adapted ``modules``, with a dropout row each when ``dropout``."""
     base = {r.path: r for r in op_rules(model_config, parallel_config, stage_layers) if r.prim == "matmul"}
-    dropout = model_config.pet_config.lora_dropout > 0
     rules: list[OpRule] = []
     for module in modules:
         rule = base[module]
@@ -71,29 +79,35 @@ def lora_op_rules(model_config, parallel_config, stage_layers: Optional[Sequence
     return rules
 
 
-def lora_param_layouts(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
+def lora_param_layouts(model_config, pet_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
                        include_optimizer_states: bool = True,
                        opt_threshold_kb: int = DEFAULT_OPT_THRESHOLD_KB) -> dict[str, ParamLayout]:
-    """``{name: ParamLayout}`` of every adapter parameter (and ``adam_m.`` / ``adam_v.`` states),
-    to be merged with :func:`msllm.parallel.param_layout.param_layouts` (e.g. for
-    ``write_strategy_files(..., layouts=...)``). {} without a pet_config."""
-    modules = lora_modules(model_config)
+    """``{name: ParamLayout}`` of every adapter parameter (and ``adam_m.`` / ``adam_v.`` states) that
+    ``pet_config`` (the run config's LoRA section) adds to the model ``model_config`` describes, to
+    be merged with :func:`msllm.parallel.param_layout.param_layouts` (e.g. for
+    ``write_strategy_files(..., layouts=...)``). {} when ``pet_config`` is None."""
+    modules = lora_modules(model_config, pet_config)
     if not modules:
         return {}
-    shapes = adapter_shapes(model_config, modules, model_config.pet_config.lora_rank)
-    return layouts_from_rules(lora_op_rules(model_config, parallel_config, stage_layers), shapes, parallel_config,
-                              "float32", include_optimizer_states=include_optimizer_states,
+    shapes = adapter_shapes(model_config, modules, pet_config.lora_rank)
+    return layouts_from_rules(lora_op_rules(model_config, pet_config, parallel_config, stage_layers), shapes,
+                              parallel_config, "float32", include_optimizer_states=include_optimizer_states,
                               opt_threshold_kb=opt_threshold_kb)
 
 
 def apply_lora_layout(network, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
     """``.shard()`` the LoRA primitives of ``network`` (after :func:`~msllm.lora.apply.apply_lora`
-    and :func:`msllm.parallel.apply.apply_layout`) per :func:`lora_op_rules`. Returns the rules.
-    A rule whose primitive or parameter is missing raises AssertionError (table and cells drifted)."""
+    and :func:`msllm.parallel.apply.apply_layout`) per :func:`lora_op_rules`, for the modules and
+    dropout :func:`~msllm.lora.apply.apply_lora` recorded on the network (``network.lora_info``).
+    Returns the rules. A rule whose primitive or parameter is missing raises AssertionError (table
+    and cells drifted); a network without LoRA, MsllmError."""
     from msllm.lora.apply import resolve_cell
 
+    info = getattr(network, "lora_info", None)
+    if info is None:
+        raise MsllmError("apply_lora_layout: the network has no LoRA adapters (call apply_lora first)")
     dp, mp = parallel_config.data_parallel, parallel_config.model_parallel
-    rules = lora_op_rules(network.config, parallel_config, stage_layers)
+    rules = _rules(network.config, parallel_config, info.modules, info.dropout > 0, stage_layers)
     for rule in rules:
         cell = resolve_cell(network, rule.path)[2]
         prim = getattr(cell, rule.prim, None)

@@ -10,7 +10,6 @@ rounded once to the base tensor's dtype.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import numpy as np
 
@@ -33,8 +32,8 @@ def merge_lora_checkpoint(base: str, adapter: str, output: str, progress: bool =
             trained on; its SHA-256 must match the adapter's record.
         adapter: an adapter checkpoint (:mod:`msllm.lora.adapter`).
         output: the merged ``.ckpt`` (written atomically; manifest ``output.json`` with
-            ``model_config`` (no ``pet_config``) and ``merged_from``: base identity, adapter path
-            and SHA-256, rank, alpha, scale, modules).
+            ``model_config``, no ``pet_config`` key (the merged model has no adapters), and
+            ``merged_from``: base identity, adapter path and SHA-256, rank, alpha, scale, modules).
         progress: a tqdm bar over tensors.
 
     Returns the manifest written. Raises MsllmError: base mismatch, an adapted module missing from
@@ -57,7 +56,7 @@ def merge_lora_checkpoint(base: str, adapter: str, output: str, progress: bool =
     adapter_refs = scan_checkpoint(adapter)
     src = open_base(base, model_config_of(manifest))
     try:
-        cfg = dataclasses.replace(src.config, pet_config=None)
+        cfg = src.config   # the base model's config: LoRA's settings are not the model's
         pairs = {}
         for module in rec["modules"]:
             a_name, b_name = adapter_names(module)

@@ -17,7 +17,6 @@ Conv1D) and modules LLaMA does not have are refused with one error naming what w
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -197,7 +196,7 @@ def import_peft(peft_dir: str, out_ckpt: str, base: Optional[str] = None, rank: 
     from msllm.formats.manifest import write_sidecar
     from msllm.fileio import atomic_path
     from msllm.lora.adapter import lora_record
-    from msllm.models.llama.config import PetConfig
+    from msllm.config_lora import PetConfig
 
     if not out_ckpt.endswith(".ckpt"):
         raise MsllmError(f"{out_ckpt!r}: expected an adapter file name ending in .ckpt")
@@ -252,12 +251,10 @@ def import_peft(peft_dir: str, out_ckpt: str, base: Optional[str] = None, rank: 
         items.append({"name": b_name, "data": ms.Tensor(found[module]["lora_B"])})
     with atomic_path(out_ckpt) as tmp:
         ms.save_checkpoint(items, tmp)
-    if model_config is not None:
-        model_config = dataclasses.replace(model_config, pet_config=pet)
     record = lora_record(pet, modules, identity, source="peft")
     record["peft"] = {"path": os.path.abspath(peft_dir),
                       "base_model_name_or_path": config.get("base_model_name_or_path")}
-    return write_sidecar(out_ckpt, model_config, lora=record)
+    return write_sidecar(out_ckpt, model_config, pet, lora=record)
 
 
 def _module_order(module: str) -> tuple:

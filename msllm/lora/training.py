@@ -1,4 +1,5 @@
-"""What the trainer calls for a LoRA fine-tune (``model.model_config.pet_config`` set): three calls,
+"""What the trainer calls for a LoRA fine-tune (the run config's ``pet_config`` set; MindFormers'
+``model.model_config.pet_config`` is moved there when the YAML is read): three calls,
 so the trainer itself stays free of LoRA details.
 
     lora = LoraTraining(network, cfg, rank)            # right after building the network (before
@@ -24,7 +25,7 @@ log = logging.getLogger("msllm")
 class LoraTraining:
     """LoRA set-up of one training process.
 
-    ``__init__(network, cfg, rank)``: validates ``cfg.model_config.pet_config``;
+    ``__init__(network, cfg, rank)``: validates ``cfg.pet_config``;
     requires ``load_checkpoint`` (the base: msllm / MindFormers checkpoint or HF directory) and
     refuses ``auto_trans_ckpt`` (the base is loaded whole; resharding a base for LoRA is not wired);
     loads the base into ``network`` and records its identity (path + SHA-256); applies LoRA
@@ -40,13 +41,13 @@ class LoraTraining:
         from msllm.convert.starting import load_base_into
         from msllm.config_lora import validate_pet_config
 
-        pet = cfg.model_config.pet_config
+        pet = cfg.pet_config
         validate_pet_config(pet)
         if not cfg.load_checkpoint:
-            raise MsllmError("model.model_config.pet_config (LoRA) needs load_checkpoint: the base model to adapt "
+            raise MsllmError("pet_config (LoRA) needs load_checkpoint: the base model to adapt "
                              "(an msllm or MindFormers checkpoint, or a Hugging Face directory)")
         if cfg.auto_trans_ckpt:
-            raise MsllmError("auto_trans_ckpt with model.model_config.pet_config (LoRA) is not supported: the base "
+            raise MsllmError("auto_trans_ckpt with pet_config (LoRA) is not supported: the base "
                              "is loaded whole on every rank; set auto_trans_ckpt: False")
         self.rank = rank
         self.network = network

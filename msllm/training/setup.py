@@ -153,7 +153,7 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool):
     mc = cfg.model_config
     network = LlamaForCausalLM(mc, fast_paths=cfg.fast_paths, device=cfg.context.device_target)
     lora = None
-    if mc.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
+    if cfg.pet_config is not None:  # LoRA: base from load_checkpoint, frozen; adapters trainable
         from msllm.lora.training import LoraTraining
 
         lora = LoraTraining(network, cfg, rt.rank)

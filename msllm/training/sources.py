@@ -4,9 +4,9 @@ whether its data were tokenized for it.
 ``load_checkpoint: HF_DIR`` (``train`` / ``finetune``, full or LoRA): the model is the one the
 directory's ``config.json`` describes (:func:`msllm.models.llama.config.merge_run_config`: its shape
 and numerics; the YAML's ``model.model_config`` supplies only what ``config.json`` lacks:
-``seq_length``, dtypes, kernels, ``pet_config``; a YAML value that ``config.json`` overrides is
-named in one start-up line), and its tensors are mapped to msllm's names by the one conversion
-table (:func:`msllm.convert.starting.load_base_into`, tied embeddings included).
+``seq_length``, dtypes, kernels (LoRA's ``pet_config`` is a section of its own); a YAML value that
+``config.json`` overrides is named in one start-up line), and its tensors are mapped to msllm's
+names by the one conversion table (:func:`msllm.convert.starting.load_base_into`, tied embeddings included).
 
 The data check (:func:`check_data_tokenizer`): a MindRecord's sidecar records the MD5 of the
 tokenizer file that built it; a run whose starting weights bring a tokenizer of their own (an HF

@@ -189,11 +189,15 @@ MAPPED = [
     ({"model": {"model_config": {"pet_config": {"pet_type": "lora", "lora_rank": 16, "lora_alpha": 32,
                                                 "lora_dropout": 0.05, "target_modules": ".*wq|.*wv",
                                                 "in_channels": 4096, "out_channels": 4096}}}},
-     {"model.model_config.pet_config.lora_rank": 16, "model.model_config.pet_config.lora_alpha": 32.0,
-      "model.model_config.pet_config.target_modules": ".*wq|.*wv"}),
+     {"pet_config.lora_rank": 16, "pet_config.lora_alpha": 32.0,  # moved to msllm's own section
+      "pet_config.target_modules": ".*wq|.*wv"}),
     ({"model": {"model_config": {"pet_config": {"pet_type": "lora", "lora_rank": 8}},
                 "arch": {"type": "LlamaForCausalLMWithLora"}}},
-     {"model.model_config.pet_config.lora_rank": 8}),
+     {"pet_config.lora_rank": 8}),
+    ({"model": {"model_config": {"num_layers": 2},   # MindFormers 0.x: model.arch.pet
+                "arch": {"type": "LlamaForCausalLMWithLora",
+                         "pet": {"pet_type": "lora", "pet_config": {"lora_rank": 4, "lora_alpha": 8}}}}},
+     {"pet_config.lora_rank": 4, "pet_config.lora_alpha": 8.0, "model.model_config.num_layers": 2}),
     ({"run_mode": "predict", "model": {"model_config": {"checkpoint_name_or_path": "/w/llama.ckpt"}}},
      {"load_checkpoint": "/w/llama.ckpt"}),
     ({"resume_or_finetune_checkpoint": "/w/old.ckpt"}, {"load_checkpoint": "/w/old.ckpt"}),

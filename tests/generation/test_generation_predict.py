@@ -165,7 +165,7 @@ def test_adapter_is_applied_on_top_of_the_base(model, tmp_path):
     from msllm.lora.adapter import lora_record, save_adapter_checkpoint
     from msllm.lora.apply import apply_lora
     from msllm.convert.starting import base_identity
-    from msllm.models.llama.config import PetConfig
+    from msllm.config_lora import PetConfig
 
     cfg = load_config(model["yaml"])
     ref, _, _ = load_for_inference(cfg, model["ckpt"])

@@ -13,10 +13,12 @@ TINY = dict(vocab_size=32000, hidden_size=64, num_layers=2, num_heads=4, n_kv_he
             seq_length=64)
 
 
-def tiny_config(pet=None, **kw):
+def tiny_config(**kw):
+    """The tiny model's config (LoRA's settings are not the model's: tests pass a PetConfig to
+    apply_lora / the layout functions beside it)."""
     from msllm.models.llama.config import LlamaConfig
 
-    return LlamaConfig(**{**TINY, **kw}, pet_config=pet)
+    return LlamaConfig(**{**TINY, **kw})
 
 
 def set_mode(mode: str) -> None:
@@ -29,13 +31,11 @@ def set_mode(mode: str) -> None:
 def build(cfg, seed: int = SEED, fast_paths: bool = False):
     """A ``LlamaForCausalLM`` with seeded random weights of O(1) activations (so LoRA updates and
     base mistakes show in the logits)."""
-    import dataclasses
-
     import mindspore as ms
 
     from msllm.models.llama.model import LlamaForCausalLM
 
-    net = LlamaForCausalLM(dataclasses.replace(cfg, pet_config=None), fast_paths=fast_paths)
+    net = LlamaForCausalLM(cfg, fast_paths=fast_paths)
     rng = np.random.default_rng(seed)
     for p in net.get_parameters():
         shape = p.shape

@@ -10,7 +10,7 @@ from msllm.errors import MsllmError
 from msllm.config_lora import lora_scale, validate_pet_config
 from msllm.lora.targets import (adapter_shapes, describe_modules, exact_target_regex, linear_modules, match_targets,
                                 mindformers_module_name)
-from msllm.models.llama.config import PetConfig
+from msllm.config_lora import PetConfig
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -29,7 +29,7 @@ def test_bad_pet_config_one_clear_error(kw, message):
     with pytest.raises(MsllmError) as exc:
         validate_pet_config(PetConfig(**kw))
     assert message in str(exc.value)
-    assert str(exc.value).startswith("model.model_config.pet_config.")
+    assert str(exc.value).startswith("pet_config.")  # the run config's section (msllm.config_lora.WHERE)
 
 
 def test_good_pet_configs_and_scale():
@@ -101,7 +101,72 @@ def test_run_yaml_accepts_mindformers_pet_config_keys(repo_root):
         "--model.model_config.pet_config.pet_type=lora", "--model.model_config.pet_config.lora_rank=16",
         "--model.model_config.pet_config.lora_alpha=16", "--model.model_config.pet_config.lora_dropout=0.05",
         "--model.model_config.pet_config.target_modules=.*wq|.*wk|.*wv|.*wo"])
-    pc = cfg.model_config.pet_config
+    pc = cfg.pet_config   # MindFormers' place, moved to the run config's own section
     assert (pc.pet_type, pc.lora_rank, pc.lora_alpha, pc.lora_dropout) == ("lora", 16, 16.0, 0.05)
+    assert not hasattr(cfg.model_config, "pet_config")  # the model config describes the model only
     validate_pet_config(pc)
     assert len(match_targets(cfg.model_config, pc.target_modules)) == 4 * cfg.model_config.num_layers
+
+
+def _tiny(repo_root):
+    import os
+
+    return os.path.join(repo_root, "configs", "llama", "run_llama_tiny.yaml")
+
+
+def test_both_override_spellings_are_one_setting(repo_root, tmp_path):
+    """--model.model_config.pet_config[.KEY] (MindFormers' place: README, configs/ comments,
+    scripts/run_demo.sh) and --pet_config[.KEY] set the same section; over a YAML that has the
+    section (a saved msllm_config.yaml) the override wins, as any override does."""
+    from msllm.config import load_config, save_config
+
+    tiny = _tiny(repo_root)
+    whole = load_config(tiny, ["--model.model_config.pet_config={lora_rank: 4, lora_alpha: 8}"])
+    assert (whole.pet_config.lora_rank, whole.pet_config.lora_alpha) == (4, 8.0)
+    assert whole == load_config(tiny, ["--pet_config={lora_rank: 4, lora_alpha: 8}"])
+    mixed = load_config(tiny, ["--model.model_config.pet_config.lora_rank=4", "--pet_config.lora_alpha=8"])
+    assert mixed.pet_config == whole.pet_config
+    assert load_config(tiny).pet_config is None  # no LoRA unless asked
+    saved = str(tmp_path / "msllm_config.yaml")
+    save_config(mixed, saved)
+    with open(saved, encoding="utf-8") as fh:
+        text = fh.read()
+    assert "\npet_config:\n" in text and "    pet_config" not in text  # top level, not in model_config
+    assert load_config(saved) == mixed   # loads back equal
+    again = load_config(saved, ["--model.model_config.pet_config.lora_rank=6"])
+    assert again.pet_config.lora_rank == 6 and again.pet_config.lora_alpha == 8.0
+
+
+def test_the_yaml_may_keep_mindformers_place_and_both_places_must_agree(repo_root, tmp_path):
+    import yaml
+
+    from msllm.config import load_config
+
+    with open(_tiny(repo_root), encoding="utf-8") as fh:
+        base = yaml.safe_load(fh)
+
+    def write(**sections):
+        data = {**base, **{k: v for k, v in sections.items() if k != "mc_pet"}}
+        data["model"] = {"model_config": dict(base["model"]["model_config"])}
+        if "mc_pet" in sections:
+            data["model"]["model_config"]["pet_config"] = sections["mc_pet"]
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return str(path)
+
+    cfg = load_config(write(mc_pet={"pet_type": "lora", "lora_rank": 16}))
+    assert cfg.pet_config.lora_rank == 16
+    # both places: the same values join; a key with two values is one error naming both keys
+    cfg = load_config(write(mc_pet={"lora_rank": 16}, pet_config={"lora_rank": 16, "lora_alpha": 4}))
+    assert (cfg.pet_config.lora_rank, cfg.pet_config.lora_alpha) == (16, 4.0)
+    with pytest.raises(MsllmError) as exc:
+        load_config(write(mc_pet={"lora_rank": 16}, pet_config={"lora_rank": 8}))
+    assert "model.model_config.pet_config.lora_rank=16" in str(exc.value)
+    assert "pet_config.lora_rank=8" in str(exc.value) and "run.yaml" in str(exc.value)
+    with pytest.raises(MsllmError, match="--model.model_config.pet_config.lora_rank=4 and --pet_config.lora_rank=3"):
+        load_config(_tiny(repo_root), ["--model.model_config.pet_config.lora_rank=4", "--pet_config.lora_rank=3"])
+    # a bad key or value names the section's key
+    with pytest.raises(MsllmError, match="unknown config key 'pet_config.lora_rnk'; did you mean 'lora_rank'"):
+        load_config(_tiny(repo_root), ["--model.model_config.pet_config.lora_rnk=4"])
+    with pytest.raises(MsllmError, match="pet_config.lora_rank=0: expected an integer > 0"):
+        load_config(_tiny(repo_root), ["--pet_config.lora_rank=0"])

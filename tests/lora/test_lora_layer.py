@@ -9,7 +9,7 @@ from lora_helpers import SEED, build, logits, random_adapters, save_base, set_mo
 from msllm.errors import MsllmError
 from msllm.lora.apply import adapter_param_names, apply_lora, frozen_param_names
 from msllm.lora.layer import LoRALinear, init_a
-from msllm.models.llama.config import PetConfig
+from msllm.config_lora import PetConfig
 
 
 @pytest.fixture(autouse=True)

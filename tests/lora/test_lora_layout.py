@@ -8,12 +8,14 @@ import os
 import dataclasses
 
 import numpy as np
+import pytest
 
 from lora_helpers import SEED, tiny_config
 from msllm.config import ParallelLayoutConfig
+from msllm.errors import MsllmError
 from msllm.lora.layout import lora_op_rules, lora_param_layouts
 from msllm.lora.targets import adapter_names, linear_modules
-from msllm.models.llama.config import PetConfig
+from msllm.config_lora import PetConfig
 from msllm.parallel.param_layout import param_layouts
 
 PET = PetConfig(lora_rank=4, lora_alpha=8, target_modules=".*")  # every linear layer and the head
@@ -21,8 +23,8 @@ LAYOUT = ParallelLayoutConfig(data_parallel=2, model_parallel=2, optimizer_shard
 
 
 def test_adapters_follow_the_megatron_split_of_their_base():
-    cfg = tiny_config(PET)
-    lays = lora_param_layouts(cfg, LAYOUT)
+    cfg = tiny_config()
+    lays = lora_param_layouts(cfg, PET, LAYOUT)
     base = param_layouts(cfg, LAYOUT)
     for module in linear_modules(cfg):
         a, b = adapter_names(module)
@@ -41,19 +43,19 @@ def test_adapters_follow_the_megatron_split_of_their_base():
     # vocab-parallel head: column-parallel over the vocabulary
     assert lays["lm_head.lora_B.weight"].slice_shape == (16000, 4)
     # the primitive strategies: x (dp, in split) x A; (N, r) x B (out split)
-    rules = {r.name: r for r in lora_op_rules(cfg, LAYOUT)}
+    rules = {r.name: r for r in lora_op_rules(cfg, PET, LAYOUT)}
     assert rules["model.layers.0.self_attn.o_proj.lora_a_matmul"].in_strategy == (("dp", "mp"), (None, "mp"))
     assert rules["model.layers.0.self_attn.q_proj.lora_b_matmul"].in_strategy == (("dp", None), ("mp", None))
     assert "model.layers.0.self_attn.q_proj.lora_dropout.dropout" not in rules  # lora_dropout 0: no op
-    drop = tiny_config(dataclasses.replace(PET, lora_dropout=0.1))
-    assert "model.layers.0.self_attn.q_proj.lora_dropout.dropout" in {r.name for r in lora_op_rules(drop, LAYOUT)}
-    assert lora_param_layouts(tiny_config(None), LAYOUT) == {}
+    drop = dataclasses.replace(PET, lora_dropout=0.1)
+    assert "model.layers.0.self_attn.q_proj.lora_dropout.dropout" in {r.name for r in lora_op_rules(cfg, drop, LAYOUT)}
+    assert lora_param_layouts(cfg, None, LAYOUT) == {}
 
 
 def test_optimizer_shard_applies_to_adapters_like_to_base_weights():
-    cfg = tiny_config(PetConfig(lora_rank=64, target_modules="lm_head"))
     shard = dataclasses.replace(LAYOUT, optimizer_shard=True)
-    lays = lora_param_layouts(cfg, shard, opt_threshold_kb=64)
+    lays = lora_param_layouts(tiny_config(), PetConfig(lora_rank=64, target_modules="lm_head"), shard,
+                              opt_threshold_kb=64)
     # B (32000, 64) fp32 = 8 MB, split on rows by mp then over the 2 data-parallel ranks
     assert lays["lm_head.lora_B.weight"].opt_shard_size == 2
     assert lays["lm_head.lora_B.weight"].slice_shape == (8000, 64)
@@ -70,9 +72,10 @@ def test_apply_lora_layout_shards_the_lora_primitives():
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    cfg = tiny_config(dataclasses.replace(PET, lora_dropout=0.1))
-    net = LlamaForCausalLM(cfg)  # the model ignores pet_config; apply_lora reads it
-    apply_lora(net, cfg.pet_config)
+    net = LlamaForCausalLM(tiny_config())  # the model config holds no LoRA settings; apply_lora takes them
+    with pytest.raises(MsllmError, match="no LoRA adapters"):
+        apply_lora_layout(net, LAYOUT)
+    apply_lora(net, dataclasses.replace(PET, lora_dropout=0.1))  # and records them as net.lora_info
     apply_layout(net, LAYOUT)  # the base rules still find their weights in the LoRA cells
     rules = apply_lora_layout(net, LAYOUT)
     assert len(rules) == 15 * 5
@@ -91,7 +94,7 @@ def test_resharded_adapters_compute_the_unsharded_update(tmp_path):
     from msllm.parallel.strategy import write_strategy_files
 
     print("seed", SEED)
-    cfg = tiny_config(PET, vocab_size=512)
+    cfg = tiny_config(vocab_size=512)
     rng = np.random.default_rng(SEED)
     lin = linear_modules(cfg)
     full = {}
@@ -105,14 +108,14 @@ def test_resharded_adapters_compute_the_unsharded_update(tmp_path):
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    net = LlamaForCausalLM(dataclasses.replace(cfg, pet_config=None))
+    net = LlamaForCausalLM(cfg)
     apply_lora(net, PET)
     for p in net.get_parameters():
         if p.name in full:
             p.set_data(ms.Tensor(full[p.name]))
     (tmp_path / "full" / "rank_0").mkdir(parents=True)
     ms.save_checkpoint(net, str(tmp_path / "full" / "rank_0" / "lora.ckpt"))
-    layouts = {**param_layouts(cfg, LAYOUT), **lora_param_layouts(cfg, LAYOUT)}
+    layouts = {**param_layouts(cfg, LAYOUT), **lora_param_layouts(cfg, PET, LAYOUT)}
     write_strategy_files(cfg, LAYOUT, str(tmp_path / "strategy"), layouts=layouts)
     transform_checkpoints(str(tmp_path / "full"), str(tmp_path / "sharded"), None, str(tmp_path / "strategy"))
     shards = {r: {k: v.asnumpy().astype(np.float64) for k, v in ms.load_checkpoint(p).items()}

@@ -12,7 +12,7 @@ import pytest
 
 from lora_helpers import SEED, alpaca_rows, logits, random_adapters, set_mode
 from msllm.errors import MsllmError
-from msllm.models.llama.config import PetConfig
+from msllm.config_lora import PetConfig
 
 torch = pytest.importorskip("torch")  # test reference only; installed in CI (setup.py extras "dev")
 peft = pytest.importorskip("peft")

@@ -4,7 +4,6 @@ adapter checkpoint holds adapters + optimizer state only, with the base's identi
 it continues bit-exactly; the merged checkpoint gives the unmerged model's logits (1e-5); a base
 whose SHA-256 differs is refused by resume, merge and tools/merge_lora.py (exit 2, no output)."""
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 from lora_helpers import ROOT, SEED, alpaca_rows, build, save_base, set_mode, tiny_config
 from msllm.errors import MsllmError
-from msllm.models.llama.config import PetConfig
+from msllm.config_lora import PetConfig
 
 PET = PetConfig(lora_rank=4, lora_alpha=8, lora_dropout=0.0, target_modules=".*wq|.*wk|.*wv|.*wo")
 STEPS = 3
@@ -32,7 +31,7 @@ def lora_step(cfg, base_path):
 
     net = LlamaForCausalLM(cfg, fast_paths=True)
     identity = load_base_into(net, base_path)
-    info = apply_lora(net, cfg.pet_config, seed=SEED)
+    info = apply_lora(net, PET, seed=SEED)
     params = net.trainable_params()
     opt = nn.AdamWeightDecay([{"params": params, "weight_decay": 0.1}],
                              learning_rate=ms.Tensor(np.full(16, 5e-3, np.float32)), beta1=0.9, beta2=0.95)
@@ -52,13 +51,13 @@ def run(tmp_path_factory, alpaca_mindrecord):
     ms.set_seed(SEED)
     print("seed", SEED)
     d = tmp_path_factory.mktemp("lora_train")
-    cfg = tiny_config(PET)
+    cfg = tiny_config()
     base_path = save_base(build(cfg), str(d / "base.ckpt"))
     ids, labels = alpaca_rows(alpaca_mindrecord, 4 * (STEPS + 1), pool=80)
     batches = [(ms.Tensor(ids[4 * k:4 * k + 4]), ms.Tensor(labels[4 * k:4 * k + 4])) for k in range(STEPS + 1)]
     net, opt, step, info, identity = lora_step(cfg, base_path)
     losses = [float(step(*batches[k])[0].asnumpy()) for k in range(STEPS)]
-    record = lora_record(cfg.pet_config, info.modules, identity)
+    record = lora_record(PET, info.modules, identity)
     ckpt3 = save_adapter_checkpoint(step, net, str(d / "lora_3.ckpt"), record, epoch=1, step=STEPS, model_config=cfg)
     losses.append(float(step(*batches[STEPS])[0].asnumpy()))
     ckpt4 = save_adapter_checkpoint(step, net, str(d / "lora_4.ckpt"), record, epoch=1, step=STEPS + 1,
@@ -105,6 +104,8 @@ def test_adapter_checkpoint_holds_adapters_optimizer_state_and_base_identity(run
     assert manifest["step"] == STEPS and manifest["lora"]["format"] == "msllm-lora-v1"
     assert manifest["lora"]["base"] == base_identity(run["base"]) == run["identity"]
     assert manifest["lora"]["pet_config"]["lora_rank"] == 4 and len(manifest["lora"]["modules"]) == 8
+    # LoRA's settings under their own key; the model config is the model's only
+    assert manifest["pet_config"] == manifest["lora"]["pet_config"] and "pet_config" not in manifest["model_config"]
 
 
 def test_resume_from_the_adapter_checkpoint_is_bit_exact(run):
@@ -127,12 +128,13 @@ def test_merged_checkpoint_gives_the_unmerged_logits(run, tmp_path):
 
     out = str(tmp_path / "merged.ckpt")
     manifest = merge_lora_checkpoint(run["base"], run["ckpt4"], out)
-    assert manifest["model_config"]["pet_config"] is None and read_sidecar(out)["sha256"] == manifest["sha256"]
+    assert "pet_config" not in manifest and "pet_config" not in manifest["model_config"]
+    assert read_sidecar(out)["sha256"] == manifest["sha256"]
     assert manifest["merged_from"]["base"]["sha256"] == run["identity"]["sha256"]
     ids = run["batches"][0][0][:, :-1]
     run["net"].set_train(False)
     unmerged = run["net"](ids).asnumpy()
-    plain = LlamaForCausalLM(dataclasses.replace(run["cfg"], pet_config=None))
+    plain = LlamaForCausalLM(run["cfg"])
     ms.load_param_into_net(plain, ms.load_checkpoint(out))
     plain.set_train(False)
     merged = plain(ids).asnumpy()

@@ -113,7 +113,7 @@ def test_responses_parse_as_the_openai_client_types():
     Completion.model_validate(completion_chunk(creq, 0, "", "length"))   # (mid-stream chunks: finish null)
 
 
-def test_generation_config_becomes_request_defaults_or_is_refused_by_name():
+def test_generation_config_becomes_request_defaults_or_is_refused_by_name(tmp_path):
     from msllm.errors import MsllmError
     from msllm.config_generation import GenerationConfig
     from msllm.serving.defaults import request_defaults
@@ -142,6 +142,11 @@ def test_generation_config_becomes_request_defaults_or_is_refused_by_name():
     assert d == RequestDefaults(0.0, 1.0, 7, None)
     with pytest.raises(MsllmError, match="repetition_penalty"):
         request_defaults(load_config(tiny, ["--model.model_config.repetition_penalty=1.1"]).generation_config)
+    # a command-line value in MindFormers' place beats the YAML's generation_config section
+    yaml_path = tmp_path / "gen.yaml"
+    yaml_path.write_text(open(tiny, encoding="utf-8").read() + "\ngeneration_config:\n  top_k: 3\n  do_sample: true\n")
+    assert load_config(str(yaml_path)).generation_config.top_k == 3
+    assert load_config(str(yaml_path), ["--model.model_config.top_k=5"]).generation_config.top_k == 5
 
 
 def test_tokenize_and_detokenize_have_vllms_shapes(tok, template):

