@@ -214,3 +214,27 @@ def test_precompute_ref_resume_uses_the_starting_weights(data, precomputed, tmp_
     want, got = params_of(last), params_of(checkpoints(out)[-1])
     for k in want:
         np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+
+
+def test_lora_precomputed_reference_equals_the_shared_base_in_the_step(data, tmp_path):
+    """LoRA: the precomputed reference (the base without adapters, before step 1) gives the in-step run's losses,
+    metrics, held-out metrics and adapters (1e-6)."""
+    pet = ["--pet_config.pet_type=lora", "--pet_config.lora_rank=4", "--pet_config.lora_alpha=8",
+           "--pet_config.target_modules=.*wq|.*wv"]
+    a, b = tmp_path / "in_step", tmp_path / "precomputed"
+    run(a, data, *pet)
+    text = run(b, data, *pet, "--dpo.precompute_ref=True")
+    assert "precomputed once before the first step with the base without adapters" in text
+    sa, sb = train_summary(a, 0), train_summary(b, 0)
+    assert sa["metrics"][1]["rewards/margins"] != 0.0    # the adapters moved the policy off the reference
+    for k in range(STEPS):
+        assert abs(sa["losses"][k] - sb["losses"][k]) <= 1e-6, k
+        for name, v in sa["metrics"][k].items():
+            assert abs(sb["metrics"][k][name] - v) <= 1e-6, (k, name)
+    for ea, eb in zip(sa["eval"], sb["eval"]):
+        for name, v in ea["metrics"].items():
+            assert abs(eb["metrics"][name] - v) <= 1e-6, (ea["step"], name)
+    wa, wb = params_of(checkpoints(a)[-1]), params_of(checkpoints(b)[-1])
+    assert wa.keys() == wb.keys() and any(".lora_B." in k for k in wa)
+    for k in wa:
+        np.testing.assert_allclose(wb[k], wa[k], atol=1e-6, rtol=0, err_msg=k)
