@@ -17,7 +17,10 @@ Reference log-probs: a model that is not trained, run on the same batch in the s
 ``stop_gradient``: for a full fine-tune a frozen copy of the starting weights (``requires_grad``
 False, names prefixed ``reference.``, not saved); for LoRA the same network's base weights
 without the adapters, i.e. a second LLaMA cell that *shares* the frozen base Parameters (no second
-copy of the weights; TRL does the same with PEFT's ``disable_adapter``).
+copy of the weights; TRL does the same with PEFT's ``disable_adapter``). With ``dpo.precompute_ref``
+(TRL's ``precompute_ref_log_probs``) the reference's values are computed once before the first step
+(:mod:`msllm.training.dpo_values`) and :class:`DPOPrecomputedNetwork` takes them as a third input: no
+reference model at all during training.
 
 Losses (``d = (logps_c - ref_c) - (logps_r - ref_r)``, mean over the pairs; TRL 1.16.0
 ``_compute_loss``):
