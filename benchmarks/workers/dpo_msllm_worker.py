@@ -39,7 +39,7 @@ def main():
            "--pet_config.lora_dropout=0.0", "--pet_config.target_modules=.*wq|.*wk|.*wv|.*wo"] if args["lora"] else []
     out = os.path.join(os.getcwd(), "out")
     cfg = load_config(args["config"], [
-        "--run_mode=finetune", f"--load_checkpoint={args['hf_dir']}", f"--train_dataset_dir={args['data']}",
+        "--run_mode=finetune", f"--load_checkpoint={args['hf_dir']}", f"--train_dataset.dataset_dir={args['data']}",
         f"--model.model_config.seq_length={args['seq']}", f"--runner_config.batch_size={args['batch']}",
         f"--runner_config.train_steps={args['steps'] + args['warmup']}", "--train_dataset.shuffle=False",
         "--dpo.beta=0.1", f"--dpo.precompute_ref={bool(args.get('precompute_ref'))}", f"--output_dir={out}", *pet])
