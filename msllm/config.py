@@ -342,9 +342,10 @@ class DPOConfig:
     loss_type: ``sigmoid`` | ``ipo`` | ``hinge`` (formulas: :mod:`msllm.training.dpo`).
     label_smoothing: sigmoid only: the conservative-DPO flip probability eps in [0, 0.5).
     ftx: weight of the SFT term (mean per-token NLL of the chosen completion) added to the loss.
-    precompute_ref: read the reference log-probs from the MindRecord's ``chosen_ref_logps`` /
-        ``rejected_ref_logps`` columns (``tools/precompute_ref.py`` writes them) instead of a
-        reference forward pass in every step.
+    precompute_ref: TRL's ``precompute_ref_log_probs``: the reference log-probs of every training
+        (and held-out) pair are computed once before the first step with the starting weights (also
+        on resume), and training runs without a reference model (a full fine-tune holds no frozen
+        copy; :mod:`msllm.training.dpo_values`).
     """
 
     beta: float = 0.1

@@ -96,6 +96,9 @@ class TrainData:
     layout: str = "rows"
     documents: int = 0
     seq_length: int = 0
+    # dpo.precompute_ref: (num_samples, 2) float32 reference log-probs by sample index, yielded as a
+    # third batch element (B, 2) (msllm.training.dpo_values)
+    ref_logps: np.ndarray | None = None
 
     @property
     def packed(self) -> bool:
@@ -152,10 +155,15 @@ class TrainData:
                             input_columns=list(COLUMNS), output_columns=list(COLUMNS))
         data = data.batch(self.batch_size, drop_remainder=self.drop_remainder)
         batches = data.create_tuple_iterator(num_epochs=1)
-        if self.vocab_size is None:
+        if self.vocab_size is not None:
+            batches = (check_batch_ids(b[0], b[1], self.vocab_size, self.files, epoch, start_step + k) + tuple(b[2:])
+                       for k, b in enumerate(batches))
+        if self.ref_logps is None:
             return batches
-        return (check_batch_ids(b[0], b[1], self.vocab_size, self.files, epoch, start_step + k) + tuple(b[2:])
-                for k, b in enumerate(batches))
+        from mindspore import Tensor   # SubsetSampler keeps the order of `indices`
+
+        bs = self.batch_size
+        return (tuple(b) + (Tensor(self.ref_logps[indices[k * bs:(k + 1) * bs]]),) for k, b in enumerate(batches))
 
     def packed_row(self, ids, labels, ends):
         """One packed row as the model takes it: msllm's layout (MindFormers' rows converted:

@@ -30,9 +30,11 @@ too), as is one where either completion is empty.
 MindRecord columns (the names of MindRLHF's DPO preprocessing, ``dpo_preprocess.py``, which
 MindFormers' DPO documentation uses): ``chosen_input_ids``, ``chosen_labels``,
 ``rejected_input_ids``, ``rejected_labels`` (int32, ``seq_length + 1``; labels ``-100`` outside the
-completion, msllm's SFT convention, where MindRLHF keeps a separate ``*_loss_mask``), and after
-``precompute`` also ``chosen_ref_logps`` / ``rejected_ref_logps`` (float32, shape (1,): the
-reference model's summed completion log-probs, MindRLHF's names).
+completion, msllm's SFT convention, where MindRLHF keeps a separate ``*_loss_mask``).
+:data:`REF_COLUMNS` (``chosen_ref_logps`` / ``rejected_ref_logps``, float32 (1,), MindRLHF's names for
+the reference's summed completion log-probs) are recognised by :func:`read_preference_arrays` but
+no msllm tool writes them and training does not read them: ``dpo.precompute_ref`` computes the
+reference values at the start of the run instead (TRL's semantics, :mod:`msllm.training.dpo_values`).
 """
 
 from __future__ import annotations

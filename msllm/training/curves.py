@@ -75,6 +75,12 @@ class TensorBoardLogger:
         self._scalar(TAGS["eval_loss"], loss, step, vs_samples=False)
         self._scalar(TAGS["eval_ppl"], ppl, step, vs_samples=False)
 
+    def log_eval_metrics(self, step: int, metrics: dict) -> None:
+        """DPO evaluation at training step ``step``: ``loss`` as ``eval-loss``, the others under their
+        own names (TRL's ``eval_rewards/chosen``, ...)."""
+        for k, v in metrics.items():
+            self._scalar(TAGS["eval_loss"] if k == "loss" else k, v, step, vs_samples=False)
+
     def flush(self) -> None:
         self.writer.flush()
 

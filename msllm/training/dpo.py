@@ -17,7 +17,10 @@ Reference log-probs: a model that is not trained, run on the same batch in the s
 ``stop_gradient``: for a full fine-tune a frozen copy of the starting weights (``requires_grad``
 False, names prefixed ``reference.``, not saved); for LoRA the same network's base weights
 without the adapters, i.e. a second LLaMA cell that *shares* the frozen base Parameters (no second
-copy of the weights; TRL does the same with PEFT's ``disable_adapter``).
+copy of the weights; TRL does the same with PEFT's ``disable_adapter``). With ``dpo.precompute_ref``
+(TRL's ``precompute_ref_log_probs``) the reference's values are computed once before the first step
+(:mod:`msllm.training.dpo_values`) and :class:`DPOPrecomputedNetwork` takes them as a third input: no
+reference model at all during training.
 
 Losses (``d = (logps_c - ref_c) - (logps_r - ref_r)``, mean over the pairs; TRL 1.16.0
 ``_compute_loss``):
@@ -147,7 +150,8 @@ class DPONetwork(nn.Cell):
         self.policy = policy
         self.config = policy.config
         self.logps = SequenceLogps(policy)
-        self.ref_logps = SequenceLogps(reference)
+        # precompute_ref (DPOPrecomputedNetwork): no reference model in the network
+        self.ref_logps = SequenceLogps(reference) if reference is not None else None
         self.beta, self.loss_type = float(beta), loss_type
         self.label_smoothing, self.ftx = float(label_smoothing), float(ftx)
         self.reshape = ops.Reshape()
@@ -169,8 +173,22 @@ class DPONetwork(nn.Cell):
         lp, ref, n = self.reshape(lp, (b, 2)), self.reshape(ref, (b, 2)), self.reshape(n, (b, 2))
         return lp[:, 0], lp[:, 1], ref[:, 0], ref[:, 1], n[:, 0], n[:, 1]
 
+    def policy_logps(self, input_ids, labels):
+        """(B, 2, L) pairs -> the policy's (chosen, rejected) summed log-probs and completion counts
+        (chosen, rejected), each (B,) float32 (no reference pass)."""
+        b, _, length = input_ids.shape
+        tokens = self.reshape(input_ids[:, :, :-1], (2 * b, length - 1))
+        targets = self.reshape(labels[:, :, 1:], (2 * b, length - 1))
+        lp, n = self.logps(tokens, targets)
+        lp, n = self.reshape(lp, (b, 2)), self.reshape(n, (b, 2))
+        return lp[:, 0], lp[:, 1], n[:, 0], n[:, 1]
+
     def construct(self, input_ids, labels):
         lc, lr, rc, rr, nc, nr = self.pair_logps(input_ids, labels)
+        return self.loss_and_metrics(lc, lr, rc, rr, nc, nr)
+
+    def loss_and_metrics(self, lc, lr, rc, rr, nc, nr):
+        """(loss () float32, metrics (6,) float32) from the per-pair (B,) values of :meth:`pair_logps`."""
         losses = dpo_losses(lc, lr, rc, rr, nc, nr, self.beta, self.loss_type, self.label_smoothing)
         loss = losses.mean()
         if self.ftx:
@@ -183,13 +201,37 @@ class DPONetwork(nn.Cell):
         return loss, ops.stop_gradient(metrics)
 
 
+class DPOPrecomputedNetwork(DPONetwork):
+    """:class:`DPONetwork` without a reference model (``dpo.precompute_ref``, TRL's
+    ``precompute_ref_log_probs``): the reference's summed completion log-probs of each pair were
+    computed once with the starting weights (:mod:`msllm.training.dpo_ref`) and come in as the
+    train step's third input.
+
+    ``construct(input_ids, labels, ref_logps)``: ids and labels (B, 2, L) int32, ``ref_logps``
+    (B, 2) float32 (chosen, rejected) -> as :class:`DPONetwork` (three inputs, no defaults:
+    :class:`msllm.training.step.TrainStep` passes a third input through a three-input cell).
+    """
+
+    def __init__(self, policy, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+                 ftx: float = 0.0):
+        super().__init__(policy, None, beta, loss_type, label_smoothing, ftx)
+
+    def construct(self, input_ids, labels, ref_logps):
+        lc, lr, nc, nr = self.policy_logps(input_ids, labels)
+        ref = ops.stop_gradient(ref_logps)
+        return self.loss_and_metrics(lc, lr, ref[:, 0], ref[:, 1], nc, nr)
+
+
 def metrics_dict(values) -> dict:
     """(6,) metrics -> {TRL name: float}."""
     return {k: float(v) for k, v in zip(METRIC_NAMES, np.asarray(values).reshape(-1))}
 
 
 def build_dpo_network(policy, dpo_cfg, lora: bool, fast_paths: bool, device: str) -> DPONetwork:
-    """:class:`DPONetwork` around ``policy`` with its reference (frozen copy, or the shared base for LoRA)."""
+    """:class:`DPONetwork` around ``policy`` with its reference (frozen copy, or the shared base for LoRA);
+    with ``dpo_cfg.precompute_ref`` a :class:`DPOPrecomputedNetwork` (no reference model in it)."""
+    if dpo_cfg.precompute_ref:
+        return DPOPrecomputedNetwork(policy, dpo_cfg.beta, dpo_cfg.loss_type, dpo_cfg.label_smoothing, dpo_cfg.ftx)
     reference = build_reference(policy, share_frozen=lora, fast_paths=fast_paths, device=device)
     return DPONetwork(policy, reference, dpo_cfg.beta, dpo_cfg.loss_type, dpo_cfg.label_smoothing, dpo_cfg.ftx)
 

@@ -70,7 +70,8 @@ class Checkpointer:
 class Evaluator:
     """``do_eval``: evaluation loss and perplexity of the network being trained, on every rank at
     the same step (``eval_step_interval`` steps, ``eval_epoch_interval`` epochs); results in
-    :attr:`results` and TensorBoard."""
+    :attr:`results` and TensorBoard. With ``dpo``: the held-out pairs' DPO loss and TRL's metrics
+    (``eval_rewards/chosen``, ...; :class:`msllm.training.dpo_values.HeldOutPairs`)."""
 
     def __init__(self, run: TrainRun, tb):
         from msllm.eval.perplexity import read_eval_records
@@ -81,13 +82,22 @@ class Evaluator:
                              "evaluation pass splits samples over data-parallel ranks only; set do_eval: False "
                              "and evaluate the checkpoints with run_mode: eval")
         self.run, self.tb, self.results = run, tb, []
-        self.data = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length, cfg.eval_dataset.input_columns,
-                                      mc.pad_token_id)
         self.batch = cfg.eval_dataset.batch_size or cfg.runner_config.batch_size
+        self.pairs = None
+        if cfg.dpo is not None:   # held-out preference pairs: DPO loss and TRL's metrics (msllm.training.dpo_values)
+            from msllm.training.dpo_values import HeldOutPairs, read_pairs
+
+            self.pairs = HeldOutPairs(run.network, *read_pairs(cfg.eval_dataset.dataset_dir, mc.seq_length),
+                                      self.batch, cfg.dpo, run.dpo_eval_ref)
+            self.data = (self.pairs.ids,)
+        else:
+            self.data = read_eval_records(cfg.eval_dataset.dataset_dir, mc.seq_length,
+                                          cfg.eval_dataset.input_columns, mc.pad_token_id)
         self.step_interval, self.epoch_interval = cfg.eval_step_interval, cfg.eval_epoch_interval
         every = [f"{self.step_interval} steps" if self.step_interval > 0 else "",
                  f"{self.epoch_interval} epoch(s)" if self.epoch_interval > 0 else ""]
-        log.info("do_eval: %d evaluation samples from %s, every %s", len(self.data[0]), cfg.eval_dataset.dataset_dir,
+        log.info("do_eval: %d evaluation %s from %s, every %s", len(self.data[0]),
+                 "preference pairs" if self.pairs is not None else "samples", cfg.eval_dataset.dataset_dir,
                  " and every ".join(x for x in every if x) or "never (both intervals <= 0)")
 
     def __call__(self, at_step: int, at_epoch: int) -> None:
@@ -95,6 +105,16 @@ class Evaluator:
 
         run, mc = self.run, self.run.cfg.model_config
         t0 = time.perf_counter()
+        if self.pairs is not None:
+            m = self.pairs(run.rt.rank, run.rt.world_size, run.agree.sums)
+            log.info("eval: step %d, epoch %d, eval_loss %.4f, %s, %d pairs, %.1f s", at_step, at_epoch, m["loss"],
+                     ", ".join(f"{k}: {v:.4f}" for k, v in m.items() if k != "loss"), len(self.pairs),
+                     time.perf_counter() - t0)
+            self.results.append({"step": at_step, "epoch": at_epoch, "loss": m["loss"], "pairs": len(self.pairs),
+                                 "metrics": {k: v for k, v in m.items() if k != "loss"}})
+            if self.tb is not None:
+                self.tb.log_eval_metrics(at_step, m)
+            return
         loss, ppl, tokens = evaluate_loss(run.network, self.data, self.batch, run.rt.rank, run.rt.world_size,
                                           mc.ignore_token_id, mc.pad_token_id)
         log.info("eval: step %d, epoch %d, loss %.4f, perplexity %.3f, %d tokens, %.1f s",

@@ -148,6 +148,7 @@ class TrainRun:
     n_params: int
     sharded: bool
     dpo_reference: str = ""   # DPO full fine-tune: the starting weights (recorded in every checkpoint's manifest)
+    dpo_eval_ref: Optional[np.ndarray] = None   # dpo.precompute_ref with do_eval: held-out pairs' (N, 2) reference
 
 
 def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = True):
@@ -199,13 +200,13 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = 
         if sharded:
             raise MsllmError("dpo with operator sharding (semi_auto_parallel) is not implemented: the reference "
                              "model gets no layout; use data parallel")
-        if cfg.dpo.precompute_ref:
-            raise MsllmError("dpo.precompute_ref: reading precomputed reference log-probs from the MindRecord is "
-                             "not implemented yet; set it to False (the reference runs in the same step)")
         network = build_dpo_network(network, cfg.dpo, lora is not None, cfg.fast_paths, cfg.context.device_target)
+        what = "the base without adapters" if lora is not None else "the starting weights"
         log.info("dpo: loss %s, beta %g, label_smoothing %g, ftx %g; reference = %s", cfg.dpo.loss_type,
                  cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.ftx,
-                 "the base without adapters (shared weights)" if lora is not None
+                 f"precomputed once before the first step with {what} (precompute_ref: no reference model in "
+                 "training)" if cfg.dpo.precompute_ref
+                 else "the base without adapters (shared weights)" if lora is not None
                  else "a frozen copy of the starting weights")
     return network, lora
 
@@ -254,9 +255,6 @@ def prepare(cfg: RunConfig) -> TrainRun:
                          f"packed training is implemented for data parallel only, not for "
                          f"{cfg.parallel.mode_name} (model_parallel / pipeline_stage > 1); use unpacked data "
                          "(llama_preprocess.py without --pack) for this layout")
-    if cfg.dpo is not None and cfg.do_eval:
-        raise MsllmError("do_eval with dpo is not implemented (the evaluation pass computes the next-token loss of "
-                         "SFT data); set do_eval: False")
     meta = read_mindrecord_meta(data.files[0])
     check_data_tokenizer(cfg, meta, data.files[0])   # before any step: data of the model's own tokenizer
     spe = data.steps_per_epoch
@@ -307,6 +305,13 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
             if lora:
                 lora.resume(run.step_cell, path)  # refuses a base other than the adapter's (SHA-256)
             else:
+                if cfg.dpo is not None and cfg.dpo.precompute_ref:   # from the starting weights, not the resumed ones
+                    from msllm.convert.starting import load_base_into
+                    from msllm.training.dpo import reference_source
+
+                    run.dpo_reference = reference_source(cfg.load_checkpoint, path)
+                    load_base_into(policy, run.dpo_reference, rt.rank)
+                    precompute_reference(run, policy)
                 missing = ckpt.load_into(run.step_cell, ckpt.load_params(path), path, strict=cfg.dpo is None)
                 ckpt.check_only_reference_missing(missing, path)
             log.info("resumed from %s: step %d (epoch %d, batch %d of the epoch)", path, start_step,
@@ -330,8 +335,42 @@ def load_start(run: TrainRun) -> tuple[int, Optional[tuple[str, int]]]:
         from msllm.training.dpo import fill_reference, reference_source
 
         run.dpo_reference = reference_source(cfg.load_checkpoint, resumed[0] if resumed else None)
-        fill_reference(run.network, run.dpo_reference if resumed else None, rt.rank)
+        if not cfg.dpo.precompute_ref:
+            fill_reference(run.network, run.dpo_reference if resumed else None, rt.rank)
+        elif resumed is None:   # the policy holds the starting weights now
+            precompute_reference(run, policy)
+    elif cfg.dpo is not None and cfg.dpo.precompute_ref:   # LoRA: the base without adapters (shared, no copy)
+        from msllm.training.dpo import build_reference
+
+        precompute_reference(run, build_reference(policy, True, cfg.fast_paths, cfg.context.device_target))
     return start_step, resumed
+
+
+def precompute_reference(run: TrainRun, model) -> None:
+    """``dpo.precompute_ref``: the reference log-probs of every training pair (and held-out pair with
+    ``do_eval``) with ``model`` holding the starting weights, split over the ranks
+    (:mod:`msllm.training.dpo_values`); the training data then yields them as each batch's third
+    input ((B, 2) float32) and the evaluation reads them."""
+    import time
+
+    from msllm.training.dpo_values import read_pairs, reference_values
+
+    cfg, rt = run.cfg, run.rt
+    seq, batch = cfg.model_config.seq_length, cfg.train_dataset.batch_size or cfg.runner_config.batch_size
+    t0 = time.perf_counter()
+    ids, labels = read_pairs(cfg.train_dataset.dataset_dir, seq)
+    if ids.shape[0] != run.data.num_samples:
+        raise MsllmError(f"{cfg.train_dataset.dataset_dir}: {ids.shape[0]} pairs read, the dataset counts "
+                         f"{run.data.num_samples}")
+    run.data.ref_logps = reference_values(model, ids, labels, batch, rt.rank, rt.world_size, run.agree.sums)
+    n_eval = 0
+    if cfg.do_eval:
+        eval_batch = cfg.eval_dataset.batch_size or cfg.runner_config.batch_size
+        ids, labels = read_pairs(cfg.eval_dataset.dataset_dir, seq)
+        run.dpo_eval_ref = reference_values(model, ids, labels, eval_batch, rt.rank, rt.world_size, run.agree.sums)
+        n_eval = ids.shape[0]
+    log.info("dpo.precompute_ref: reference log-probs of %d training and %d held-out pairs computed with the starting "
+             "weights in %.1f s", run.data.num_samples, n_eval, time.perf_counter() - t0)
 
 
 def build_monitor(run: TrainRun) -> LossMonitor:
