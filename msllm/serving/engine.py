@@ -88,10 +88,18 @@ class Engine:
         max_batch: rows decoding at once; window_s: when idle, how long a batch being gathered
         waits for one more job; max_queue: jobs waiting at most (more: :class:`QueueFull`).
         metrics: a :class:`~msllm.serving.metrics.ServerMetrics` (default: a new one).
+        prefix_cache_bytes: the prefix cache's capacity (:mod:`msllm.serving.prefix_cache`); 0: no
+            prefix cache (``--enable_prefix_caching`` off).
+        prefill_chunk_size: prompts longer than this many tokens are prefilled in pieces of it
+            between decode steps (:mod:`msllm.serving.joining`); 0: every prompt whole.
+
+    Raises:
+        ValueError: ``prefill_chunk_size`` is not 0 or a positive multiple of 32, or
+            ``prefix_cache_bytes`` is negative.
     """
 
     def __init__(self, net, config, tokenizer, eos_ids, pad_id: int, max_batch: int = 8, window_s: float = 0.02,
-                 max_queue: int = 64, metrics=None):
+                 max_queue: int = 64, metrics=None, prefix_cache_bytes: int = 0, prefill_chunk_size: int = 0):
         from msllm.generation.decode import generator_for
         from msllm.serving.metrics import ServerMetrics
 
@@ -115,8 +123,17 @@ class Engine:
         self.warming = False          # warm-up's tokens count in no metric
         self.crash: Optional[BaseException] = None     # what ended the thread, if anything did
         self.metrics = metrics if metrics is not None else ServerMetrics()
+        if prefill_chunk_size < 0 or prefill_chunk_size % 32:
+            raise ValueError(f"prefill_chunk_size must be 0 (off) or a positive multiple of 32, got {prefill_chunk_size}")
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0 (0: off), got {prefix_cache_bytes}")
+        from msllm.serving.prefix_cache import PrefixCache
+
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         self.batch = ContinuousBatch(self.gen, tokenizer, self.eos, self.pad_id, max_batch, self._token_logprob,
-                                     self._count_token, self._count_done, self._row_failed)
+                                     self._count_token, self._count_done, self._row_failed,
+                                     self.prefix_cache, prefill_chunk_size)
+        self.batch.on_prefix = self._count_prefix
         self.metrics.bind(self)
         from msllm.serving.structured import StructuredOutput
 
@@ -142,6 +159,10 @@ class Engine:
         self.tokens_generated += 1
         if not self.warming:
             self.metrics.on_token(work)
+
+    def _count_prefix(self, queried: int, hit: int) -> None:
+        if not self.warming:
+            self.metrics.on_prefix(queried, hit)
 
     def _count_done(self, work, reason: str) -> None:
         if reason == "cancelled":
@@ -218,8 +239,8 @@ class Engine:
         return out
 
     def _loop(self) -> None:
-        while self.running or not self.queue.empty() or self.batch.active:
-            running = self.batch.active > 0
+        while self.running or not self.queue.empty() or self.batch.pending:
+            running = self.batch.pending > 0
             new = self._waiting(self.batch.free) if running else self._gather()
             if not new and not running:
                 continue
@@ -231,19 +252,20 @@ class Engine:
                     else:
                         self.batches += 1
                     self.admit(new)
-                if self.batch.active:
-                    self.batch.step()
-                    self.steps += 1
+                if self.batch.pending:
+                    # staged prefill pieces, then a decode step of the rows
+                    self.steps += self.batch.advance()
             except Exception:   # a failed decode step answers every row with 500, the server goes on
                 log.exception("serving: a decode step of %d rows failed", self.batch.active)
                 err = generation_error()
-                self.failed_rows += self.batch.active
+                self.failed_rows += self.batch.pending
+                staged = {id(st.work) for st in self.batch.staged}
                 self.batch.fail(err)
                 for w in new:
-                    if w.tokens is None:
+                    if w.tokens is None and id(w) not in staged:
                         w.sink(("error", err))
             finally:
-                if not self.batch.active:   # every row done (some may finish at their first token)
+                if not self.batch.pending:   # every row done (some may finish at their first token)
                     self.batch.drop()
                     self.busy.clear()
 
