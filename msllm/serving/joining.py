@@ -50,12 +50,15 @@ class StagedJoins:
     def _stage(self, plan: tuple, prompt_info: dict) -> bool:
         """Stage ``plan`` (work, n, T, max_new) if its prompt hits the prefix cache or exceeds the
         chunk size; True if staged (or failed while staging: answered alone)."""
-        from msllm.serving.staged_prefill import StagedPrefill, piece_layout
+        from msllm.serving.staged_prefill import StagedPrefill, piece_layout, tokens_computed
 
         w, n = plan[0], plan[1]
         p, kv = 0, None
         if self.prefix is not None:
-            p, kv = self.prefix.lookup(w.job.prompt)
+            p, kv = self.prefix.lookup(w.job.prompt, count=False)
+            if p and tokens_computed(n, p, self.chunk) >= tokens_computed(n, 0, self.chunk):
+                p, kv = 0, None              # too short to save work: computed whole
+            self.prefix.count(n, p)
             if self.on_prefix is not None:
                 self.on_prefix(n, p)
         if not p and not (self.chunk and n > self.chunk):

@@ -80,12 +80,16 @@ class PrefixCache:
             found.append(k)
         p = len(found) * self.block
         if count:
-            self.queried += len(tokens)
-            self.hit += p
+            self.count(len(tokens), p)
         if not found:
             return 0, None
         self._touch(found)
         return p, np.concatenate([self.blocks[k] for k in found], axis=1)
+
+    def count(self, queried: int, hit: int) -> None:
+        """Add a lookup of ``queried`` tokens of which ``hit`` were reused to the counters."""
+        self.queried += int(queried)
+        self.hit += int(hit)
 
     def missing(self, tokens: Sequence[int]) -> tuple[list, int]:
         """(keys of ``tokens``' whole blocks, index of the first one not stored)."""

@@ -58,6 +58,17 @@ def piece_layout(n: int, p: int, chunk: int) -> tuple[int, int, int, int, int]:
     return e, q, shift, end, pow2_at_least(end, MIN_SLOTS)
 
 
+def tokens_computed(n: int, p: int, chunk: int) -> int:
+    """Slots a prompt of ``n`` tokens with ``p`` cached costs to prefill: a whole prefill's
+    ``round_up(n, 32)`` when nothing is cached and no chunking applies, else the pieces' q E
+    (:func:`piece_layout`). A cached prefix is used only when it makes this smaller (a short one
+    can round the remaining tokens up to a longer piece than the whole prompt)."""
+    if p == 0 and not (chunk and n > chunk):
+        return round_up(n)
+    e, q = piece_layout(n, p, chunk)[:2]
+    return q * e
+
+
 class StagedPrefill:
     """A prompt prefilled piece by piece (module docstring).
 
@@ -137,4 +148,4 @@ def read_slots(caches, width: int, row: int, a: int, b: int) -> np.ndarray:
     return np.stack(out).astype(np.float32, copy=False)
 
 
-__all__ = ["StagedPrefill", "piece_layout", "read_slots", "MIN_PIECE"]
+__all__ = ["StagedPrefill", "piece_layout", "tokens_computed", "read_slots", "MIN_PIECE"]
