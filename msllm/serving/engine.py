@@ -293,12 +293,16 @@ class Engine:
             self.batch.admit(gen, prompt_info)
             self.max_rows = max(self.max_rows, self.batch.active)
 
-    def warmup(self) -> list:
+    def warmup(self, slots: int = 512) -> list:
         """Before :meth:`start`: run the shapes requests meet first through the real path (one
         short request alone: prefill (1 row, 32 slots) and decode (1 row, 512 slots); then
         ``max_batch`` short ones at once: their grouped prefill and the decode at ``max_batch``
-        rows), so the first clients do not wait for graph compilation (a few seconds per shape).
-        Returns the compiled (kind, rows, ..., slots) shapes with their first-call seconds."""
+        rows), then the wider caches' decode step up to ``slots`` and the prefix cache's and
+        chunked prefill's pieces (:func:`msllm.serving.warmup.warm_shapes`), so the first clients
+        do not wait for graph compilation (a few seconds per shape). Returns the compiled
+        (kind, rows, tokens, slots) shapes with their first-call seconds."""
+        from msllm.serving.warmup import run_shapes, warm_shapes
+
         if self.thread.is_alive():
             raise RuntimeError("warmup() runs before start()")
         before = set(self.gen.first_call_s)
@@ -310,6 +314,8 @@ class Engine:
             while self.batch.active:
                 self.batch.step()
             self.batch.drop()
+        more = warm_shapes(self.max_batch, self.batch.chunk, self.prefix_cache is not None, slots)
+        run_shapes(self.gen, [k for k in more if k not in self.gen.first_call_s], self.pad_id)
         self.warming, self.tokens_generated = False, 0
         return [(k, self.gen.first_call_s[k]) for k in self.gen.first_call_s if k not in before]
 

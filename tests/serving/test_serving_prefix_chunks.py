@@ -7,7 +7,9 @@ prefix_cache.py, staged_prefill.py) in process, on the real SmolLM2-135M-Instruc
 * chunked prefill: a 600-token prompt joining a decoding row is prefilled in 128-token pieces
   between that row's decode steps (the row makes tokens while the long prompt is being prefilled),
   and both get exactly the greedy tokens ``Generator.generate`` gives each prompt alone (the
-  static path: one whole prefill)."""
+  static path: one whole prefill);
+* warm-up: the engine is warmed up before it starts (``Engine.warmup(1024)``), and the chunks'
+  shape then runs without compiling again (each call well under the warm-up's first call)."""
 
 from __future__ import annotations
 
@@ -50,9 +52,29 @@ def engine(smollm2_dir):
     net, mc, _, tok, _, settings = load_session(cfg)
     eng = Engine(net, mc, tok, settings.eos_token_id, settings.pad_token_id, max_batch=4, window_s=0.01,
                  max_queue=8, prefix_cache_bytes=256 << 20, prefill_chunk_size=CHUNK)
+    warmed = dict(eng.warmup(1024))
+    for shape in [("decode", 4, 1, 1024), ("extend", 1, 32, 512), ("extend", 1, CHUNK, 512),
+                  ("extend", 1, CHUNK, 1024)]:
+        assert shape in warmed, (shape, warmed)
     eng.start()
     yield eng, tok, settings
     eng.stop(60)
+
+
+@pytest.fixture
+def calls(engine, monkeypatch):
+    """[(kind, rows, tokens, slots, seconds)] of the engine's model calls during the test."""
+    gen, out = engine[0].gen, []
+    real = gen.run
+
+    def timed(kind, ids, positions, kpos, *rest, **kw):
+        t0 = time.perf_counter()
+        r = real(kind, ids, positions, kpos, *rest, **kw)
+        out.append((kind, ids.shape[0], ids.shape[1], kpos.shape[-1], time.perf_counter() - t0))
+        return r
+
+    monkeypatch.setattr(gen, "run", timed)
+    return out
 
 
 def run(eng, prompt, n):
@@ -65,7 +87,7 @@ def run(eng, prompt, n):
     return w.tokens
 
 
-def test_prefix_cache_greedy_outputs_are_identical_with_and_without(engine):
+def test_prefix_cache_greedy_outputs_are_identical_with_and_without(engine, calls):
     eng, tok, _ = engine
     print("seed", SEED, "(greedy decoding: no randomness)")
     system = " ".join(["You are a careful assistant who answers questions about European history."] * 12)
@@ -73,10 +95,12 @@ def test_prefix_cache_greedy_outputs_are_identical_with_and_without(engine):
              ("What is the capital of France?", "Who wrote Hamlet?", "When did the Roman Empire fall?")]
     prompts = [tok.encode(t) for t in turns]
     assert min(len(p) for p in prompts) > 140
+    eng.batch.chunk = 0                       # these prompts exceed CHUNK: no chunking, the prefix cache alone
     eng.batch.prefix = None                                     # off: every prompt prefilled whole
     off = [run(eng, p, 20) for p in prompts]
     second = prompts[0] + off[0] + tok.encode(" Question: And of Spain? Answer:")   # a second turn
     off.append(run(eng, second, 20))
+    assert not [c for c in calls if c[0] == "extend"]         # off: no piece ran
     eng.batch.prefix = eng.prefix_cache                         # on
     store = eng.prefix_cache
     q0, h0 = store.queried, store.hit
@@ -90,10 +114,11 @@ def test_prefix_cache_greedy_outputs_are_identical_with_and_without(engine):
     assert store.hit - h0 >= 3 * shared + 4 * shared            # prompts 2, 3 and the second turn, then all four
     assert store.queried - q0 == 2 * sum(len(p) for p in prompts + [second])
     assert eng.metrics.registry.get_sample_value("msllm:prefix_cache_hits_total") - hits0 == store.hit - h0
-    assert ("extend", 1, 32, 512) in eng.gen.first_call_s       # a suffix piece over the cached prefix
+    assert [c for c in calls if c[:4] == ("extend", 1, 32, 512)]   # a suffix piece over the cached prefix
+    eng.batch.chunk = CHUNK
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(engine):
+def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(engine, calls):
     from msllm.serving.protocol import Job
     from msllm.serving.staged_prefill import piece_layout
 
@@ -124,4 +149,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(engine):
     # the short row made a token after each of the first q - 1 pieces (text can be held back a
     # step by the stop-string check, hence q - 2)
     assert between >= q - 2, between
-    assert ("extend", 1, CHUNK, 1024) in eng.gen.first_call_s
+    chunks = [c[4] for c in calls if c[:4] == ("extend", 1, CHUNK, 1024)]
+    assert len(chunks) == q
+    print("chunk seconds", chunks, "warm-up's first call", eng.gen.first_call_s[("extend", 1, CHUNK, 1024)])
+    assert max(chunks) < eng.gen.first_call_s[("extend", 1, CHUNK, 1024)] / 3     # warmed: no compile
