@@ -46,6 +46,7 @@ import numpy as np
 
 from msllm.generation.passes import pow2_at_least, round_up
 from msllm.serving.joining import StagedJoins
+from msllm.serving.protocol import result
 
 MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
 # prompt slots prefilled together at most: enough rows to make a short prompt's prefill a real
@@ -335,9 +336,3 @@ class ContinuousBatch(StagedJoins):
         self.rows[b] = None
         self.on_done(r.work, reason)
         r.work.sink(("done", reason, result(r.work, r.prompt_info, r.info, r.text.text)))
-
-
-def result(work, prompt_rows: Optional[list], gen_rows: list, text: str) -> dict:
-    """What the app needs to answer a finished job."""
-    return {"text": text, "completion_tokens": len(work.tokens), "prompt_tokens": len(work.job.prompt),
-            "prompt_logprobs": prompt_rows, "logprobs": gen_rows}

@@ -40,8 +40,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from msllm.serving.batch import ContinuousBatch, result
-from msllm.serving.protocol import ApiError, Job
+from msllm.serving.batch import ContinuousBatch
+from msllm.serving.protocol import ApiError, Job, result
 
 log = logging.getLogger("msllm")
 SCORE_MULTIPLE = 32

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from msllm.serving.protocol import result
+
 @dataclass(eq=False)
 class Staged:
     """A request being prefilled in pieces: its plan (work, n, T, max_new), prefill and ``echo`` rows."""
@@ -104,7 +106,7 @@ class StagedJoins:
                 self._release(st)
                 st.work.tokens = []
                 self.on_done(st.work, "cancelled")
-                st.work.sink(("done", "cancelled", _empty_result(st.work)))
+                st.work.sink(("done", "cancelled", result(st.work, None, [], "")))
                 continue
             try:
                 spent += st.prefill.step()
@@ -135,12 +137,6 @@ class StagedJoins:
             self.rows[b] = None
             raise
         self._remember(w.job.prompt, pf.caches, 1, 0, pf.first)
-
-
-def _empty_result(work) -> dict:
-    from msllm.serving.batch import result
-
-    return result(work, None, [], "")
 
 
 __all__ = ["Staged", "StagedJoins"]
