@@ -3,7 +3,7 @@ chunked prefill against whole, on the real SmolLM2-135M-Instruct (issue #32: "in
 decoding rows while a 2,000-token prompt joins").
 
 In process, one :class:`msllm.serving.engine.Engine` (``--max_batch`` rows, warmed up over caches
-of 4096 slots), one mode after the other per round (``--chunks``, e.g. ``0,512,256``: 0 = the
+of up to ``--warmup_slots`` slots), one mode after the other per round (``--chunks``, e.g. ``0,512,256``: 0 = the
 prompt prefilled whole, else ``--prefill_chunk_size``; switched on the same engine, so the same
 graphs): ``--rows`` greedy requests with 64-token prompts and ``--new`` new tokens start
 together; once each has made 8 tokens, a ``--prompt``-token request joins (4 new tokens). A first,
@@ -97,6 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=2000, help="tokens of the joining prompt")
     p.add_argument("--chunks", default="0,512,256", help="prefill chunk sizes to compare (0: whole)")
     p.add_argument("--prefix", action="store_true", help="prefix cache on as well")
+    p.add_argument("--warmup_slots", type=int, default=4096, help="Engine.warmup's widest cache")
     p.add_argument("--note", default="", help="free text stored with the result (e.g. 'shared machine')")
     p.add_argument("--out", default=os.path.join(HERE, "results", "serve_join_latency_smollm2.json"))
     a = p.parse_args(argv)
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     eng = Engine(net, mc, tok, st.eos_token_id, st.pad_token_id, max_batch=a.max_batch, window_s=0.02,
                  prefix_cache_bytes=(1 << 30) if a.prefix else 0, prefill_chunk_size=max(chunks))
     t0 = time.perf_counter()
-    eng.warmup(4096)
+    eng.warmup(a.warmup_slots)
     warm_s = time.perf_counter() - t0
     eng.start()
     runs = {c: [] for c in chunks}

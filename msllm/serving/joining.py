@@ -27,10 +27,16 @@ last digits.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
 from msllm.serving.protocol import result
+
+log = logging.getLogger("msllm")
+# one-row caches wider than this are not kept between staged prefills (8192 slots of SmolLM2's
+# keys and values are 377 MB)
+SPARE_SLOTS = 2048
 
 @dataclass(eq=False)
 class Staged:
@@ -77,23 +83,30 @@ class StagedJoins:
         return True
 
     def _release(self, st: Staged) -> None:
-        """Keep a finished staged prefill's cache for the next (one per size: a long prompt's cache
-        is not kept twice)."""
+        """Keep a finished staged prefill's cache for the next: one per size up to
+        :data:`SPARE_SLOTS` slots (a wider one is allocated again when needed)."""
+        if st.prefill.slots > SPARE_SLOTS:
+            return
         pool = self.spare.setdefault(st.prefill.slots, [])
         if not pool:
             pool.append(st.prefill.caches)
 
     def _remember(self, prompt, caches, width: int, row: int, first: int) -> None:
         """Give the prefix cache the whole blocks of ``prompt`` it lacks, read from batch row ``row``
-        of ``caches`` (``width`` rows) where prompt token 0 is at slot ``first``."""
+        of ``caches`` (``width`` rows) where prompt token 0 is at slot ``first``. A failure here is
+        logged and the prompt is not stored: its request, already decoding, goes on."""
         if self.prefix is None:
             return
         from msllm.serving.staged_prefill import read_slots
 
-        keys, start = self.prefix.missing(prompt)
-        if start < len(keys):
-            b = self.prefix.block
-            self.prefix.insert(prompt, read_slots(caches, width, row, first + start * b, first + len(keys) * b), start)
+        try:
+            keys, start = self.prefix.missing(prompt)
+            if start < len(keys):
+                b = self.prefix.block
+                kv = read_slots(caches, width, row, first + start * b, first + len(keys) * b)
+                self.prefix.insert(prompt, kv, start)
+        except Exception:     # noqa: BLE001 -- the cache is an optimisation; the request is served
+            log.exception("serving: storing a prompt's blocks in the prefix cache failed")
 
     def advance(self) -> bool:
         """The engine's iteration (module docstring): staged pieces, then a decode step of the rows
