@@ -16,7 +16,9 @@ Shapes. E = the smallest power of two >= 32 holding the n - p tokens, at most ``
 ``--prefill_chunk_size``; 0: no cap); ``shift`` = max(0, q E - P); the own cache has
 S = max(512, the next power of two >= L) slots. Each piece runs the model's cached forward
 (``LlamaForCausalLM.forward_cached``, not ``fresh``: its queries attend over every visible
-slot, the cached prefix and the earlier pieces) as a graph of shape (1 row, E tokens, S slots):
+slot, the cached prefix and the earlier pieces; on CPU through msllm's ``decode_attention``
+kernel with one mask row per query, ``Attention.extend_kernel``) as a graph of shape
+(1 row, E tokens, S slots):
 for prompts up to 512 tokens E is one of 32, 64, ..., 512 with S = 512; a long prompt's chunks
 are (1, chunk, S) for S = 1024, 2048, ... -- the shapes the server warms up
 (:meth:`msllm.serving.engine.Engine.warmup`).
