@@ -118,3 +118,23 @@ def test_a_cached_prefix_is_used_only_when_it_saves_work():
     assert tokens_computed(600, 512, 0) == 128                # 88 left -> a 128 piece
     assert tokens_computed(2000, 0, 512) == 2048              # chunked: 4 x 512
     assert tokens_computed(2000, 1024, 512) == 1024           # 976 left: 2 x 512
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--prefill_chunk_size", "100", "--prefill_chunk_size must be 0 (off) or a positive multiple of 32, got 100"),
+    ("--warmup_slots", "1000", "--warmup_slots must be a power of two >= 512, got 1000"),
+    ("--prefix_cache_mb", "0", "--prefix_cache_mb must be >= 1, got 0"),
+])
+def test_serve_refuses_bad_speed_flags_before_loading(flag, value, message):
+    """tools/serve.py: one ``error:`` line naming the flag, exit 2, before any model is loaded."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--config",
+                        os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml"), flag, value],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "error: " + message
