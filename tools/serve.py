@@ -5,7 +5,8 @@
         [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000]
         [--api_key KEY | --api_key_file FILE | env MSLLM_API_KEY] [--model_name NAME] [--max_batch 8]
         [--batch_window_ms 20] [--max_queue 64] [--max_tokens_default N] [--max_body_bytes 4194304]
-        [--max_prompts 64] [--no_warmup] [--section.key=value ...]
+        [--max_prompts 64] [--enable_prefix_caching] [--prefix_cache_mb 1024] [--prefill_chunk_size 512]
+        [--no_warmup] [--warmup_slots 4096] [--section.key=value ...]
 
 Requests decode in one continuous batch on the key/value cache (``--max_batch`` rows): waiting
 requests join between two decode steps, a finished row is free at the next; when idle, the first
@@ -28,8 +29,19 @@ wins over ``max_new_tokens``. Without either, ``max_tokens`` defaults to OpenAI'
 the rest of the context window on chat. Limits of one request (``msllm/serving/validate.py``):
 ``--max_body_bytes`` (413 beyond), ``--max_prompts`` (prompts x ``n``). The API key comes from
 ``--api_key``, else the first line of ``--api_key_file``, else the environment variable
-``MSLLM_API_KEY`` (vLLM reads ``VLLM_API_KEY`` the same way). At start the engine compiles the
-shapes the first requests meet (``--no_warmup``: skip) and logs them.
+``MSLLM_API_KEY`` (vLLM reads ``VLLM_API_KEY`` the same way).
+
+Speed. ``--enable_prefix_caching`` (vLLM's flag; off by default here, as in vLLM before its V1
+engine) keeps the keys and values of prompts' whole 32-token blocks, keyed by their token ids, up to
+``--prefix_cache_mb`` MiB (least recently used evicted), and a prompt starting with a stored prefix
+computes only the rest (``msllm/serving/prefix_cache.py``): greedy outputs are the same token for
+token. ``--prefill_chunk_size`` (default 512, a multiple of 32; 0: off): a prompt longer than this is
+prefilled in pieces of it between the batch's decode steps, so the rows decoding wait about one
+piece per token rather than the whole prompt (``msllm/serving/joining.py``; vLLM's chunked prefill,
+whose per-step token budget is ``--max-num-batched-tokens``). At start the engine compiles the
+shapes requests meet (short prompts alone and in a burst, the decode step over caches up to
+``--warmup_slots`` slots, the prefix cache's and the chunks' pieces; ``--no_warmup``: skip) and
+logs them with the time taken.
 Errors at start-up: one ``error:`` line, exit 2.
 """
 
@@ -74,7 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_body_bytes", type=int, default=Limits.max_body_bytes, help="request body size (then 413)")
     p.add_argument("--max_prompts", type=int, default=Limits.max_prompts,
                    help="choices one request may ask for (prompts x n)")
+    p.add_argument("--enable_prefix_caching", action="store_true",
+                   help="reuse the keys and values of prompt prefixes already computed (default: off)")
+    p.add_argument("--prefix_cache_mb", type=int, default=1024,
+                   help="the prefix cache's size in MiB (least recently used blocks evicted)")
+    p.add_argument("--prefill_chunk_size", type=int, default=512,
+                   help="prompts longer than this many tokens are prefilled in pieces of it between decode steps "
+                        "(a multiple of 32; 0: every prompt whole)")
     p.add_argument("--no_warmup", action="store_true", help="skip compiling the first requests' shapes at start")
+    p.add_argument("--warmup_slots", type=int, default=4096,
+                   help="warm up the decode step and prefill chunks over caches up to this many slots (a power "
+                        "of two >= 512)")
     return p
 
 
@@ -110,7 +132,8 @@ def open_engine(cfg, args):
 
     net, mc, info, tok, template, s = load_session(cfg, args.template, args.adapter, args.tokenizer)
     engine = Engine(net, mc, tok, s.eos_token_id, s.pad_token_id, args.max_batch, args.batch_window_ms / 1000.0,
-                    args.max_queue)
+                    args.max_queue, prefix_cache_bytes=args.prefix_cache_mb << 20 if args.enable_prefix_caching else 0,
+                    prefill_chunk_size=args.prefill_chunk_size)
     return engine, tok, template, mc.max_positions, info
 
 
@@ -124,9 +147,14 @@ def main(argv=None) -> int:
     if not is_loopback(args.host) and not args.api_key:
         raise MsllmError(f"--host {args.host} is not a loopback address: pass --api_key KEY (or --api_key_file, "
                          "or MSLLM_API_KEY) so that only clients with the key are served")
-    for key in ("max_batch", "max_queue", "max_body_bytes", "max_prompts"):
+    for key in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "prefix_cache_mb"):
         if getattr(args, key) < 1:
             raise MsllmError(f"--{key} must be >= 1, got {getattr(args, key)}")
+    if args.prefill_chunk_size < 0 or args.prefill_chunk_size % 32:
+        raise MsllmError(f"--prefill_chunk_size must be 0 (off) or a positive multiple of 32, got "
+                         f"{args.prefill_chunk_size}")
+    if args.warmup_slots < 512 or args.warmup_slots & (args.warmup_slots - 1):
+        raise MsllmError(f"--warmup_slots must be a power of two >= 512, got {args.warmup_slots}")
     overrides = split_overrides(rest)
     if args.load_checkpoint:
         overrides.append(f"--load_checkpoint={args.load_checkpoint}")
@@ -147,10 +175,16 @@ def main(argv=None) -> int:
     app = build_app(engine, name, tok, template, context, args.api_key, limits, defaults)
     say("serve: request defaults %s (from generation_config%s)%s", defaults,
         " and --max_tokens_default" if args.max_tokens_default else "", "; " + "; ".join(notes) if notes else "")
+    say("serve: prefix caching %s; prefill chunk %s", f"on ({args.prefix_cache_mb} MiB)"
+        if args.enable_prefix_caching else "off", f"{args.prefill_chunk_size} tokens" if args.prefill_chunk_size
+        else "off (every prompt whole)")
     if not args.no_warmup:
-        shapes = engine.warmup()
-        say("serve: warmed up %d graph shapes (kind, rows, tokens, slots: first-call seconds): %s", len(shapes),
-            ", ".join(f"{k} {t:.1f} s" for k, t in shapes) or "none new")
+        import time
+
+        t0 = time.perf_counter()
+        shapes = engine.warmup(args.warmup_slots)
+        say("serve: warmed up %d graph shapes in %.1f s (kind, rows, tokens, slots: first-call seconds): %s",
+            len(shapes), time.perf_counter() - t0, ", ".join(f"{k} {t:.1f} s" for k, t in shapes) or "none new")
     engine.start()
     logging.getLogger("msllm").info(
         "serving %s as %r on http://%s:%d/v1 (continuous batch of up to %d rows, window %.0f ms, queue %d, "

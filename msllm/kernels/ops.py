@@ -37,8 +37,9 @@ class CpuKernels:
         the target is negative (ignored)
     swiglu(g (..., F), u (..., F)) -> silu(g) * u
     rope(x (B,T,N,D), cos (P,D), sin (P,D)) -> x cos + rotate_half(x) sin over rows 0..T-1 of the tables
-    decode_attention(q (B,H,1,D), k (S*B,K,D), v (S*B,K,D), mask (B,1,1,S)) -> softmax(q k^T + mask) v
-        (B,H,1,D), H/K query heads per key/value head; decoding only (no gradient)
+    decode_attention(q (B,H,T,D), k (S*B,K,D), v (S*B,K,D), mask (B,1,T,S)) -> softmax(q k^T + mask) v
+        (B,H,T,D), H/K query heads per key/value head, each query its own mask row (T = 1: a decode
+        step; T > 1: new tokens over a cache); inference only (no gradient)
     flash_attention_docs(q, k, v, window, start (B,T) float32) -> (o, lse): packed rows, query t sees
         keys max(start[b,t], t-W+1)..t (its own document; keys of earlier documents are skipped)
     flash_attention_padded(q, k, v, window, start (B,) float32) -> o (B,T,H,D): causal attention of

@@ -7,6 +7,9 @@
 * :mod:`msllm.serving.structured`: ``response_format`` through llguidance's token masks;
 * :mod:`msllm.serving.engine`: one thread owning the model, batching the jobs that arrive
   together on the key/value cache (:mod:`msllm.serving.batch`), each row with its own settings;
+  long prompts and prompts with a cached prefix join in pieces (:mod:`msllm.serving.joining`,
+  :mod:`msllm.serving.staged_prefill`, :mod:`msllm.serving.prefix_cache`); the shapes warmed up
+  at start (:mod:`msllm.serving.warmup`);
 * :mod:`msllm.serving.metrics`: Prometheus metrics; :mod:`msllm.serving.tokenize_routes`: vLLM's
   ``/tokenize`` and ``/detokenize``;
 * :mod:`msllm.serving.app`: the Starlette application (routes, bearer key, server-sent events).

@@ -28,7 +28,9 @@ shapes, about 4.5 s of compiling each; the cache's slot count itself barely chan
 (masked slots are skipped), so rounding it up costs memory, not speed; prefilling a burst of 8
 512-token prompts in groups of 4 instead of one by one gave no more tokens/s and the first
 tokens ~2 s later, so only short prompts are grouped (:data:`PREFILL_TOKENS`). A joining
-request's prefill runs between two decode steps: the other rows wait for it (no chunked prefill).
+request's prefill runs between two decode steps: the other rows wait for it; a prompt that hits
+the prefix cache, or is longer than the chunk size, is prefilled in pieces between decode steps
+instead (:mod:`msllm.serving.joining`).
 
 This is the scheduling vLLM calls continuous (iteration-level) batching (Yu et al., "Orca", OSDI
 2022): between two decode steps, waiting requests are prefilled into free rows; a finished or
@@ -43,6 +45,8 @@ from typing import Optional
 import numpy as np
 
 from msllm.generation.passes import pow2_at_least, round_up
+from msllm.serving.joining import StagedJoins
+from msllm.serving.protocol import result
 
 MIN_BUFFER = 512         # cache slots: at least this, else the next power of two (few decode graphs)
 # prompt slots prefilled together at most: enough rows to make a short prompt's prefill a real
@@ -71,7 +75,7 @@ class Row:
     guide: object = None      # a grammar constraining its tokens (msllm.serving.structured.RowGuide)
 
 
-class ContinuousBatch:
+class ContinuousBatch(StagedJoins):
     """Rows of requests on one cache (module docstring). Used by the engine's thread only.
 
     Args:
@@ -83,10 +87,13 @@ class ContinuousBatch:
             per row finished (with its work and finish reason).
         on_error: ``on_error(work, exception)`` answers one work that failed inside its row (the
             other rows go on).
+        prefix_cache: a :class:`~msllm.serving.prefix_cache.PrefixCache` (None: off).
+        chunk: most prompt tokens prefilled per iteration for prompts longer than it (a multiple
+            of 32; 0: every prompt whole); :mod:`msllm.serving.joining`.
     """
 
     def __init__(self, gen, tokenizer, eos, pad_id: int, max_batch: int, logprob, on_token, on_done,
-                 on_error=None):
+                 on_error=None, prefix_cache=None, chunk: int = 0):
         from mindspore import ops
 
         self.gen, self.config = gen, gen.config
@@ -99,6 +106,11 @@ class ContinuousBatch:
         self.caches = None
         self.buffer = 0
         self.own: dict = {}           # (rows, slots) -> a cache for prefilling (reused)
+        self.prefix = prefix_cache    # a PrefixCache, or None (off)
+        self.chunk = int(chunk)       # --prefill_chunk_size (0: a prompt is prefilled whole)
+        self.on_prefix = None         # on_prefix(queried tokens, hit tokens) (the engine's metrics)
+        self.staged: list = []        # Staged: requests being prefilled in pieces, in arrival order
+        self.spare: dict = {}         # slots -> one-row caches the staged prefills reuse
         self.scatter = ops.ScatterUpdate()
 
     # ---- state --------------------------------------------------------------------------------
@@ -107,18 +119,26 @@ class ContinuousBatch:
         return sum(r is not None for r in self.rows)
 
     @property
+    def pending(self) -> int:
+        """Rows decoding plus requests still being prefilled in pieces."""
+        return self.active + len(self.staged)
+
+    @property
     def free(self) -> int:
-        return self.max_batch - self.active
+        return self.max_batch - self.pending
 
     def drop(self) -> None:
-        """Forget every row and the caches (after the last row or a failure)."""
+        """Forget every row and the caches (after the last row or a failure); staged prefills stay."""
         self.rows, self.caches, self.buffer = [], None, 0
 
     def fail(self, error) -> None:
-        """Answer every row with ``("error", error)`` and drop them."""
+        """Answer every row and staged prefill with ``("error", error)`` and drop them."""
         for r in self.rows:
             if r is not None:
                 r.work.sink(("error", error))
+        for st in self.staged:
+            st.work.sink(("error", error))
+        self.staged = []
         self.drop()
 
     # ---- admitting ----------------------------------------------------------------------------
@@ -136,26 +156,32 @@ class ContinuousBatch:
             # a row can reach its prompt plus the new tokens the context leaves; nothing beyond
             max_new = min(w.job.max_tokens, self.gen.context - n)
             plans.append((w, n, round_up(n), max_new))
+        plans = [plan for plan in plans if not self._stage(plan, prompt_info)]
         if not plans:
             return
-        need = max([r.pad + r.length + r.step.max_new for r in self.rows if r is not None]
-                   + [t + m for _, _, t, m in plans])
-        rows = 1 if self.active + len(plans) == 1 else self.max_batch
-        self._fit(rows, self.buffer_for(need))
+        self._fit_for([t + m for _, _, t, m in plans], len(plans))
         for group in self._groups(plans):
             free = [b for b, r in enumerate(self.rows) if r is None][:len(group)]
             try:
-                logits = self._prefill(free, [w.job.prompt for w, *_ in group], group[0][2])
+                logits, own = self._prefill(free, [w.job.prompt for w, *_ in group], group[0][2])
             except Exception as exc:     # this group's rows were never set: the others go on
                 for w, *_ in group:
                     self.fail_work(w, exc)
                 continue
-            for b, plan, row_logits in zip(free, group, logits):
+            for i, (b, plan, row_logits) in enumerate(zip(free, group, logits)):
                 try:
                     self._start_row(b, plan, row_logits, prompt_info)
+                    self._remember(plan[0].job.prompt, own, len(group), i, group[0][2] - plan[1])
                 except Exception as exc:
                     self.rows[b] = None
                     self.fail_work(plan[0], exc)
+
+    def _fit_for(self, needs: list, joining: int) -> None:
+        """Caches for the rows decoding plus ``joining`` more whose last slots are ``needs`` - 1:
+        1 row for a request alone, else ``max_batch`` rows; slots by :meth:`buffer_for`."""
+        need = max([r.pad + r.length + r.step.max_new for r in self.rows if r is not None] + list(needs))
+        rows = 1 if self.pending + joining == 1 else self.max_batch
+        self._fit(rows, self.buffer_for(need))
 
     def buffer_for(self, need: int) -> int:
         """Cache slots for rows reaching slot ``need`` - 1: at least :data:`MIN_BUFFER`, else the next
@@ -214,26 +240,27 @@ class ContinuousBatch:
         self.rows += [None] * (width - len(self.rows))
         self.buffer = buffer
 
-    def _write(self, sources, slots: int, rows, width: int) -> None:
-        """Slots 0..``slots``-1 of every row of ``sources`` (caches (S' * k, K, D), slot-major, k =
-        len(``rows``), S' >= ``slots``) into batch rows ``rows`` of the batch's caches (``width``
-        rows), in place (``ScatterUpdate`` run eagerly: no graph per shape)."""
+    def _write(self, sources, slots: int, rows, width: int, offset: int = 0) -> None:
+        """Slots ``offset`` .. ``offset`` + ``slots`` - 1 of every row of ``sources`` (caches (S' * k,
+        K, D), slot-major, k = len(``rows``)) into slots 0..``slots``-1 of batch rows ``rows`` of the
+        batch's caches (``width`` rows), in place (``ScatterUpdate`` run eagerly: no graph per shape)."""
         import mindspore as ms
 
         from msllm.models.llama.kv_cache import cache_index
 
         rows = list(rows)
         index = ms.Tensor(cache_index(np.arange(slots), width, rows))             # (slots, k)
-        n = slots * len(rows)
+        a, n = offset * len(rows), slots * len(rows)
         for dst, src in zip(self.caches, sources):
-            self.scatter(dst, index, src[:n].reshape((slots, len(rows)) + tuple(src.shape[1:])))
+            self.scatter(dst, index, src[a:a + n].reshape((slots, len(rows)) + tuple(src.shape[1:])))
 
     def _prefill(self, rows: list, prompts: list, t: int) -> np.ndarray:
         """The k ``prompts`` (left-padded to T slots) into a k-row cache of their own (a graph per
         (k, T), whatever the batch's shape; the cache, of :data:`MIN_BUFFER` or the next power of
         two slots, is kept and reused: a prefill writes slots 0..T-1 and reads nothing else), then
         their keys and values into batch rows ``rows``' slots 0..T-1 (``ScatterUpdate``, in place,
-        run eagerly: no graph per batch shape). Returns the last prompt tokens' logits (k, V)."""
+        run eagerly: no graph per batch shape). Returns (the last prompt tokens' logits (k, V), the
+        k-row cache)."""
         from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
 
         k = len(rows)
@@ -245,7 +272,7 @@ class ContinuousBatch:
         slots = np.arange(t)
         logits, _ = self.gen.run("prefill", ids, positions_for(pads, slots), key_positions(pads, t), slots, own)
         self._write(own, t, rows, len(self.rows))
-        return logits
+        return logits, own
 
     # ---- decoding -----------------------------------------------------------------------------
     def step(self) -> None:
@@ -309,9 +336,3 @@ class ContinuousBatch:
         self.rows[b] = None
         self.on_done(r.work, reason)
         r.work.sink(("done", reason, result(r.work, r.prompt_info, r.info, r.text.text)))
-
-
-def result(work, prompt_rows: Optional[list], gen_rows: list, text: str) -> dict:
-    """What the app needs to answer a finished job."""
-    return {"text": text, "completion_tokens": len(work.tokens), "prompt_tokens": len(work.job.prompt),
-            "prompt_logprobs": prompt_rows, "logprobs": gen_rows}

@@ -40,8 +40,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from msllm.serving.batch import ContinuousBatch, result
-from msllm.serving.protocol import ApiError, Job
+from msllm.serving.batch import ContinuousBatch
+from msllm.serving.protocol import ApiError, Job, result
 
 log = logging.getLogger("msllm")
 SCORE_MULTIPLE = 32
@@ -88,10 +88,18 @@ class Engine:
         max_batch: rows decoding at once; window_s: when idle, how long a batch being gathered
         waits for one more job; max_queue: jobs waiting at most (more: :class:`QueueFull`).
         metrics: a :class:`~msllm.serving.metrics.ServerMetrics` (default: a new one).
+        prefix_cache_bytes: the prefix cache's capacity (:mod:`msllm.serving.prefix_cache`); 0: no
+            prefix cache (``--enable_prefix_caching`` off).
+        prefill_chunk_size: prompts longer than this many tokens are prefilled in pieces of it
+            between decode steps (:mod:`msllm.serving.joining`); 0: every prompt whole.
+
+    Raises:
+        ValueError: ``prefill_chunk_size`` is not 0 or a positive multiple of 32, or
+            ``prefix_cache_bytes`` is negative.
     """
 
     def __init__(self, net, config, tokenizer, eos_ids, pad_id: int, max_batch: int = 8, window_s: float = 0.02,
-                 max_queue: int = 64, metrics=None):
+                 max_queue: int = 64, metrics=None, prefix_cache_bytes: int = 0, prefill_chunk_size: int = 0):
         from msllm.generation.decode import generator_for
         from msllm.serving.metrics import ServerMetrics
 
@@ -115,8 +123,17 @@ class Engine:
         self.warming = False          # warm-up's tokens count in no metric
         self.crash: Optional[BaseException] = None     # what ended the thread, if anything did
         self.metrics = metrics if metrics is not None else ServerMetrics()
+        if prefill_chunk_size < 0 or prefill_chunk_size % 32:
+            raise ValueError(f"prefill_chunk_size must be 0 (off) or a positive multiple of 32, got {prefill_chunk_size}")
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0 (0: off), got {prefix_cache_bytes}")
+        from msllm.serving.prefix_cache import PrefixCache
+
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         self.batch = ContinuousBatch(self.gen, tokenizer, self.eos, self.pad_id, max_batch, self._token_logprob,
-                                     self._count_token, self._count_done, self._row_failed)
+                                     self._count_token, self._count_done, self._row_failed,
+                                     self.prefix_cache, prefill_chunk_size)
+        self.batch.on_prefix = self._count_prefix
         self.metrics.bind(self)
         from msllm.serving.structured import StructuredOutput
 
@@ -142,6 +159,10 @@ class Engine:
         self.tokens_generated += 1
         if not self.warming:
             self.metrics.on_token(work)
+
+    def _count_prefix(self, queried: int, hit: int) -> None:
+        if not self.warming:
+            self.metrics.on_prefix(queried, hit)
 
     def _count_done(self, work, reason: str) -> None:
         if reason == "cancelled":
@@ -218,8 +239,8 @@ class Engine:
         return out
 
     def _loop(self) -> None:
-        while self.running or not self.queue.empty() or self.batch.active:
-            running = self.batch.active > 0
+        while self.running or not self.queue.empty() or self.batch.pending:
+            running = self.batch.pending > 0
             new = self._waiting(self.batch.free) if running else self._gather()
             if not new and not running:
                 continue
@@ -231,19 +252,20 @@ class Engine:
                     else:
                         self.batches += 1
                     self.admit(new)
-                if self.batch.active:
-                    self.batch.step()
-                    self.steps += 1
+                if self.batch.pending:
+                    # staged prefill pieces, then a decode step of the rows
+                    self.steps += self.batch.advance()
             except Exception:   # a failed decode step answers every row with 500, the server goes on
                 log.exception("serving: a decode step of %d rows failed", self.batch.active)
                 err = generation_error()
-                self.failed_rows += self.batch.active
+                self.failed_rows += self.batch.pending
+                staged = {id(st.work) for st in self.batch.staged}
                 self.batch.fail(err)
                 for w in new:
-                    if w.tokens is None:
+                    if w.tokens is None and id(w) not in staged:
                         w.sink(("error", err))
             finally:
-                if not self.batch.active:   # every row done (some may finish at their first token)
+                if not self.batch.pending:   # every row done (some may finish at their first token)
                     self.batch.drop()
                     self.busy.clear()
 
@@ -271,12 +293,16 @@ class Engine:
             self.batch.admit(gen, prompt_info)
             self.max_rows = max(self.max_rows, self.batch.active)
 
-    def warmup(self) -> list:
+    def warmup(self, slots: int = 512) -> list:
         """Before :meth:`start`: run the shapes requests meet first through the real path (one
         short request alone: prefill (1 row, 32 slots) and decode (1 row, 512 slots); then
         ``max_batch`` short ones at once: their grouped prefill and the decode at ``max_batch``
-        rows), so the first clients do not wait for graph compilation (a few seconds per shape).
-        Returns the compiled (kind, rows, ..., slots) shapes with their first-call seconds."""
+        rows), then the wider caches' decode step up to ``slots`` and the prefix cache's and
+        chunked prefill's pieces (:func:`msllm.serving.warmup.warm_shapes`), so the first clients
+        do not wait for graph compilation (a few seconds per shape). Returns the compiled
+        (kind, rows, tokens, slots) shapes with their first-call seconds."""
+        from msllm.serving.warmup import run_shapes, warm_shapes
+
         if self.thread.is_alive():
             raise RuntimeError("warmup() runs before start()")
         before = set(self.gen.first_call_s)
@@ -288,6 +314,8 @@ class Engine:
             while self.batch.active:
                 self.batch.step()
             self.batch.drop()
+        more = warm_shapes(self.max_batch, self.batch.chunk, self.prefix_cache is not None, slots)
+        run_shapes(self.gen, [k for k in more if k not in self.gen.first_call_s], self.pad_id)
         self.warming, self.tokens_generated = False, 0
         return [(k, self.gen.first_call_s[k]) for k in self.gen.first_call_s if k not in before]
 

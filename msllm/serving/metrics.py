@@ -17,6 +17,10 @@ so a vLLM dashboard works after replacing ``vllm:`` by ``msllm:``:
 ``msllm:kv_cache_usage_perc``             gauge      cache slots holding a row's tokens / slots
                                                      allocated (0..1; vLLM: blocks in use)
 ``msllm:kv_cache_slots_in_use``           gauge      cache slots holding a row's tokens (msllm's own)
+``msllm:prefix_cache_queries_total``      counter    prompt tokens looked up in the prefix cache
+``msllm:prefix_cache_hits_total``         counter    of those, tokens found (reused, not computed)
+``msllm:prefix_cache_blocks``             gauge      blocks held (msllm's own; 32 tokens each)
+``msllm:prefix_cache_bytes``              gauge      their size, bytes (msllm's own)
 ========================================  =========  ===============================================
 
 A "job" is one choice (a request with ``n`` = 2 or two prompts is two jobs). Each server gets its
@@ -60,6 +64,13 @@ class ServerMetrics:
         self.kv_usage = Gauge("msllm:kv_cache_usage_perc", "Cache slots holding tokens / slots allocated (0..1).",
                               registry=r)
         self.kv_slots = Gauge("msllm:kv_cache_slots_in_use", "Cache slots holding a row's tokens.", registry=r)
+        # vLLM v1's prefix cache counters count tokens (vllm/v1/metrics/loggers.py)
+        self.prefix_queries = Counter("msllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                      registry=r)
+        self.prefix_hits = Counter("msllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                   registry=r)
+        self.prefix_blocks = Gauge("msllm:prefix_cache_blocks", "Blocks held by the prefix cache.", registry=r)
+        self.prefix_bytes = Gauge("msllm:prefix_cache_bytes", "Bytes held by the prefix cache.", registry=r)
 
     def bind(self, engine) -> None:
         """Read the gauges from ``engine`` (its batch and queue) at each scrape."""
@@ -67,10 +78,18 @@ class ServerMetrics:
         self.waiting.set_function(lambda: engine.queue.qsize())
         self.kv_slots.set_function(lambda: kv_slots(engine.batch)[0])
         self.kv_usage.set_function(lambda: (lambda u, a: u / a if a else 0.0)(*kv_slots(engine.batch)))
+        store = getattr(engine, "prefix_cache", None)
+        self.prefix_blocks.set_function(lambda: len(store) if store is not None else 0)
+        self.prefix_bytes.set_function(lambda: store.bytes if store is not None else 0)
 
     # ---- engine hooks (engine thread) ---------------------------------------------------------
     def on_admit(self, work) -> None:
         self.prompt_tokens.inc(len(work.job.prompt))
+
+    def on_prefix(self, queried: int, hit: int) -> None:
+        """A prompt of ``queried`` tokens looked up in the prefix cache, ``hit`` of them found."""
+        self.prefix_queries.inc(queried)
+        self.prefix_hits.inc(hit)
 
     def on_token(self, work) -> None:
         now = time.monotonic()

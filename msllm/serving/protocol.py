@@ -270,3 +270,10 @@ def sse(obj: Any) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+def result(work, prompt_rows: Optional[list], gen_rows: list, text: str) -> dict:
+    """What the app needs to answer a finished job (``work``: the engine's ``Work``, its ``tokens``
+    set): its text, token counts and log-probability rows."""
+    return {"text": text, "completion_tokens": len(work.tokens), "prompt_tokens": len(work.job.prompt),
+            "prompt_logprobs": prompt_rows, "logprobs": gen_rows}

@@ -327,6 +327,34 @@ def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b,
     close(got, (p / p.sum(-1, keepdims=True)) @ vv)
 
 
+@pytest.mark.parametrize("b,h,kv,s,d,t_new", [(2, 6, 2, 70, 20, 5), (1, 9, 3, 96, 64, 32)],
+                         ids=["gqa-odd", "smollm2-heads"])
+def test_decode_attention_of_several_queries_per_row(kernels, pynative, b, h, kv, s, d, t_new):
+    """T new tokens per row over the cache (the serving engine's prefill pieces): each query has
+    its own mask row (padding before the row's first slot, causal: query i of row b sees slots up
+    to its own), the same float64 numpy reference as above with T queries; a query that sees
+    nothing gives 0."""
+    r = rng()
+    q, k, v = r.standard_normal((b, h, t_new, d)), r.standard_normal((b, kv, s, d)), r.standard_normal((b, kv, s, d))
+    mask = np.zeros((b, 1, t_new, s))
+    for row in range(b):
+        lo = 3 + row
+        for i in range(t_new):
+            last = s - t_new + i                      # query i sits in slot s - T + i
+            mask[row, 0, i, :lo] = mask[row, 0, i, last + 1:] = -1e9
+    mask[0, 0, 0, :] = -1e9                           # a query that sees nothing
+    slots_first = (2, 0, 1, 3)
+    cache = lambda x: t(np.ascontiguousarray(x.transpose(slots_first)).reshape(s * b, kv, d))  # noqa: E731
+    got = kernels.decode_attention(t(q), cache(k), cache(v), t(mask)).asnumpy()
+    kk, vv = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)          # (B, H, S, D)
+    scores = q @ kk.transpose(0, 1, 3, 2) + mask                                      # (B, H, T, S)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vv
+    want[0, :, 0] = 0.0
+    assert got.shape == (b, h, t_new, d)
+    close(got, want)
+
+
 def bf16_round(a):
     """float32 values rounded to bfloat16 by MindSpore (round to nearest even), widened back to
     float64: the values a bfloat16 tensor holds."""

@@ -63,7 +63,8 @@ def start_server(model_dir: str, log_path) -> Server:
     env = {k: v for k, v in os.environ.items() if k not in ("MS_WORKER_NUM", "RANK_SIZE", "RANK_ID", "MS_ROLE")}
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--config", CONFIG,
                              "--load_checkpoint", model_dir, "--port", str(port), "--api_key", KEY,
-                             "--model_name", MODEL, "--max_batch", "8", "--max_queue", "16"],
+                             "--model_name", MODEL, "--max_batch", "8", "--max_queue", "16",
+                             "--warmup_slots", "1024"],
                             stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=dict(env, GLOG_v="3"))
     s = Server(proc, f"http://127.0.0.1:{port}", log_path)
     t = time.time()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import re
 
 import pytest
 
@@ -136,6 +137,11 @@ def test_warmup_is_logged(server):
     log = server.log.read_text()
     line = next((x for x in log.splitlines() if "warmed up" in x), None)
     assert line is not None and "'decode', 1, 1, 512" in line and "'decode', 8, 1, 512" in line, log[-2000:]
+    # --warmup_slots 1024 (servetest_helpers.start_server), the default --prefill_chunk_size 512:
+    # the decode step over the widened cache and a long prompt's chunk over its own 1024 slots
+    assert "'decode', 8, 1, 1024" in line and "'extend', 1, 512, 1024" in line, line
+    assert re.search(r"warmed up \d+ graph shapes in \d+\.\d s", line), line
+    assert "prefill chunk 512 tokens" in log and "prefix caching off" in log
 
 
 def test_seeded_sampling_and_stop_strings_equal_predict(smollm2_dir, server, client, greedy_ref, tmp_path):

@@ -25,7 +25,9 @@ from helpers.distributed import train_summary
 from msllm.data.preference import preprocess_preference
 from msllm.training import checkpoint as ckpt
 
-pytestmark = pytest.mark.slow
+# graph_mode (tests/conftest.py) sets the CPU device before this module's in-process MindSpore calls: MindSpore fixes
+# the device at the first kernel, and the modules after this one set it again
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("graph_mode")]
 
 SEQ, STEPS, SEED, BETA, FTX = 64, 2, 0, 0.1, 0.1
 ARGS = [f"--model.model_config.seq_length={SEQ}", "--model.model_config.hidden_size=64",

@@ -48,22 +48,25 @@ MSLLM_AOT(msllm_decode_attention) {
   const float *v = static_cast<const float *>(params[2]);
   const float *mask = static_cast<const float *>(params[3]);
   float *o = static_cast<float *>(params[4]);
-  // the caches are flat (S * B, K, D): cache row s * B + b holds slot s of batch row b
+  // the caches are flat (S * B, K, D): cache row s * B + b holds slot s of batch row b.
+  // q (B, H, T, D) with mask (B or 1, 1, T, S): T = 1 a decode step, T > 1 new tokens over a
+  // cache holding earlier ones (the serving engine's prefill pieces); each query has its own
+  // mask row, so (row, head, query) triples are the rows of the computation
   if (ndims[0] != 4 || ndims[1] != 3 || ndims[2] != 3 || ndims[3] != 4) return 2;
   const int64_t b = shapes[0][0], h = shapes[0][1], t = shapes[0][2], d = shapes[0][3];
-  if (b <= 0 || shapes[1][0] % b != 0) return 2;
+  if (b <= 0 || t <= 0 || shapes[1][0] % b != 0) return 2;
   const int64_t s = shapes[1][0] / b, kv = shapes[1][1];
-  if (t != 1 || shapes[1][2] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s ||
+  if (shapes[1][2] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s || shapes[3][2] != t ||
       (shapes[3][0] != b && shapes[3][0] != 1) || shapes[2][0] != s * b || shapes[2][1] != kv || shapes[2][2] != d)
     return 2;
-  const int64_t group = h / kv, bh = b * h;
+  const int64_t group = h / kv, bh = b * h * t;             // rows: (batch row, head, query)
   const int64_t stride = b * kv * d;                        // from one slot to the next
   const int64_t mask_rows = shapes[3][0];
   // chunks of at least 32 slots, about 4 per thread so the pool can balance them
   const int64_t want = 4 * static_cast<int64_t>(Pool::get().size());
   const int64_t len = std::max<int64_t>(32, (s + want - 1) / want);
   const int64_t chunks = (s + len - 1) / len;
-  // per chunk: scores (B*H, len), then max (B*H), sum (B*H), acc (B*H, D)
+  // per chunk: scores (B*H*T, len), then max (B*H*T), sum (B*H*T), acc (B*H*T, D)
   const int64_t per = bh * len + 2 * bh + bh * d;
   std::unique_ptr<float[]> work(new float[chunks * per]);   // every element written before it is read
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
@@ -72,12 +75,14 @@ MSLLM_AOT(msllm_decode_attention) {
     float *score = work.get() + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
     for (int64_t j = j0; j < j1; ++j) {                     // keys: slot j's (B, K, D) block
       const float *kj = k + j * stride;
-      for (int64_t bi = 0; bi < b; ++bi) {
-        const float m = mask[(mask_rows == 1 ? 0 : bi) * s + j];
-        for (int64_t hi = 0; hi < h; ++hi)
-          score[(bi * h + hi) * len + (j - j0)] =
-              m <= kHidden ? -INFINITY : dot(q + (bi * h + hi) * d, kj + (bi * kv + hi / group) * d, d) + m;
-      }
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const float m = mask[((mask_rows == 1 ? 0 : bi) * t + ti) * s + j];
+          for (int64_t hi = 0; hi < h; ++hi) {
+            const int64_t r = (bi * h + hi) * t + ti;
+            score[r * len + (j - j0)] = m <= kHidden ? -INFINITY : dot(q + r * d, kj + (bi * kv + hi / group) * d, d) + m;
+          }
+        }
     }
     for (int64_t r = 0; r < bh; ++r) {                      // softmax numerators of the chunk
       float *sr = score + r * len;
@@ -87,11 +92,14 @@ MSLLM_AOT(msllm_decode_attention) {
     std::fill(acc, acc + bh * d, 0.f);
     for (int64_t j = j0; j < j1; ++j) {                     // values: slot j's (B, K, D) block
       const float *vj = v + j * stride;
-      for (int64_t bi = 0; bi < b; ++bi) {
-        if (mask[(mask_rows == 1 ? 0 : bi) * s + j] <= kHidden) continue;
-        for (int64_t hi = 0; hi < h; ++hi)
-          axpy(acc + (bi * h + hi) * d, vj + (bi * kv + hi / group) * d, score[(bi * h + hi) * len + (j - j0)], d);
-      }
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t ti = 0; ti < t; ++ti) {
+          if (mask[((mask_rows == 1 ? 0 : bi) * t + ti) * s + j] <= kHidden) continue;
+          for (int64_t hi = 0; hi < h; ++hi) {
+            const int64_t r = (bi * h + hi) * t + ti;
+            axpy(acc + r * d, vj + (bi * kv + hi / group) * d, score[r * len + (j - j0)], d);
+          }
+        }
     }
   });
   for (int64_t r = 0; r < bh; ++r) {                        // merge the chunks

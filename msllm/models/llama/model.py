@@ -441,6 +441,8 @@ class Attention(nn.Cell):
         b, t, c = x.shape
         if t == 1 and not fresh and self.decode_attention is not None and self.softmax_dtype == ms.float32:
             return self.decode_one(x, cos, sin, mask, k_cache, v_cache, index)
+        if not fresh and self.decode_attention is not None and self.softmax_dtype == ms.float32:
+            return self.extend_kernel(x, cos, sin, mask, k_cache, v_cache, index)
         if fresh and start is not None and self.flash is not None:
             return self.prefill_flash(x, cos, sin, k_cache, v_cache, index, start)
         q, k, v = self.project(x, cos, sin)                                            # (B, H|K, T, D)
@@ -471,6 +473,26 @@ class Attention(nn.Cell):
         out = self.o_proj(self.reshape(out, (b * t, self.n_heads * d)))               # (B*T, C)
         out = self.reshape(out, (b, t, self.hidden))
         return ops.depend(ops.depend(out, k_cache), v_cache)    # keep the cache writes (see above)
+
+    def extend_kernel(self, x, cos, sin, mask, k_cache, v_cache, index):
+        """T > 1 new tokens per row over a cache holding earlier ones (a suffix after a cached
+        prefix, a chunk of a long prompt) on msllm's CPU kernels: x (B, T, C) -> (B, T, C). Rotary
+        as in :meth:`prefill_flash`, the keys and values written into the caches, then
+        ``decode_attention`` with each query's own mask row (B, 1, T, S) straight from the flat
+        caches: no (B, H, T, S) score tensors in the graph (the composed path kept about
+        5,400 x T x S bytes per graph for SmolLM2's 30 layers: 2.9 GB at T = 512, S = 1024)."""
+        b, t, c = x.shape
+        d = self.head_dim
+        q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)                      # (B, T, H|K, D)
+        cos, sin = self.reshape(cos, (b * t, d)), self.reshape(sin, (b * t, d))       # per (row, slot)
+        q = self.reshape(self.rope(self.reshape(q, (1, b * t, self.n_heads, d)), cos, sin), (b, t, self.n_heads, d))
+        k = self.reshape(self.rope(self.reshape(k, (1, b * t, self.n_kv, d)), cos, sin), (b, t, self.n_kv, d))
+        k_cache = self.kv_cache(k_cache, self.transpose(k, (1, 0, 2, 3)), index)     # (T, B, K, D) in
+        v_cache = self.kv_cache(v_cache, self.transpose(v, (1, 0, 2, 3)), index)
+        q = self.mul_scale(self.transpose(q, (0, 2, 1, 3)), self.scale)              # (B, H, T, D)
+        out = self.decode_attention(q, k_cache, v_cache, self.cast(mask, ms.float32))  # (B, H, T, D)
+        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * d))
+        return self.reshape(self.o_proj(out), (b, t, self.hidden))
 
     def decode_one(self, x, cos, sin, mask, k_cache, v_cache, index):
         """One new token per row on msllm's CPU kernels: x (B, 1, C) -> (B, 1, C). The heads stay
