@@ -57,7 +57,7 @@ def gguf_file(bin_dir: str, model_dir: str, outtype: str) -> str:
     """SmolLM2 as GGUF ``outtype``, converted once with the tree's own convert_hf_to_gguf.py (temp name, then
     rename). Needs the converter's Python packages (numpy, torch, transformers, sentencepiece: the test
     references installed with msllm's dev extras) and the tree's gguf-py."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(bin_dir)))       # <cpu key>/build/bin -> <cpu key>
+    root = os.path.dirname(os.path.dirname(bin_dir))       # <cpu key>/build/bin -> <cpu key>
     src = os.path.join(root, "src")
     out = os.path.join(os.path.dirname(root), "gguf", f"smollm2-135m-instruct-{outtype}.gguf")
     if not os.path.exists(out):
