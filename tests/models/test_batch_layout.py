@@ -13,8 +13,8 @@ from helpers.tables import reference_mask
 import mindspore as ms
 from mindspore import nn
 
-from msllm.models.llama.batch_layout import (HIDDEN, MASKED, additive_mask, causal_positions, key_positions,
-                                             left_pad, positions_for)
+from msllm.models.llama.batch_layout import (HIDDEN, MASKED, additive_mask, causal_positions, document_layout,
+                                             document_mask, document_targets, key_positions, left_pad, positions_for)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -119,13 +119,12 @@ class Documents(nn.Cell):
         self.window = window
 
     def construct(self, ends, targets):
-        from msllm.models.llama.batch_layout import document_layout, document_mask, document_targets
-
         segment, start, pos = document_layout(ends, targets.shape[1])
         return (segment, start, pos, document_mask(segment, self.window, ms.float32),
                 document_targets(targets, segment, -100))
 
 
+@pytest.mark.usefixtures("graph_mode")   # the rules run inside the model's graph: check them there
 @pytest.mark.parametrize("window", [None, 3])
 def test_document_rules_hand_checked_and_against_the_float64_reference(window):
     """Packed rows (MindFormers' actual_seq_len, padded with T): row 0 holds documents of 3, 4, 2
