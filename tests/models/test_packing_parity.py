@@ -29,8 +29,9 @@ from mindspore import Tensor
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.model import LlamaForCausalLM
 
-ms.set_device("CPU")
-ms.set_context(mode=ms.PYNATIVE_MODE)
+# PyNative for every test (tests/conftest.py's fixture; a module-level set_context happens at collection and
+# is undone by the modules that run before this one)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 SEED = 20261127
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
