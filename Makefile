@@ -23,9 +23,10 @@ $(VENV)/.installed: setup.py
 demo: install
 	bash scripts/run_demo.sh
 
-# each full run writes every test's duration to tests/durations.txt (committed: the slow ones stay visible)
+# each full run writes every test's duration to tests/durations.txt (committed: the slow ones stay visible);
+# three pytest processes one after another (tests/run_parts.sh says why: one process outgrew the machine)
 test: install
-	MSLLM_DURATIONS_FILE=tests/durations.txt $(PY) -m pytest tests
+	MSLLM_DURATIONS_FILE=tests/durations.txt PY=$(PY) bash tests/run_parts.sh
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"
