@@ -455,12 +455,11 @@ class Attention(nn.Cell):
             return ops.depend(ops.depend(out, k_cache), v_cache)
         return self.attend(q, self.kv_cache.heads_first(k_cache, b), self.kv_cache.heads_first(v_cache, b), mask)
 
-    def prefill_flash(self, x, cos, sin, k_cache, v_cache, index, start):
-        """A prefill of left-padded rows on msllm's CPU kernels: x (B, T, C) -> (B, T, C). Rotary
-        by the ``rope`` kernel over the B*T (row, slot) pairs, each with its own position's table
-        row; causal (and windowed) attention by ``flash_attention_padded``, row b's keys from
-        slot ``start[b]`` (what the additive mask says, without the (B, H, T, T) scores: the
-        composed attention was ~30% of SmolLM2's 512-token prefill; BENCHMARKS.md)."""
+    def rotated_into_cache(self, x, cos, sin, k_cache, v_cache, index):
+        """The kernel paths' common front for T tokens per row: x (B, T, C) -> q (B, T, H, D), k, v
+        (B, T, K, D), rotary by the ``rope`` kernel over the B*T (row, slot) pairs (each with its own
+        position's table row), keys and values written into the caches at ``index``; returns
+        (q, k, v, k_cache, v_cache)."""
         b, t, c = x.shape
         d = self.head_dim
         q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)                      # (B, T, H|K, D)
@@ -469,6 +468,17 @@ class Attention(nn.Cell):
         k = self.reshape(self.rope(self.reshape(k, (1, b * t, self.n_kv, d)), cos, sin), (b, t, self.n_kv, d))
         k_cache = self.kv_cache(k_cache, self.transpose(k, (1, 0, 2, 3)), index)     # (T, B, K, D) in
         v_cache = self.kv_cache(v_cache, self.transpose(v, (1, 0, 2, 3)), index)
+        return q, k, v, k_cache, v_cache
+
+    def prefill_flash(self, x, cos, sin, k_cache, v_cache, index, start):
+        """A prefill of left-padded rows on msllm's CPU kernels: x (B, T, C) -> (B, T, C). Rotary
+        by the ``rope`` kernel over the B*T (row, slot) pairs, each with its own position's table
+        row; causal (and windowed) attention by ``flash_attention_padded``, row b's keys from
+        slot ``start[b]`` (what the additive mask says, without the (B, H, T, T) scores: the
+        composed attention was ~30% of SmolLM2's 512-token prefill; BENCHMARKS.md)."""
+        b, t, _ = x.shape
+        d = self.head_dim
+        q, k, v, k_cache, v_cache = self.rotated_into_cache(x, cos, sin, k_cache, v_cache, index)
         out = self.flash_padded(q, k, v, self.window, start)                          # (B, T, H, D)
         out = self.o_proj(self.reshape(out, (b * t, self.n_heads * d)))               # (B*T, C)
         out = self.reshape(out, (b, t, self.hidden))
@@ -481,14 +491,9 @@ class Attention(nn.Cell):
         ``decode_attention`` with each query's own mask row (B, 1, T, S) straight from the flat
         caches: no (B, H, T, S) score tensors in the graph (the composed path kept about
         5,400 x T x S bytes per graph for SmolLM2's 30 layers: 2.9 GB at T = 512, S = 1024)."""
-        b, t, c = x.shape
+        b, t, _ = x.shape
         d = self.head_dim
-        q, k, v = self.heads(self.reshape(x, (b * t, c)), b, t)                      # (B, T, H|K, D)
-        cos, sin = self.reshape(cos, (b * t, d)), self.reshape(sin, (b * t, d))       # per (row, slot)
-        q = self.reshape(self.rope(self.reshape(q, (1, b * t, self.n_heads, d)), cos, sin), (b, t, self.n_heads, d))
-        k = self.reshape(self.rope(self.reshape(k, (1, b * t, self.n_kv, d)), cos, sin), (b, t, self.n_kv, d))
-        k_cache = self.kv_cache(k_cache, self.transpose(k, (1, 0, 2, 3)), index)     # (T, B, K, D) in
-        v_cache = self.kv_cache(v_cache, self.transpose(v, (1, 0, 2, 3)), index)
+        q, k, v, k_cache, v_cache = self.rotated_into_cache(x, cos, sin, k_cache, v_cache, index)
         q = self.mul_scale(self.transpose(q, (0, 2, 1, 3)), self.scale)              # (B, H, T, D)
         out = self.decode_attention(q, k_cache, v_cache, self.cast(mask, ms.float32))  # (B, H, T, D)
         out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * d))
