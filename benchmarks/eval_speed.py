@@ -13,7 +13,9 @@ Runs alternate msllm / harness ``--repeats`` times, each in a fresh process
 (benchmarks/workers/eval_worker.py) that runs the task twice: cold = process start to the end of
 the first pass (imports, model load, msllm's graph compilation), warm = the second pass; the
 summary gives median (min-max) of both over the rounds, and msllm / harness as the median (min-max)
-of the per-round paired ratios (``benchmarks/ratios.py``). ``--demo_ckpt``: also the MMLU accuracy of that checkpoint
+of the per-round paired ratios (``benchmarks/ratios.py``). ``--dense``: a third run per round,
+``msllm-dense``, with the output head at every position as the harness computes it (the like-for-like
+row; msllm's default runs the head only at the queried positions). ``--demo_ckpt``: also the MMLU accuracy of that checkpoint
 (the demo model; chance level, 25%, is expected of models this small). Raw JSON to ``--out``.
 """
 
@@ -40,6 +42,7 @@ SHAPES = {"tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads
           "medium": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1376)}
 SEQ = 1024
 QUESTIONS = 100
+WHOS = ("msllm", "harness")
 
 
 def make_model(shape, cache):
@@ -93,8 +96,9 @@ def main_real(args):
 
     report["versions"] = {k: md.version(k) for k in ("mindspore", "torch", "transformers", "lm_eval", "tokenizers")}
     t0 = time.time()
+    whos = WHOS + (("msllm-dense",) if args.dense else ())
     for rnd in range(args.repeats):
-        for who in ("msllm", "harness"):
+        for who in (whos if rnd % 2 == 0 else whos[::-1]):     # alternate the order between rounds
             before = loadavg()
             r = run(who, "mmlu", hf_dir, cache, args.seq_length, extra)
             r.update(round=rnd, load_before=before, load_after=loadavg())
@@ -105,7 +109,7 @@ def main_real(args):
                   f"{[round(x, 1) for x in r['seconds']]}  warm {n / r['warm_s']:.3f} q/s  acc {r['results']['acc']:.3f}"
                   f"  load {before} -> {r['load_after']}", flush=True)
     summary = {}
-    for who in ("msllm", "harness"):
+    for who in whos:
         rs = [r for r in report["runs"] if r["who"] == who]
         n = rs[0]["results"]["n"]
         row = {}
@@ -120,11 +124,14 @@ def main_real(args):
     for kind in ("cold", "warm"):   # the median of the per-round paired ratios, with min and max
         st = ratios.paired_stats(report["runs"], "msllm", "harness", f"{kind}_s", label="who", lower_is_better=True)
         summary[f"speedup_{kind}"], summary[f"speedup_{kind}_paired"] = st["median"], st
+        if args.dense:
+            summary[f"speedup_dense_{kind}_paired"] = ratios.paired_stats(
+                report["runs"], "msllm-dense", "harness", f"{kind}_s", label="who", lower_is_better=True)
     report.update(summary=summary, load_at_end=loadavg(), total_seconds=time.time() - t0)
     write_json_atomic(args.out, report)
     print("\n| framework | questions | cold q/s median (min-max) | warm q/s median (min-max) | load s | first pass s | acc |")
     print("|---|---|---|---|---|---|---|")
-    for who in ("msllm", "harness"):
+    for who in whos:
         r = summary[who]
         c, w = r["cold"], r["warm"]
         print(f"| {who} | {r['questions']} | {c['questions_per_s_median']:.3f} ({c['min']:.3f}-{c['max']:.3f}) "
@@ -132,6 +139,9 @@ def main_real(args):
               f"| {r['first_pass_s']:.1f} | {r['acc']:.3f} |")
     print(f"\nmsllm / harness (paired rounds): cold {ratios.fmt(summary['speedup_cold_paired'])}x, "
           f"warm {ratios.fmt(summary['speedup_warm_paired'])}x")
+    if args.dense:
+        print(f"msllm-dense / harness (paired rounds, like for like): cold "
+              f"{ratios.fmt(summary['speedup_dense_cold_paired'])}x, warm {ratios.fmt(summary['speedup_dense_warm_paired'])}x")
     print("wrote", args.out)
 
 
@@ -148,6 +158,8 @@ def main():
     ap.add_argument("--limit", type=int, default=1, help="--real: MMLU questions per subject")
     ap.add_argument("--seq_length", type=int, default=2048, help="--real: msllm seq_length / HFLM max_length")
     ap.add_argument("--batch_size", type=int, default=4, help="--real: rows per forward pass, both sides")
+    ap.add_argument("--dense", action="store_true", help="also msllm-dense: the output head at every position "
+                    "(the like-for-like row)")
     args = ap.parse_args()
     if args.real:
         if args.out == os.path.join(HERE, "results", "eval_speed.json"):
@@ -161,8 +173,9 @@ def main():
     for shape in args.shapes:
         hf_dir = make_model(shape, cache)
         for task in args.tasks:
+            whos = WHOS + (("msllm-dense",) if args.dense and task == "mmlu" else ())
             for rnd in range(args.repeats):
-                for who in ("msllm", "harness"):
+                for who in (whos if rnd % 2 == 0 else whos[::-1]):
                     before = loadavg()
                     r = run(who, task, hf_dir, cache)
                     r.update(shape=shape, round=rnd, load_before=before, load_after=loadavg())
@@ -172,7 +185,7 @@ def main():
             # warm = the second pass; median (min, max) over the rounds; msllm / harness: the median
             # (min, max) of the per-round paired ratios
             row = {}
-            for who in ("msllm", "harness"):
+            for who in whos:
                 rs = [r for r in report["runs"] if (r["shape"], r["task"], r["who"]) == (shape, task, who)]
                 units = QUESTIONS if task == "mmlu" else rs[0]["results"]["tokens"]
                 for kind, secs in (("cold", [r["spawn_to_first_pass_end_s"] for r in rs]),
@@ -187,6 +200,9 @@ def main():
                                        lower_is_better=True)
             report["summary"][f"{shape}_{task}"] = {key: row, "speedup_cold": cold["median"], "speedup_cold_paired": cold,
                                                     "speedup_warm": warm["median"], "speedup_warm_paired": warm}
+            if "msllm-dense" in whos:
+                report["summary"][f"{shape}_{task}"]["speedup_dense_warm_paired"] = ratios.paired_stats(
+                    sub, "msllm-dense", "harness", lambda r: r["seconds"][-1], label="who", lower_is_better=True)
             print(shape, task, report["summary"][f"{shape}_{task}"], flush=True)
     if args.demo_ckpt:
         out_dir = os.path.join(cache, "demo_eval")

@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
         run_eval(cfg, template=args.template, adapter=args.adapter, task=args.task, data=args.data_dir,
                  num_fewshot=args.num_fewshot, limit=args.limit, stride=args.stride, tokenizer=args.tokenizer,
-                 max_gen_toks=args.max_gen_toks, reuse_prefix=args.reuse_prefix, max_length=args.max_length)
+                 max_gen_toks=args.max_gen_toks, reuse_prefix=args.reuse_prefix, max_length=args.max_length,
+                 dense_head=args.dense_head)
         return 0
     from msllm.training.trainer import train
 

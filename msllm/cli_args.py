@@ -76,6 +76,8 @@ def build_parser(config_required: bool = True) -> argparse.ArgumentParser:
     ev.add_argument("--max_length", type=int, help="context in tokens (lm-eval's flag; default: an HF directory's "
                                                   "positions as lm-eval's HFLM takes them, else seq_length)")
     ev.add_argument("--reuse_prefix", action="store_true", help="reuse the few-shot prefix through the KV cache")
+    ev.add_argument("--dense_head", action="store_true", help="multiple choice: the output head at every position, "
+                    "as lm-eval's HFLM (same numbers, more work; for like-for-like benchmarks)")
     return parser
 
 

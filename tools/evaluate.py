@@ -3,7 +3,7 @@
 
     python tools/evaluate.py --config CONFIG --load_checkpoint CKPT --task mmlu --data_dir DIR
         [--num_fewshot 5] [--limit N] [--batch_size B] [--stride S] [--tokenizer tokenizer.model]
-        [--adapter LORA.ckpt] [--max_gen_toks 256] [--max_length N] [--reuse_prefix] [--section.key=value ...]
+        [--adapter LORA.ckpt] [--max_gen_toks 256] [--max_length N] [--reuse_prefix] [--dense_head] [--section.key=value ...]
 
 Tasks: ``mmlu`` (DIR/{dev,test}/{subject}_{split}.csv), ``ceval`` (DIR/{dev,val}/...csv),
 ``boolq`` (DIR/{train,dev}.jsonl), ``gsm8k`` (DIR/{train,test}.jsonl), ``mc`` (own multiple-choice
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", help="a LoRA adapter checkpoint applied to the base")
     parser.add_argument("--reuse_prefix", action="store_true",
                         help="run shared few-shot prefixes once through the KV cache (memory-hungry on CPU)")
+    parser.add_argument("--dense_head", action="store_true",
+                        help="multiple choice: the output head at every position, as lm-eval's HFLM (same numbers, "
+                             "more work; for like-for-like benchmarks)")
     parser.add_argument("--run_mode", default="eval", help="set by run_distribute.sh; must be eval")
     args, rest = parser.parse_known_args(argv)
     if args.run_mode != "eval":
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, overrides)
     evaluate(cfg, args.task, args.data_dir, args.num_fewshot, args.limit, args.batch_size, args.stride,
              args.tokenizer, args.adapter, args.max_gen_toks, reuse_prefix=args.reuse_prefix,
-             max_length=args.max_length)
+             max_length=args.max_length, dense_head=args.dense_head)
     return 0
 
 

@@ -1,10 +1,11 @@
 """One timed evaluation run for benchmarks/eval_speed.py (a fresh process per run, so threads and
 compiled graphs do not carry over between frameworks).
 
-    python eval_worker.py {msllm|harness} {mmlu|ppl} HF_DIR SEQ_LENGTH OUT.json [BATCH]
+    python eval_worker.py {msllm|msllm-dense|harness} {mmlu|ppl} HF_DIR SEQ_LENGTH OUT.json [BATCH]
 
 msllm: ``msllm.eval.runner.evaluate`` on the model loaded from the HF directory (GRAPH mode, CPU),
-run twice (cold: including graph compilation; warm). harness: lm-eval's ``HFLM`` (torch, 2
+run twice (cold: including graph compilation; warm); ``msllm-dense``: the same with the output head at
+every position (``dense_head``, the harness's work: the like-for-like row). harness: lm-eval's ``HFLM`` (torch, 2
 threads, add_bos_token=True, the same SentencePiece tokenisation) on the same requests built by
 msllm's task reader (the tests prove the prompts equal the harness's own); perplexity against a
 direct transformers loop over the same windows.
@@ -37,7 +38,7 @@ def ppl_file(out_dir):
     return path
 
 
-def run_msllm(task, hf_dir, seq, out, batch):
+def run_msllm(task, hf_dir, seq, out, batch, dense=False):
     import mindspore as ms
 
     from msllm.config import RunConfig
@@ -58,7 +59,7 @@ def run_msllm(task, hf_dir, seq, out, batch):
     for _ in range(2):
         t = time.perf_counter()
         payload = evaluate(run_cfg, task, data, num_fewshot=5 if task == "mmlu" else None, batch_size=batch,
-                           stride=seq, model=(net, mc, tok, 0, 1))
+                           stride=seq, model=(net, mc, tok, 0, 1), dense_head=dense)
         times.append(time.perf_counter() - t)
     return times, payload["results"]
 
@@ -109,7 +110,7 @@ def run_harness(task, hf_dir, seq, out, batch):
     return times, {"tokens": n, "mean_nll": nll / n}
 
 
-def real_msllm(hf_dir, seq, out, batch, limit, config, passes):
+def real_msllm(hf_dir, seq, out, batch, limit, config, passes, dense=False):
     """A real model as the user runs it: ``tools/evaluate.py --config CONFIG --load_checkpoint HF_DIR
     --task mmlu --num_fewshot 5 --limit N --model.model_config.seq_length=SEQ`` (the model's own
     tokenizer.json), the loaded model then scored ``passes`` times: cold (first, graphs compiled)
@@ -130,7 +131,7 @@ def real_msllm(hf_dir, seq, out, batch, limit, config, passes):
     times, payload = [], None
     for _ in range(passes):
         t = time.perf_counter()
-        payload = evaluate(cfg, "mmlu", MMLU, 5, limit, batch, model=(net, mc, tok, rank, world))
+        payload = evaluate(cfg, "mmlu", MMLU, 5, limit, batch, model=(net, mc, tok, rank, world), dense_head=dense)
         times.append(time.perf_counter() - t)
     r = payload["results"]
     return times, {"acc": r.get("acc"), "n": r.get("n", r.get("count")), "add_bos_token": payload["add_bos_token"],
@@ -175,7 +176,7 @@ def main():
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("who", choices=["msllm", "harness"])
+    ap.add_argument("who", choices=["msllm", "msllm-dense", "harness"])
     ap.add_argument("task", choices=["mmlu", "ppl"])
     ap.add_argument("hf_dir")
     ap.add_argument("seq", type=int)
@@ -188,15 +189,18 @@ def main():
     t0 = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     extra = {}
     if a.real_config:
-        if a.who == "msllm":
-            times, results = real_msllm(a.hf_dir, a.seq, a.out, a.batch, a.limit, a.real_config, a.passes)
+        if a.who != "harness":
+            times, results = real_msllm(a.hf_dir, a.seq, a.out, a.batch, a.limit, a.real_config, a.passes,
+                                        dense=a.who == "msllm-dense")
         else:
             times, results = real_harness(a.hf_dir, a.seq, a.out, a.batch, a.limit, a.passes)
         extra = {"spawn_to_first_pass_end_s": time.time() - t0 - sum(times[1:]), "limit": a.limit,
                  "seq_length": a.seq}
     else:
-        fn = run_msllm if a.who == "msllm" else run_harness
-        times, results = fn(a.task, a.hf_dir, a.seq, a.out, a.batch)
+        if a.who == "harness":
+            times, results = run_harness(a.task, a.hf_dir, a.seq, a.out, a.batch)
+        else:
+            times, results = run_msllm(a.task, a.hf_dir, a.seq, a.out, a.batch, dense=a.who == "msllm-dense")
         extra = {"spawn_to_first_pass_end_s": time.time() - t0 - sum(times[1:])}
     with open(a.out, "w") as fh:
         json.dump({"who": a.who, "task": a.task, "seconds": times, "results": results, "batch_size": a.batch,

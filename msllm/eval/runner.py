@@ -108,7 +108,7 @@ def _hf_max_length(directory: str) -> tuple[int, str]:
 def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit: Optional[int] = None,
              batch_size: Optional[int] = 8, stride: Optional[int] = None, tokenizer: Optional[str] = None,
              adapter: Optional[str] = None, max_gen_toks: Optional[int] = 256, model=None,
-             reuse_prefix: bool = False, max_length: Optional[int] = None) -> dict:
+             reuse_prefix: bool = False, max_length: Optional[int] = None, dense_head: bool = False) -> dict:
     """Run one task and report it; returns the results payload (also written on rank 0).
 
     Args:
@@ -125,6 +125,8 @@ def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit
             with the head only at scored positions, was as fast on the benchmark.
         max_length: the context in tokens (lm-eval's ``--max_length``); None:
             :func:`context_length`'s rule.
+        dense_head: multiple-choice scoring runs the output head at every position, as lm-eval's
+            ``HFLM`` (same numbers, more work: for like-for-like benchmarks; :mod:`msllm.eval.scoring`).
 
     Raises:
         MsllmError: unknown task, bad data (file:line), nothing to load.
@@ -146,9 +148,10 @@ def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit
         print(f"eval: {task}, context max_length {max_length} tokens ({origin})", flush=True)
     payload = {"task": task, "data": os.path.abspath(data), "checkpoint": source, "num_fewshot": spec.num_fewshot,
                "limit": limit, "max_length": max_length, "world_size": world, "add_bos_token": bos_rule(tok)[0] is not None,
-               "files": spec.files}
+               "files": spec.files, "dense_head": bool(dense_head)}
     if spec.kind == "mc":
-        payload.update(_run_mc(spec, net, tok, max_length, batch_size, rank, world, 32 if reuse_prefix else 0))
+        payload.update(_run_mc(spec, net, tok, max_length, batch_size, rank, world, 32 if reuse_prefix else 0,
+                               dense_head))
     elif spec.kind == "gen":
         payload.update(_run_gen(spec, net, tok, max_length, batch_size, max_gen_toks, rank, world))
     else:
@@ -161,7 +164,7 @@ def evaluate(cfg, task: str, data: str, num_fewshot: Optional[int] = None, limit
     return payload
 
 
-def _run_mc(spec, net, tok, max_length, batch_size, rank, world, min_prefix) -> dict:
+def _run_mc(spec, net, tok, max_length, batch_size, rank, world, min_prefix, dense_head=False) -> dict:
     from msllm.eval.requests import build_rows, encode_pair
     from msllm.eval.scoring import score_rows, scorer_for
 
@@ -170,7 +173,8 @@ def _run_mc(spec, net, tok, max_length, batch_size, rank, world, min_prefix) -> 
     encoded = [encode_pair(tok.encode, bos, ctx, cont, prefix) for _, _, ctx, cont in pairs]
     rows = build_rows(encoded, max_length)
     bar, update = _progress(len(encoded), rank, spec.name)
-    scores = score_rows(scorer_for(net, batch_size, tok.pad_id, min_prefix), rows, rank, world, update)
+    scores = score_rows(scorer_for(net, batch_size, tok.pad_id, min_prefix, dense_head=dense_head), rows, rank,
+                        world, update)
     bar.close()
     records = res.mc_records(spec, scores, [(d, c) for d, c, _, _ in pairs])
     out = {"results": res.aggregate(records, spec.metrics), "docs": records}

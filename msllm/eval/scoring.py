@@ -4,6 +4,9 @@ What one forward pass computes: the decoder over a batch of rows, then the outpu
 log-softmax only at the queried positions (an MMLU question needs one position for its four
 answers; lm-evaluation-harness's ``HFLM`` runs the head over every position of the input). Each
 query returns ``log p(target)`` and whether the target is the arg-max (the harness's ``is_greedy``).
+``dense_head=True`` runs the head and log-softmax over every position first, as ``HFLM`` does, then
+picks the queried rows: the same numbers (row-wise log-softmax), the harness's work; it exists for
+like-for-like benchmark rows (``tools/evaluate.py --dense_head``), not for use.
 
 Two paths:
 
@@ -55,12 +58,14 @@ def _score_cell_class():
         """Log-probabilities and greedy ids at queried positions.
 
         ``construct(self, tokens (B, T) int32, rows (N,) int32 flat indices into B*T, targets (N,)
-        int32)`` -> (logp (N,) float32, argmax (N,) int32).
+        int32)`` -> (logp (N,) float32, argmax (N,) int32). ``dense``: head and log-softmax over all
+        B*T positions (a (B*T, V) float32 buffer), then the N rows picked.
         """
 
-        def __init__(self, net):
+        def __init__(self, net, dense=False):
             super().__init__(auto_prefix=False)  # keep the network's parameter names (training saves them after)
             self.net = net
+            self.dense = bool(dense)
             self.gather = ops.Gather()
             self.log_softmax = ops.LogSoftmax(-1)
             self.gather_d = ops.GatherD()
@@ -68,8 +73,12 @@ def _score_cell_class():
 
         def pick(self, hidden, rows, targets):
             c = hidden.shape[-1]
-            h = self.gather(hidden.reshape((-1, c)), rows, 0)                 # (N, C)
-            logp = self.log_softmax(self.net.head(h, True))                    # (N, V) float32
+            if self.dense:   # HFLM's work: every position through the head, then the queried rows
+                every = self.log_softmax(self.net.head(hidden.reshape((-1, c)), True))   # (B*T, V) float32
+                logp = self.gather(every, rows, 0)                                    # (N, V)
+            else:
+                h = self.gather(hidden.reshape((-1, c)), rows, 0)                 # (N, C)
+                logp = self.log_softmax(self.net.head(h, True))                    # (N, V) float32
             return self.gather_d(logp, 1, targets.reshape((-1, 1))).reshape((-1,)), self.argmax(logp)
 
         def construct(self, tokens, rows, targets):
@@ -125,10 +134,11 @@ class Scorer:
         min_prefix: shortest common prefix (tokens) worth caching; 0 disables prefix reuse.
         set_eval: put ``net`` in inference mode (``set_train(False)``); False leaves a network that
             is being trained as it is (the model has no dropout: the mode changes no number).
+        dense_head: the output head at every position, as lm-eval's ``HFLM`` (module docstring).
     """
 
     def __init__(self, net, batch_size: int = 8, pad_id: int = 0, max_batch_tokens: int = 8192,
-                 min_prefix: int = 32, set_eval: bool = True):
+                 min_prefix: int = 32, set_eval: bool = True, dense_head: bool = False):
         plain, cached, prefill = _score_cell_class()
         self.net = net
         self.cfg = net.config
@@ -139,7 +149,8 @@ class Scorer:
         self.max_positions = self.cfg.max_positions
         if set_eval:
             net.set_train(False)
-        self.plain, self.cached, self.prefill = plain(net), cached(net), prefill(net)
+        self.dense_head = bool(dense_head)
+        self.plain, self.cached, self.prefill = plain(net, dense_head), cached(net, dense_head), prefill(net)
 
     # ---- planning -------------------------------------------------------------------------
     def _batches(self, order: Sequence[int], lengths: Sequence[int], queries: Sequence[int]) -> list[list[int]]:
@@ -264,16 +275,18 @@ class Scorer:
             self._collect(rows, batch, out, logp.asnumpy(), greedy.asnumpy())
 
 
-def scorer_for(net, batch_size: int = 8, pad_id: int = 0, min_prefix: int = 32, set_eval: bool = True) -> Scorer:
+def scorer_for(net, batch_size: int = 8, pad_id: int = 0, min_prefix: int = 32, set_eval: bool = True,
+               dense_head: bool = False) -> Scorer:
     """The :class:`Scorer` of ``net`` for these settings, made once and kept on the network, so
     repeated evaluations (several tasks, evaluation during training) reuse its compiled graphs."""
     cache = getattr(net, "_msllm_scorers", None)
     if cache is None:
         cache = {}
         object.__setattr__(net, "_msllm_scorers", cache)
-    key = (int(batch_size), int(pad_id), int(min_prefix))
+    key = (int(batch_size), int(pad_id), int(min_prefix), bool(dense_head))
     if key not in cache:
-        cache[key] = Scorer(net, batch_size=batch_size, pad_id=pad_id, min_prefix=min_prefix, set_eval=set_eval)
+        cache[key] = Scorer(net, batch_size=batch_size, pad_id=pad_id, min_prefix=min_prefix, set_eval=set_eval,
+                            dense_head=dense_head)
     return cache[key]
 
 

@@ -93,6 +93,16 @@ def test_mmlu_5shot_matches_lm_eval(lm, models, tokenizer, tmp_path, capsys):
     assert "mmlu: acc" in out and "high_school_geography" in out and os.path.isfile(payload["results_file"])
 
 
+def test_mmlu_with_the_head_at_every_position_matches_lm_eval(lm, models, tokenizer, tmp_path):
+    """``dense_head`` (the like-for-like benchmark switch: the head over every position, as HFLM,
+    then the queried rows picked) gives the harness's numbers too."""
+    data = os.path.join(EVAL_DATA, "mmlu")
+    payload, spec, ref = run_both("mmlu", data, lm, models, tokenizer, tmp_path, num_fewshot=5, limit=2,
+                                  dense_head=True)
+    assert payload["dense_head"] is True
+    check_against_reference(payload, spec, ref)
+
+
 def test_mmlu_prefix_cache_and_plain_path_agree(models, tokenizer):
     """The shared-prefix path (few-shot examples run once through the KV cache) and the plain path
     give the same scores (float rounding only)."""
