@@ -82,7 +82,8 @@ def stream_one(client, prompt, new: int) -> tuple:
             text.append(chunk.choices[0].text)
         if chunk.usage:
             usage = chunk.usage.completion_tokens
-    return first, time.perf_counter() - t, usage, "".join(text)
+    # a server without ``usage`` in the stream (llama-server streams one token per chunk): the chunk count
+    return first, time.perf_counter() - t, usage if usage is not None else len(text), "".join(text)
 
 
 def wave(url: str, prompts: list, new: int) -> dict:
