@@ -179,14 +179,16 @@ class OutlinesCore:
         return self.oc.Index(build_regex_from_schema(json.dumps(schema), r"[ ]?"), self.vocabulary)
 
     def run(self, index, tokens):
-        from outlines_core.kernels.numpy import allocate_token_bitmask, fill_next_token_bitmask
+        import numpy as np
 
         g = self.oc.Guide(index)
-        bits = allocate_token_bitmask(self.vocab)
+        # the (1, ceil(V / 32)) int32 bitmask of outlines_core.kernels.numpy, filled by the Guide's own
+        # write_mask_into as that module's fill_next_token_bitmask does (the module itself imports numba)
+        bits = np.full((1, (self.vocab + 31) // 32), -1, dtype=np.int32)
         times, ok = [], True
         for t in tokens:
             s = time.perf_counter()
-            fill_next_token_bitmask(g, bits)
+            g.write_mask_into(bits.ctypes.data, bits.size, bits.itemsize)
             try:
                 g.advance(int(t))
             except Exception:     # the guide refuses the token

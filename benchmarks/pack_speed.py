@@ -110,7 +110,7 @@ def msllm_worker(a) -> dict:
     net.set_train(True)
     if a.lora:
         from msllm.lora.apply import apply_lora
-        from msllm.models.llama.config import PetConfig
+        from msllm.config_lora import PetConfig
 
         apply_lora(net, PetConfig(lora_rank=LORA["rank"], lora_alpha=LORA["alpha"],
                                   target_modules="|".join(LORA["targets"])))
