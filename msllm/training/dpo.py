@@ -72,26 +72,55 @@ def dpo_losses(logps_c, logps_r, ref_c, ref_r, n_c, n_r, beta: float, loss_type:
 class SequenceLogps(nn.Cell):
     """tokens (N, T) int32, targets (N, T) int32 -> (summed completion log-probs (N,), completion
     token counts (N,)) float32, through ``model`` (a :class:`~msllm.models.llama.model.LlamaForCausalLM`).
-    Ignored targets (``ignore_token_id``) contribute nothing."""
+    Ignored targets (``ignore_token_id``) contribute nothing.
+
+    With the model's ``compact_loss`` (its default with msllm's CPU kernels) the output head and the
+    log-softmax run only at the K positions that have a target, as the SFT loss does
+    (:meth:`LlamaForCausalLM.lm_loss`), and each row's sum is a segment sum over its kept positions:
+    in a DPO batch the prompt and the padding are most of the (N, T) positions (SmolLM2 on Alpaca
+    pairs at seq 256: ~15% have a target), and the (N*T, C) x (C, V) head was the largest single cost
+    of the step. The same numbers up to float rounding; TRL's reference test covers both paths
+    (``tests/training/test_dpo_trl.py``). K varies per batch: that part of the graph has a dynamic shape.
+    """
 
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
         self.ignore = model.config.ignore_token_id
+        self.compact = bool(getattr(model, "compact_loss", False))
         self.log_softmax = ops.LogSoftmax(-1)
         self.gather = ops.GatherD()
+        self.gather_rows = ops.Gather()
+        self.segment_sum = ops.UnsortedSegmentSum()
+        self.concat = ops.Concat(0)
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
+        # appended to the kept positions: position 0 with an ignored target, so that K = 0 still
+        # gives non-empty tensors (as the SFT compact loss does)
+        self.extra_row = Tensor([0], ms.int64)
+        self.extra_target = Tensor([self.ignore], ms.int32)
 
     def construct(self, tokens, targets):
         n, t = tokens.shape
-        logits = self.model.logits_of(self.model.model(tokens))                 # (N, T, V) float32
-        v = logits.shape[-1]
-        mask = self.cast(targets != self.ignore, ms.float32)                    # (N, T)
-        safe = self.reshape(ops.maximum(targets, 0), (n * t, 1))               # ignored -> id 0
-        lp = self.gather(self.log_softmax(self.reshape(logits, (n * t, v))), 1, safe)  # (N*T, 1)
-        lp = self.reshape(lp, (n, t)) * mask
-        return lp.sum(-1), mask.sum(-1)
+        h = self.model.model(tokens)                                            # (N, T, C)
+        if not self.compact:
+            logits = self.model.logits_of(h)                                    # (N, T, V) float32
+            v = logits.shape[-1]
+            mask = self.cast(targets != self.ignore, ms.float32)                # (N, T)
+            safe = self.reshape(ops.maximum(targets, 0), (n * t, 1))           # ignored -> id 0
+            lp = self.gather(self.log_softmax(self.reshape(logits, (n * t, v))), 1, safe)  # (N*T, 1)
+            lp = self.reshape(lp, (n, t)) * mask
+            return lp.sum(-1), mask.sum(-1)
+        flat = self.reshape(targets, (-1,))                                     # (N*T,)
+        keep = self.reshape(ops.nonzero(flat != self.ignore), (-1,))            # (K,) int64
+        rows = self.concat((keep, self.extra_row))                              # (K+1,)
+        tgt = self.concat((self.gather_rows(flat, keep, 0), self.extra_target))  # (K+1,), last ignored
+        hk = self.gather_rows(self.reshape(h, (n * t, -1)), rows, 0)           # (K+1, C)
+        logp = self.log_softmax(self.model.head(hk))                            # (K+1, V) float32
+        mask = self.cast(tgt != self.ignore, ms.float32)                        # (K+1,)
+        lp = self.reshape(self.gather(logp, 1, self.reshape(ops.maximum(tgt, 0), (-1, 1))), (-1,)) * mask
+        seq = self.cast(rows // t, ms.int32)                                    # (K+1,) the row of each
+        return self.segment_sum(lp, seq, n), self.segment_sum(mask, seq, n)
 
 
 def _owner(cell, dotted: str):

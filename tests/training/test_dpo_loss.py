@@ -50,3 +50,38 @@ def test_losses_equal_the_formulas(pynative, loss_type, eps):
 def test_bad_dpo_section_is_refused_by_key(kw, words):
     with pytest.raises(MsllmError, match=words):
         DPOConfig(**kw).validate("dpo")
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_sequence_logps_equal_float64_log_softmax_of_the_models_logits(pynative, compact):
+    """SequenceLogps (both paths: the head at the K target positions only, and at every position) against
+    float64 log-softmax of the same model's logits; rows with many, few and no completion tokens."""
+    import mindspore as ms
+
+    from msllm.models.llama.config import LlamaConfig
+    from msllm.models.llama.model import LlamaForCausalLM
+    from msllm.training.dpo import SequenceLogps
+
+    print("seed", SEED)
+    ms.set_seed(SEED)
+    cfg = LlamaConfig(vocab_size=101, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=96,
+                      seq_length=24)
+    model = LlamaForCausalLM(cfg, compact_loss=compact, fast_paths=True)
+    model.set_train(False)
+    rng = np.random.default_rng(SEED)
+    n, t = 4, 24
+    tokens = rng.integers(0, 101, (n, t)).astype(np.int32)
+    targets = rng.integers(0, 101, (n, t)).astype(np.int32)
+    targets[0, :5] = -100          # a prompt, then a completion
+    targets[1, :20] = -100         # a short completion
+    targets[2, :] = -100           # no completion at all
+    targets[3, 10:] = -100         # a completion followed by padding
+    got_lp, got_n = SequenceLogps(model)(ms.Tensor(tokens), ms.Tensor(targets))
+    logits = model.logits(ms.Tensor(tokens)).asnumpy().astype(np.float64)          # (N, T, V)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    mask = targets != -100
+    want = np.where(mask, np.take_along_axis(logp, np.maximum(targets, 0)[..., None], -1)[..., 0], 0.0).sum(-1)
+    np.testing.assert_allclose(got_n.asnumpy(), mask.sum(-1))
+    np.testing.assert_allclose(got_lp.asnumpy(), want, rtol=1e-5, atol=1e-4)
+    assert got_lp.asnumpy()[2] == 0.0 and abs(want[0]) > 1.0
