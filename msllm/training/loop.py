@@ -145,8 +145,17 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
     cc, spe, total_steps = cfg.callbacks.checkpoint, run.spe, run.total_steps
     compact = bool(getattr(run.network, "compact_loss", False))
     dpo = cfg.dpo is not None   # the network's stats are DPO's metrics (msllm.training.dpo)
+    # DPO batches are cut to their longest pair (msllm.training.dpo.cut_pair_batch) where shapes may vary
+    # from step to step: data parallel on CPU (a sharded or pipelined layout fixes its shapes; on Ascend
+    # each new shape would be a graph compile of minutes)
+    cut_pairs = dpo and not run.sharded and cfg.context.device_target == "CPU"
+    widths_seen: set = set()
     if dpo:
-        from msllm.training.dpo import metrics_dict
+        from msllm.training.dpo import cut_pair_batch, metrics_dict, pair_widths
+
+        if cut_pairs and run.rt.rank == 0:
+            log.info("dpo: each batch is cut to its longest pair, %s token positions (one compiled step per "
+                     "width)", "/".join(str(w) for w in pair_widths(mc.seq_length)))
     profiler = start_profiler(run.out, run.rt.rank) if cfg.profile else None
     step = start_step
     lr_index = int(run.optimizer.global_step.asnumpy().reshape(-1)[0])
@@ -158,6 +167,12 @@ def run_loop(run: TrainRun, start_step: int, monitor: LossMonitor, saver: Checkp
                 while step < min(total_steps, (epoch + 1) * spe):
                     t_data = time.perf_counter()
                     batch = next(batches)    # (input_ids, labels[, actual_seq_len] of packed rows)
+                    if cut_pairs:
+                        batch = cut_pair_batch(batch, mc.ignore_token_id, run.agree)
+                        width = batch[0].shape[-1] - 1
+                        if width not in widths_seen and run.rt.rank == 0:   # this step compiles its graph
+                            log.info("dpo: step %d is the first at width %d", step + 1, width)
+                        widths_seen.add(width)
                     labels = batch[1]
                     if profiler is not None and step + 1 == cfg.profile_start_step:
                         profiler.start()

@@ -85,3 +85,35 @@ def test_sequence_logps_equal_float64_log_softmax_of_the_models_logits(pynative,
     np.testing.assert_allclose(got_n.asnumpy(), mask.sum(-1))
     np.testing.assert_allclose(got_lp.asnumpy(), want, rtol=1e-5, atol=1e-4)
     assert got_lp.asnumpy()[2] == 0.0 and abs(want[0]) > 1.0
+
+
+class _Votes:
+    """Two data-parallel ranks' agreement (RankAgreement.sums), the other rank voting ``other``."""
+
+    def __init__(self, other):
+        self.world_size, self.other = 2, other
+
+    def sums(self, values):
+        return [v + o for v, o in zip(values, self.other)]
+
+
+def test_pair_batches_are_cut_to_the_longest_pair_in_width_buckets(pynative):
+    import mindspore as ms
+
+    from msllm.training.dpo import cut_pair_batch, pair_widths
+
+    assert pair_widths(256) == [32, 64, 128, 256] and pair_widths(32) == [32] and pair_widths(200) == [32, 64, 128, 200]
+    ids = np.arange(2 * 2 * 257, dtype=np.int32).reshape(2, 2, 257)
+    labels = np.full((2, 2, 257), -100, np.int32)
+    labels[0, 1, 90] = 5                      # the batch's last completion token: target position 89
+    labels[1, 0, 30:40] = 7
+    ref = ms.Tensor(np.zeros((2, 2), np.float32))
+    out = cut_pair_batch((ms.Tensor(ids), ms.Tensor(labels), ref), -100)
+    assert out[0].shape == (2, 2, 129) and out[1].shape == (2, 2, 129) and out[2] is ref
+    np.testing.assert_array_equal(out[0].asnumpy(), ids[..., :129])
+    np.testing.assert_array_equal(out[1].asnumpy(), labels[..., :129])
+    # another rank needing the full width wins; one needing less does not
+    assert cut_pair_batch((ms.Tensor(ids), ms.Tensor(labels)), -100, _Votes([0, 0, 0, 1]))[0].shape == (2, 2, 257)
+    assert cut_pair_batch((ms.Tensor(ids), ms.Tensor(labels)), -100, _Votes([1, 0, 0, 0]))[0].shape == (2, 2, 129)
+    labels[1, 1, 256] = 3                     # a completion reaching the row's end: nothing to cut
+    assert cut_pair_batch((ms.Tensor(ids), ms.Tensor(labels)), -100)[0].shape == (2, 2, 257)

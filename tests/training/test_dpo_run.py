@@ -23,7 +23,7 @@ from msllm.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 
-SEQ, STEPS, SEED = 64, 2, 0
+SEQ, STEPS, SEED = 256, 2, 0   # 256: the pairs (65-128 tokens) are cut to 128 (msllm.training.dpo.cut_pair_batch)
 ARGS = [f"--model.model_config.seq_length={SEQ}", "--model.model_config.hidden_size=64",
         "--model.model_config.num_layers=2", "--model.model_config.num_heads=2", "--model.model_config.n_kv_heads=1",
         f"--runner_config.train_steps={STEPS}", "--callbacks.loss_monitor.per_print_times=1", "--deterministic=True",
