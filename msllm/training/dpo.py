@@ -77,9 +77,8 @@ class SequenceLogps(nn.Cell):
     With the model's ``compact_loss`` (its default with msllm's CPU kernels) the output head and the
     log-softmax run only at the K positions that have a target, as the SFT loss does
     (:meth:`LlamaForCausalLM.lm_loss`), and each row's sum is a segment sum over its kept positions:
-    in a DPO batch the prompt and the padding are most of the (N, T) positions (SmolLM2 on Alpaca
-    pairs at seq 256: ~15% have a target), and the (N*T, C) x (C, V) head was the largest single cost
-    of the step. The same numbers up to float rounding; TRL's reference test covers both paths
+    in a DPO batch the prompt and the padding are most of the (N, T) positions, and the (N*T, C) x
+    (C, V) head is a large share of the step at a 49,152-token vocabulary. The same numbers up to float rounding; TRL's reference test covers both paths
     (``tests/training/test_dpo_trl.py``). K varies per batch: that part of the graph has a dynamic shape.
     """
 
