@@ -94,7 +94,11 @@ class Durations:
             self.last_rss[worker] = after
 
     def pytest_sessionfinish(self, session, exitstatus):
-        part = {"args": list(session.config.invocation_params.args), "wall": time.time() - self.started,
+        args = list(session.config.invocation_params.args)
+        files = [a for a in args if a.endswith(".py") and os.path.isfile(a)]   # tests/run_parts.sh lists a part's files
+        if len(files) > 3:
+            args = [a for a in args if a not in files] + [f"({len(files)} test files)"]
+        part = {"args": args, "wall": time.time() - self.started,
                 "exit": int(exitstatus), "workers": sorted(self.workers), "rows": self.rows, "growth": self.growth,
                 "rss_end": self.last_rss, "finished": time.time()}
         _write(self.path + ".json", json.dumps(part) + "\n")
@@ -120,13 +124,14 @@ def render(parts: list, wall: float) -> str:
              f"# wall {wall:.0f} s; " + ", ".join(f"{n} {o}" for o, n in outcomes.items()) + f"; exit {exit_codes}"]
     for i, p in enumerate(parts, 1):
         rss = ", ".join(f"{w} {kb / 1024:.0f} MiB" for w, kb in sorted(p["rss_end"].items()))
-        lines.append(f"# part {i}: {p['wall']:.0f} s on {len(p['workers'])} worker(s) ({' '.join(p['args'])}); "
+        lines.append(f"# {p.get('name', f'part {i}')}: {p['wall']:.0f} s on {len(p['workers'])} worker(s), exit {p['exit']} "
+                     f"({' '.join(p['args'])}); "
                      f"RSS at the end: {rss or 'not measured'}")
     growth = [g for p in parts for g in p["growth"]]
     lines.append("# the 15 tests the RSS of the process that ran them grew most across:")
-    lines += [f"#   +{kb / 1024:7.0f} MiB  {w:<4}  {nid}" for kb, nid, w in sorted(growth, reverse=True)[:15]]
-    lines.append("# seconds  phase     worker  test (calls, and setups/teardowns of 0.5 s or more), slowest first")
-    lines += [f"{d:9.2f}  {when:<8}  {w:<6}  {nid}" for d, when, nid, _, w in sorted(rows, key=lambda r: -r[0])]
+    lines += [f"#   +{kb / 1024:7.0f} MiB  {w:<17}  {nid}" for kb, nid, w in sorted(growth, reverse=True)[:15]]
+    lines.append("# seconds  phase     worker             test (calls, and setups/teardowns of 0.5 s or more), slowest first")
+    lines += [f"{d:9.2f}  {when:<8}  {w:<17}  {nid}" for d, when, nid, _, w in sorted(rows, key=lambda r: -r[0])]
     return "\n".join(lines) + "\n"
 
 
@@ -137,9 +142,11 @@ def join(out: str, wall: float, paths: list) -> None:
         if os.path.exists(path + ".json"):
             with open(path + ".json", encoding="utf-8") as fh:
                 part = json.load(fh)
-            n = len(parts) + 1     # workers of different pytest processes are different processes: p1.gw0
-            part["rows"] = [r[:4] + [f"p{n}.{r[4]}"] for r in part["rows"]]
-            part["growth"] = [g[:2] + [f"p{n}.{g[2]}"] for g in part["growth"]]
+            # workers of different pytest processes are different processes: part1.gw0, part1-serial.main
+            n = os.path.basename(path).rsplit(".", 1)[-1] if "." in os.path.basename(path) else f"p{len(parts) + 1}"
+            part["name"] = n
+            part["rows"] = [r[:4] + [f"{n}.{r[4]}"] for r in part["rows"]]
+            part["growth"] = [g[:2] + [f"{n}.{g[2]}"] for g in part["growth"]]
             parts.append(part)
     _write(out, render(parts, wall))
 
