@@ -24,7 +24,8 @@ demo: install
 	bash scripts/run_demo.sh
 
 # each full run writes every test's duration to tests/durations.txt (committed: the slow ones stay visible);
-# three pytest processes one after another (tests/run_parts.sh says why: one process outgrew the machine)
+# three parts one after another, each on 2 pytest-xdist workers (tests/run_parts.sh says why: one
+# process outgrew the machine, and one process leaves the second core idle)
 test: install
 	MSLLM_DURATIONS_FILE=tests/durations.txt PY=$(PY) bash tests/run_parts.sh
 

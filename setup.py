@@ -43,9 +43,10 @@ setup(
         # openai: the official client against tools/serve.py; tenacity: lm-eval's API backends
         # (local-completions) need it; jsonschema: structured output validated against its schema
         # trl: the DPO reference (DPOTrainer); its datasets import needs a pyarrow that imports with numpy<2,
-        # which the DPO tests provide themselves (tests/helpers/trl_env.py)
-        "dev": ["pytest", "torch==2.13.0", "transformers==5.24.0", "peft", "lm-eval==0.4.13", "tensorboard",
-                "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity", "jsonschema", "trl==1.16.0"],
+        # which the DPO tests provide themselves (tests/helpers/trl_env.py); pytest-xdist: make test runs
+        # each part of the suite on 2 workers (tests/run_parts.sh)
+        "dev": ["pytest", "pytest-xdist==3.8.0", "torch==2.13.0", "transformers==5.24.0", "peft", "lm-eval==0.4.13",
+                "tensorboard", "gguf==0.19.0", "accelerate", "openai==3.57.0", "tenacity", "jsonschema", "trl==1.16.0"],
     },
     entry_points={
         "console_scripts": [

@@ -8,12 +8,14 @@ the temporary file is removed and the final name is untouched.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def temp_path_for(path: str) -> str:
@@ -28,6 +30,46 @@ def temp_path_for(path: str) -> str:
     os.close(fd)
     os.unlink(tmp)
     return tmp
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock_path`` (created if missing) until the block ends: one
+    process at a time, the others wait. The kernel releases it when the process dies."""
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_dir_once(target: str, build: Callable[[str], None],
+                   ready: Callable[[str], bool] = os.path.isdir) -> str:
+    """``target`` (a directory, e.g. a cache), built by ``build(tmp_dir)`` unless ``ready(target)``.
+
+    Safe when several processes ask at once (two pytest-xdist workers, the ranks of a job): an
+    exclusive lock on ``.<name>.lock`` beside ``target``; the first process builds into a temporary
+    directory beside it and renames it into place, the others wait for the lock and then find it
+    ready. Nothing half-built is ever visible under ``target``; a failed build leaves nothing.
+    """
+    target = os.path.abspath(target)
+    if ready(target):
+        return target
+    parent, name = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    with exclusive_lock(os.path.join(parent, f".{name}.lock")):
+        if ready(target):  # another process built it while this one waited
+            return target
+        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+        try:
+            build(tmp)
+            if os.path.lexists(target):  # not ready: a damaged or older copy
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 @contextlib.contextmanager

@@ -17,6 +17,28 @@ def pytest_configure(config):
     register(config)   # MSLLM_DURATIONS_FILE: write every test's duration (make test)
 
 
+# Test files that share a session fixture one of them ends: tests/serving/conftest.py's serve.py
+# process, which test_serving_openai.py's SIGTERM test stops (tests/serving/conftest.py runs that test
+# last). Under pytest-xdist's --dist loadfile (tests/run_parts.sh) each file is one work unit; these
+# form one unit instead, so one worker runs them all with one server (and one greedy reference run).
+ONE_WORK_UNIT = {"tests/serving/test_serving_hostile.py": "tests/serving (serve.py session)",
+                 "tests/serving/test_serving_openai.py": "tests/serving (serve.py session)"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return ONE_WORK_UNIT.get(scope, scope)
+
+    return Scheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> str:
     return REPO
@@ -36,6 +58,17 @@ def alpaca_path() -> str:
 def graph_mode():
     """GRAPH_MODE (the mode training and generation compile in) for the requesting module."""
     yield from context_mode("graph")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pynative_after_each_module():
+    """Every module starts in MindSpore's default mode (PyNative), whatever the one before it set:
+    under pytest-xdist (tests/run_parts.sh) the modules a worker runs before a module differ from
+    run to run, so a mode one module set and kept must not reach the next."""
+    yield
+    ms = sys.modules.get("mindspore")
+    if ms is not None and ms.get_context("mode") != ms.PYNATIVE_MODE:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ import sys
 import tempfile
 
 from msllm.errors import MsllmError, cli_main
+from msllm.fileio import exclusive_lock
 from msllm.kernels.toolchain import CXXFLAGS, ISA_MACROS, MIN_GXX, build_dir, compiler, cpu_flags  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -112,13 +113,22 @@ def problem_with_build(directory: str | None = None) -> str | None:
 
 def build(force: bool = False, verbose: bool = True) -> str:
     """Compile the kernels if missing or stale; returns the library path. Raises MsllmError
-    (no compiler, no oneDNN, a compile error) naming what to fix."""
+    (no compiler, no oneDNN, a compile error) naming what to fix. One process at a time (a lock
+    file in the build directory): two pytest-xdist workers (tests/run_parts.sh) that find the build
+    stale compile it once, and never measure the clock probe at the same time (each would see half
+    the CPU)."""
+    d = build_dir()
+    os.makedirs(d, exist_ok=True)
+    with exclusive_lock(os.path.join(d, ".build.lock")):
+        return _build(d, force, verbose)
+
+
+def _build(d: str, force: bool, verbose: bool) -> str:
     from msllm.kernels.clock_probe import ensure_clock_probe
 
     # the clock behind the CPU peak (MFU / HFU), measured apart from the library: the peak must not
     # depend on whether the library builds or is used
     ensure_clock_probe(force=force, verbose=verbose)
-    d = build_dir()
     lib = os.path.join(d, LIB_NAME)
     if not force and problem_with_build(d) is None:
         if verbose:
@@ -126,7 +136,6 @@ def build(force: bool = False, verbose: bool = True) -> str:
         return lib
     cxx, _, version = compiler()
     ms_lib = mindspore_lib_dir()
-    os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".libmsllm_kernels.", suffix=".so", dir=d)
     os.close(fd)
     cmd = [cxx, *CXXFLAGS, "-I", CSRC, "-o", tmp, *[s for s in sources() if s.endswith(".cc")],

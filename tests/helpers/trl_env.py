@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 
+from msllm.fileio import build_dir_once
+
 PYARROW = "pyarrow==21.0.0"
 
 
@@ -36,14 +38,14 @@ def trl_importable() -> None:
     if "pyarrow" in sys.modules and not sys.modules["pyarrow"].__version__.startswith("21."):
         raise RuntimeError(f"pyarrow {sys.modules['pyarrow'].__version__} is already imported; TRL needs 21.0.0 "
                            "beside numpy<2 (tests/helpers/trl_env.py)")
-    target = _cache()
-    if not os.path.isdir(os.path.join(target, "pyarrow")):
-        tmp = target + f".tmp{os.getpid()}"
+    def install(tmp: str) -> None:
         r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary=:all:",
                             "--target", tmp, PYARROW], capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise RuntimeError(f"pip install {PYARROW} --target {tmp} failed: {r.stderr[-2000:]}")
-        os.replace(tmp, target)
+
+    # once, under a lock: two pytest-xdist workers (or DPO worker processes) may ask at the same time
+    target = build_dir_once(_cache(), install, ready=lambda d: os.path.isdir(os.path.join(d, "pyarrow")))
     if target not in sys.path:
         sys.path.insert(0, target)
     import uuid

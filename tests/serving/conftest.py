@@ -1,11 +1,22 @@
 """One ``tools/serve.py`` process on the real SmolLM2 for every server test of the session
-(test_serving_hostile.py, then test_serving_openai.py, whose last test stops it with SIGTERM)."""
+(test_serving_hostile.py and test_serving_openai.py, one xdist work unit: tests/conftest.py), whose
+SIGTERM test stops it: that test runs after all the others, whatever order the files come in."""
 
 from __future__ import annotations
 
 import pytest
 
 from servetest_helpers import GREEDY_PROMPTS, KEY, NEW, predict, start_server
+
+
+STOPS_THE_SERVER = "test_serving_openai.py::test_sigterm_finishes_requests_in_flight_then_exits_0"
+
+
+def pytest_collection_modifyitems(items):
+    """The test that stops the session's server last (tests/run_parts.sh hands the slowest files
+    out first: test_serving_openai.py can come before test_serving_hostile.py)."""
+    last = [item for item in items if item.nodeid.endswith(STOPS_THE_SERVER)]
+    items[:] = [item for item in items if item not in last] + last
 
 
 @pytest.fixture(scope="session")
