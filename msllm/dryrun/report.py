@@ -51,6 +51,19 @@ def validate_ir(graphs_dir: str) -> str | None:
     return files[-1] if files else None
 
 
+_IR_NODE = re.compile(r"^\s+%\d+\(", re.M)
+_IR_GRAPH = re.compile(r"^subgraph @", re.M)
+
+
+def graph_size(ir_text: str) -> dict:
+    """The size of a validate IR dump: ``{"ir_bytes", "nodes", "subgraphs"}`` (node lines ``%N(...) =``,
+    subgraph headers ``subgraph @name(``). How the compiled graph grows with layers and micro
+    batches, and whether a cell marked for reuse (``lazy_inline``) is one subgraph called several
+    times or copied at every call (BENCHMARKS.md, "Dry-run")."""
+    return {"ir_bytes": len(ir_text.encode("utf-8", errors="replace")), "nodes": len(_IR_NODE.findall(ir_text)),
+            "subgraphs": len(_IR_GRAPH.findall(ir_text))}
+
+
 def collectives(ir_text: str) -> list[dict]:
     """Every collective node of an IR dump: ``{"kind", "group" (sorted rank tuple), "group_size",
     "layer" (int or None), "backward" (bool), "scope"}``."""
@@ -116,5 +129,5 @@ def first_lines(message: str, n: int = 3) -> str:
     return " ".join(line.strip() for line in head.strip().splitlines()[:n] if line.strip())
 
 
-__all__ = ["COLLECTIVE_KINDS", "collectives", "first_lines", "key_for_error", "parse_peak_memory", "summarize",
+__all__ = ["COLLECTIVE_KINDS", "collectives", "first_lines", "graph_size", "key_for_error", "parse_peak_memory", "summarize",
            "validate_ir"]

@@ -33,7 +33,18 @@ def mark_lazy_inline(network) -> str:
     (``mindspore/graph/lazy_inline.py``: it sets ``cell_init_args`` to ``"lazy_inline_" + class
     name + the init arguments``). MindFormers decorates ``LlamaForCausalLM.__init__`` the same way;
     MindSpore's pipeline pass needs the micro batches to share this cell ("Pipeline parallel now
-    only support shared_cell", measured). Returns the key set."""
+    only support shared_cell", measured). Returns the key set.
+
+    Only the model is marked, not its decoder layers: MindSpore's docs allow ``lazy_inline`` on the
+    outermost cell only when gradients are accumulated (``mindspore.lazy_inline``'s warnings),
+    MindFormers marks its ``LLamaDecodeLayer`` in predict mode only (``predict_lazy_inline``,
+    mindformers/models/llama/llama_transformer.py), and marking the layers too (one key per stage)
+    fails in MindSpore 2.10 with ``For 'AssignAdd','value' must have the same rank as 'variable'``
+    in the bprop of the pipeline's ``_VirtualAssignAdd`` (``ops/_grad_experimental/grad_comm_ops.py``;
+    tiny dp2 x mp2 x pp2; with ``policy="front"`` the tiny job compiles, to the same graph, and the
+    13B seed job's shapes fail the same way; BENCHMARKS.md "Dry-run"). The micro batches already
+    share the model's one subgraph: the compiled graph grows by about 15 nodes per micro batch.
+    """
     key = "lazy_inline_" + type(network).__name__ + repr(network.config)
     network.cell_init_args = key
     return key

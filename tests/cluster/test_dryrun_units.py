@@ -106,6 +106,9 @@ def test_ir_and_memory_parsers():
         ("AllReduce", (4, 5), 2, False), ("Send", (1, 5), None, True)]
     s = rep.summarize(nodes)
     assert s["total"] == {"AllReduce x2": 1, "Send x2": 1} and s["per_layer"] == {"2": {"AllReduce x2": 1}}
+    # the graph's size: node lines and subgraph headers (a reused cell is one subgraph, BENCHMARKS.md)
+    size = rep.graph_size("subgraph @3293_LlamaForCausalLM_construct_249(%para1_x) {\n" + IR)
+    assert (size["nodes"], size["subgraphs"]) == (2, 1) and size["ir_bytes"] > len(IR)
     text = "Used peak memory usage (without fragments): 23716M\nActual peak memory usage (with fragments): 26244M\n"
     assert rep.parse_peak_memory(text) == {"used_peak_mib": 23716, "actual_peak_mib": 26244}
     assert rep.parse_peak_memory("nothing") is None
