@@ -45,6 +45,9 @@ class CpuKernels:
     flash_attention_padded(q, k, v, window, start (B,) float32) -> o (B,T,H,D): causal attention of
         left-padded rows, row b's keys from slot start[b] (a prefill; no gradient)
     embedding(table (V,C) float32 or bfloat16, ids (...) int32) -> (..., C) float32 (inference)
+    decode_front(H, K, D)(...) / decode_back(...): one decoder layer's decode step (T = 1) in two
+        operators, the cache writes between them (csrc/decode_fused.cc; :meth:`decode_front`,
+        ``DecoderLayer.decode_fused`` in msllm/models/llama/model.py); inference only
     linear_int8(x (..., in) float32, q (out, in) int8, scale (out, G) float32, group (1,) float32)
         -> x (q * scale)^T (..., out) float32: weight-only int8 (inference, no gradient); scale[o, g]
         covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
@@ -168,6 +171,22 @@ class CpuKernels:
         # weight-only int8 linear layer (csrc/linear_int8.cc), float32 out, no gradient (inference)
         self.linear_int8 = prim("linear_int8", lambda x, q, s, g: list(x[:-1]) + [q[0]],
                                 lambda x, q, s, g: ms.float32)
+        # a decoder layer's decode step in two operators (csrc/decode_fused.cc), no gradient; the
+        # front's output shapes need the head counts: decode_front(heads, kv_heads, head_dim)
+        self._prim = prim
+        self.decode_back = prim("decode_back", lambda x, *rest: x, lambda x, *rest: ms.float32)
+
+    @functools.lru_cache(maxsize=None)
+    def decode_front(self, heads: int, kv_heads: int, head_dim: int):
+        """The fused front of a decode step for H = ``heads``, K = ``kv_heads``, D = ``head_dim``
+        (csrc/decode_fused.cc): x (B, 1, C), norm weight (C,), eps (1,), the q / k / v weights
+        (each ``Linear.decode_weights()``: one tensor, or three for int8), cos, sin (B, 1, 1, D),
+        scale (1,) -> q (B, H, 1, D) rotated and scaled, k (1, B, K, D) rotated, v (1, B, K, D)."""
+        def shapes(x, *rest):
+            b = _rows(x)
+            return [b, heads, 1, head_dim], [1, b, kv_heads, head_dim], [1, b, kv_heads, head_dim]
+
+        return self._prim("decode_front", shapes, lambda *d: (ms.float32, ms.float32, ms.float32))
 
     @staticmethod
     def window_tensor(window) -> Tensor:

@@ -98,6 +98,9 @@ class LoRALinear(nn.Cell):
         self.mul_scale = ops.Mul()
         self.add_lora = ops.Add()
         self.rank, self.alpha = int(rank), float(alpha)
+        # the adapter's update is not in the base weight: msllm's fused decode step (which reads
+        # Linear weights directly) must not serve this layer (DecoderLayer.fused_decode_ok)
+        self.fusable = False
         self.scale = float(alpha) / float(rank)
         self.use_dropout = dropout > 0
         self.lora_dropout = nn.Dropout(p=float(dropout)) if dropout > 0 else None

@@ -16,6 +16,7 @@
 // skipped: they contribute exactly 0, as exp(-1e9 - max) does in float32 in the composed
 // softmax. Inference only (no gradient).
 #include "common.h"
+#include "parts.h"
 
 #include <cmath>
 #include <memory>
@@ -59,9 +60,16 @@ MSLLM_AOT(msllm_decode_attention) {
   if (shapes[1][2] != d || kv <= 0 || h % kv != 0 || shapes[3][3] != s || shapes[3][2] != t ||
       (shapes[3][0] != b && shapes[3][0] != 1) || shapes[2][0] != s * b || shapes[2][1] != kv || shapes[2][2] != d)
     return 2;
+  decode_attention_forward(q, k, v, mask, o, b, h, t, d, s, kv, shapes[3][0]);
+  return 0;
+}
+
+// The computation of msllm_decode_attention on checked shapes (parts.h).
+void msllm::decode_attention_forward(const float *q, const float *k, const float *v, const float *mask, float *o,
+                                     int64_t b, int64_t h, int64_t t, int64_t d, int64_t s, int64_t kv,
+                                     int64_t mask_rows) {
   const int64_t group = h / kv, bh = b * h * t;             // rows: (batch row, head, query)
   const int64_t stride = b * kv * d;                        // from one slot to the next
-  const int64_t mask_rows = shapes[3][0];
   // chunks of at least 32 slots, about 4 per thread so the pool can balance them
   const int64_t want = 4 * static_cast<int64_t>(Pool::get().size());
   const int64_t len = std::max<int64_t>(32, (s + want - 1) / want);
@@ -119,7 +127,6 @@ MSLLM_AOT(msllm_decode_attention) {
     const float inv = 1.f / total;
     for (int64_t i = 0; i < d; ++i) out[i] *= inv;
   }
-  return 0;
 }
 
 // Embedding lookup from a float32 or bfloat16 table (V, C) -> float32 rows: ids (...) int32 ->

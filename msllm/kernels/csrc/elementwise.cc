@@ -2,6 +2,7 @@
 // per element instead of one per primitive): SwiGLU's silu(g) * u and rotary embedding, with
 // their gradients.
 #include "common.h"
+#include "parts.h"
 
 using namespace msllm;
 
@@ -85,6 +86,15 @@ int rope_common(void **params, int *ndims, int64_t **shapes, float sign) {
 }
 }  // namespace
 
+void msllm::swiglu_forward(const float *g, const float *u, float *a, int64_t n) {
+  parallel_rows(n, 4096, [&](int64_t i0, int64_t i1) { swiglu_range(g, u, a, i0, i1); });
+}
+
+void msllm::rope_forward(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t heads,
+                         int64_t d) {
+  parallel_rows(rows, 8, [&](int64_t r0, int64_t r1) { rope_rows(x, cs, sn, y, rows, heads, d, r0, r1, 1.f); });
+}
+
 // g (..., F), u (..., F) -> silu(g) * u
 MSLLM_AOT(msllm_swiglu) {
   if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
@@ -92,7 +102,7 @@ MSLLM_AOT(msllm_swiglu) {
   if (numel(ndims[1], shapes[1]) != n) return 2;
   const float *g = static_cast<const float *>(params[0]), *u = static_cast<const float *>(params[1]);
   float *a = static_cast<float *>(params[2]);
-  parallel_rows(n, 4096, [&](int64_t i0, int64_t i1) { swiglu_range(g, u, a, i0, i1); });
+  swiglu_forward(g, u, a, n);
   return 0;
 }
 

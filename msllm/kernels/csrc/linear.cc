@@ -1,6 +1,7 @@
 // Linear layer y = x W^T (torch.nn.Linear's layout, W (out, in)) and its two gradients, on
 // oneDNN's sgemm split over the pool (common.h). x may have any leading dimensions.
 #include "common.h"
+#include "parts.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -91,8 +92,7 @@ void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out
 }
 
 template <class W>
-bool gemv(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t out) {
-  if (std::getenv("MSLLM_NO_GEMV")) return false;
+bool gemv512(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t out) {
   switch (m) {
     case 1: gemv_parallel<1>(x, w, y, in, out); return true;
     case 2: gemv_parallel<2>(x, w, y, in, out); return true;
@@ -105,10 +105,41 @@ bool gemv(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t o
     default: return false;
   }
 }
-#else
-template <class W>
-bool gemv(const float *, const W *, float *, int64_t, int64_t, int64_t) { return false; }
 #endif
+
+enum class GemvIsa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The streaming path for this CPU: AVX-512 when the build has it and the CPU too, else AVX2 + FMA
+// (gemv_avx2.cc, compiled into every build), else none (oneDNN's sgemm serves every row count).
+// MSLLM_GEMV_ISA=avx2|none forces one (read per call: tests switch it); MSLLM_NO_GEMV as none.
+GemvIsa gemv_isa() {
+  static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#if defined(__AVX512F__)
+  static const bool has512 = __builtin_cpu_supports("avx512f");
+  const GemvIsa best = has512 ? GemvIsa::kAvx512 : (has2 ? GemvIsa::kAvx2 : GemvIsa::kNone);
+#else
+  const GemvIsa best = has2 ? GemvIsa::kAvx2 : GemvIsa::kNone;
+#endif
+  if (std::getenv("MSLLM_NO_GEMV")) return GemvIsa::kNone;
+  const char *e = std::getenv("MSLLM_GEMV_ISA");
+  if (!e) return best;
+  if (std::strcmp(e, "none") == 0) return GemvIsa::kNone;
+  if (std::strcmp(e, "avx2") == 0) return has2 ? GemvIsa::kAvx2 : GemvIsa::kNone;
+  return best;
+}
+
+// y (m, out) = x w^T on the streaming path for 1 <= m <= 8; false: not taken (the caller's sgemm)
+template <class W>
+bool gemv(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t out) {
+  if (m < 1 || m > 8) return false;
+  switch (gemv_isa()) {
+#if defined(__AVX512F__)
+    case GemvIsa::kAvx512: return gemv512(x, w, y, m, in, out);
+#endif
+    case GemvIsa::kAvx2: gemv_avx2(x, w, sizeof(W) == 2, y, m, in, out); return true;
+    default: return false;
+  }
+}
 
 // y (m, out) = x (m, in) w^T with bfloat16 w, for more rows than the streaming path takes (a
 // prefill, scoring): W widened to float32 (exact) in slabs of at most 2^24 weights (64 MiB), each
@@ -128,29 +159,32 @@ void bf16_sgemm(const float *x, const uint16_t *w, float *y, int64_t m, int64_t 
 
 }  // namespace
 
-// x (..., in) float32, w (out, in) float32 or bfloat16 -> y (..., out) float32. Float32 w: up to
-// kGemvRows rows of x on the weight-streaming path above, more on oneDNN's sgemm. Bfloat16 w
-// (inference with param_init_type bfloat16: half the bytes per token): up to 8 rows streamed,
-// more through bf16_sgemm; float32 arithmetic throughout.
+// y (m, out) = x (m, in) w^T, w float32 or (bf16) bfloat16 (parts.h). Float32 w: up to kGemvRows rows
+// of x on the weight-streaming path above (AVX-512, or AVX2 in gemv_avx2.cc: gemv_isa), more on
+// oneDNN's sgemm. Bfloat16 w (inference with param_init_type bfloat16: half the bytes per token): up
+// to 8 rows streamed, more through bf16_sgemm; float32 arithmetic throughout.
+void msllm::linear_forward(const float *x, const void *w, bool bf16, float *y, int64_t m, int64_t in, int64_t out) {
+  if (bf16) {
+    const uint16_t *wb = static_cast<const uint16_t *>(w);
+    if (m >= 1 && m <= 8 && in > 0 && gemv(x, wb, y, m, in, out)) return;
+    bf16_sgemm(x, wb, y, m, in, out);
+    return;
+  }
+  const float *wf = static_cast<const float *>(w);
+  if (m >= 1 && m <= kGemvRows && in > 0 && gemv(x, wf, y, m, in, out)) return;
+  parallel_sgemm('N', 'T', m, out, in, 1.f, x, in, wf, in, 0.f, y, out);
+}
+
+// x (..., in) float32, w (out, in) float32 or bfloat16 -> y (..., out) float32 (linear_forward).
 MSLLM_AOT(msllm_linear) {
   const char *f32[] = {dtypes[0], dtypes[2]};
   if (nparam != 3 || !all_f32(2, f32)) return 1;
   const bool bf16 = std::strcmp(dtypes[1], "bfloat16") == 0;
   if (!bf16 && !all_f32(1, dtypes + 1)) return 1;
-  const float *x = static_cast<const float *>(params[0]);
-  float *y = static_cast<float *>(params[2]);
   int64_t in = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
   int64_t out = shapes[1][0];
   if (shapes[1][1] != in) return 2;
-  if (bf16) {
-    const uint16_t *w = static_cast<const uint16_t *>(params[1]);
-    if (m >= 1 && m <= 8 && in > 0 && gemv(x, w, y, m, in, out)) return 0;
-    bf16_sgemm(x, w, y, m, in, out);
-    return 0;
-  }
-  const float *w = static_cast<const float *>(params[1]);
-  if (m >= 1 && m <= kGemvRows && in > 0 && gemv(x, w, y, m, in, out)) return 0;
-  parallel_sgemm('N', 'T', m, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  linear_forward(static_cast<const float *>(params[0]), params[1], bf16, static_cast<float *>(params[2]), m, in, out);
   return 0;
 }
 
@@ -221,6 +255,9 @@ extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *b
   }
   return len;
 }
+
+// Which streaming path msllm_linear takes now for 1-8 rows: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = none.
+extern "C" __attribute__((visibility("default"))) int msllm_gemv_isa() { return static_cast<int>(gemv_isa()); }
 
 // Which parallel GEMM the kernels run (Python: msllm.kernels.gemm_path): 1 = oneDNN's threadpool
 // interop (oneDNN 3.10, the layout common.h copies), 0 = the "slabs" fallback (any other oneDNN

@@ -19,6 +19,7 @@
 //     2^24 weights, each slab by all threads, then the pool's parallel sgemm (common.h), as the
 //     bfloat16 path of linear.cc does.
 #include "common.h"
+#include "parts.h"
 
 #include <immintrin.h>
 
@@ -264,16 +265,23 @@ MSLLM_AOT(msllm_linear_int8) {
   const float *x = static_cast<const float *>(params[0]);
   float *y = static_cast<float *>(params[4]);
   const int64_t m = numel(ndims[0], shapes[0]) / std::max<int64_t>(w.in, 1);
-  if (m <= 0 || w.out <= 0) return 0;
-  if (w.in <= 0) {
-    std::fill(y, y + m * w.out, 0.f);
-    return 0;
+  linear_int8_forward(x, w.q, w.s, w.groups, w.group, y, m, w.in, w.out);
+  return 0;
+}
+
+// y (m, out) = x (m, in) (q * s)^T (parts.h): 1-8 rows streamed, more through dequantised slabs.
+void msllm::linear_int8_forward(const float *x, const int8_t *q, const float *s, int64_t groups, int64_t group,
+                                float *y, int64_t m, int64_t in, int64_t out) {
+  if (m <= 0 || out <= 0) return;
+  if (in <= 0) {
+    std::fill(y, y + m * out, 0.f);
+    return;
   }
+  Q8 w{q, s, in, out, group, groups};
   if (m <= 8)
     stream_rows(x, w, y, m, int8_isa());
   else
     slab_sgemm(x, w, y, m);
-  return 0;
 }
 
 // Which streaming path msllm_linear_int8 takes now: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++.

@@ -6,6 +6,7 @@
 //   dx = rstd * (dy * w - xh * mean(dy * w * xh)),   dw = sum over rows of dy * xh.
 // dw is summed per thread and then across threads (deterministic for a fixed thread count).
 #include "common.h"
+#include "parts.h"
 
 using namespace msllm;
 
@@ -79,8 +80,20 @@ MSLLM_AOT(msllm_rms_norm) {
   float *y = static_cast<float *>(params[3]), *rstd = static_cast<float *>(params[4]);
   const int64_t c = shapes[0][ndims[0] - 1], n = rows_of(ndims[0], shapes[0]);
   if (shapes[1][0] != c) return 2;
-  parallel_rows(n, 16, [&](int64_t r0, int64_t r1) { norm_rows(x, w, eps, c, r0, r1, y, rstd); });
+  rms_norm_forward(x, w, eps, c, n, y, rstd);
   return 0;
+}
+
+void msllm::rms_norm_forward(const float *x, const float *w, float eps, int64_t c, int64_t n, float *y, float *rstd) {
+  parallel_rows(n, 16, [&](int64_t r0, int64_t r1) { norm_rows(x, w, eps, c, r0, r1, y, rstd); });
+}
+
+void msllm::add_rms_norm_forward(const float *a, const float *b, const float *w, float eps, int64_t c, int64_t n,
+                                 float *h, float *y, float *rstd) {
+  parallel_rows(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * c; i < r1 * c; ++i) h[i] = a[i] + b[i];
+    norm_rows(h, w, eps, c, r0, r1, y, rstd);
+  });
 }
 
 // dy (..., C), x (..., C), w (C), rstd (N) -> dx (..., C), dw (C)
@@ -104,10 +117,7 @@ MSLLM_AOT(msllm_add_rms_norm) {
   float *rstd = static_cast<float *>(params[6]);
   const int64_t c = shapes[0][ndims[0] - 1], n = rows_of(ndims[0], shapes[0]);
   if (shapes[2][0] != c || numel(ndims[1], shapes[1]) != n * c) return 2;
-  parallel_rows(n, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0 * c; i < r1 * c; ++i) h[i] = a[i] + b[i];
-    norm_rows(h, w, eps, c, r0, r1, y, rstd);
-  });
+  add_rms_norm_forward(a, b, w, eps, c, n, h, y, rstd);
   return 0;
 }
 

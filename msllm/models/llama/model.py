@@ -105,6 +105,9 @@ class Linear(nn.Cell):
         self.add_bias = ops.Add()
         self.cast = ops.Cast()
         self.int8 = False   # weight-only int8 (inference): see use_int8
+        # whether msllm's fused decode step may read this layer's weight directly (no bias; a
+        # LoRALinear around the layer says False): DecoderLayer.decode_fused
+        self.fusable = kernels is not None and not bias
 
     def use_int8(self, q: np.ndarray, scale: np.ndarray, group: int, kernels) -> None:
         """Hold the weight as int8 q (out, in) with float32 scales (out, G), each covering ``group``
@@ -117,6 +120,14 @@ class Linear(nn.Cell):
         self.group = kernels.group_tensor(group)
         self.matmul_int8 = kernels.linear_int8
         self.int8 = True
+
+    def decode_weights(self):
+        """This layer's weight as msllm's fused decode step takes it (csrc/decode_fused.cc): a
+        1-tuple (weight (out, in) float32 / bfloat16), or with int8 the 3-tuple (q (out, in) int8,
+        scale (out, G) float32, group (1,) float32)."""
+        if self.int8:
+            return self.weight, self.weight_scale, self.group
+        return (self.weight,)
 
     def construct(self, x, static_rows=False):
         """x (..., in) -> (..., out); ``static_rows`` (a compile-time constant): the row count is
@@ -505,7 +516,9 @@ class Attention(nn.Cell):
         memory, so no transposes), rotary by the ``rope`` kernel with each row's own position as a
         table row, attention by ``decode_attention`` straight from the (S * B, K, D) caches: a
         decode step is ~15 operator launches per layer instead of ~30 (MindSpore's launch cost
-        per operator is tens of microseconds on CPU)."""
+        per operator is tens of microseconds on CPU). The dense SwiGLU block runs its decode step
+        in two fused operators instead (:meth:`DecoderLayer.decode_fused`); this path serves the
+        other family members."""
         b, _, c = x.shape
         q, k, v = self.heads(self.reshape(x, (b, c)), b, 1)                          # (B, 1, H|K, D)
         d = self.head_dim
@@ -574,6 +587,43 @@ class DecoderLayer(nn.Cell):
         self.add_attn = ops.Add()
         self.add_mlp = ops.Add()
         self.reshape = ops.Reshape()
+        # a decode step (one new token per row) in two of msllm's operators instead of ~15
+        # (csrc/decode_fused.cc; MindSpore's launch of each operator costs more than most of their
+        # work at batch 1): for the dense SwiGLU block without biases, q/k norms or a norm offset;
+        # every other family member keeps the operator-by-operator path (decode_one)
+        self.decode_front = self.decode_back = None
+        if (kern is not None and norm == CPU_NORM and not self.is_moe and self.mlp.swiglu is not None
+                and not config.qk_norm and float(config.rms_norm_offset) == 0.0 and not config.qkv_bias
+                and not config.o_bias and config.softmax_compute_type == "float32"
+                and config.compute_dtype == "float32"):
+            h, k, d = config.num_heads, config.kv_heads, config.head_dim
+            self.decode_front, self.decode_back = kern.decode_front(h, k, d), kern.decode_back
+            self.attn_scale = Tensor(np.array([1.0 / math.sqrt(d)], np.float32))   # as Attention.scale
+
+    def fused_decode_ok(self):
+        """True when :meth:`decode_fused` serves this layer's decode step: the fused operators are
+        built and every projection is a plain :class:`Linear` (not wrapped, e.g. by LoRA)."""
+        if self.decode_front is None:
+            return False
+        a, m = self.self_attn, self.mlp
+        return (a.q_proj.fusable and a.k_proj.fusable and a.v_proj.fusable and a.o_proj.fusable
+                and m.gate_proj.fusable and m.up_proj.fusable and m.down_proj.fusable)
+
+    def decode_fused(self, x, cos, sin, mask, k_cache, v_cache, index):
+        """One new token per row, x (B, 1, C) -> (B, 1, C), in msllm's two fused operators with
+        MindSpore's in-place cache writes between them; the same arithmetic as
+        :meth:`Attention.decode_one` + :meth:`feed_forward` (cos / sin (B, 1, 1, D), mask
+        (B, 1, 1, S) float32, caches (S * B, K, D), index (1, B))."""
+        a, m = self.self_attn, self.mlp
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        front = ((x, n1.weight, n1.eps_tensor) + a.q_proj.decode_weights() + a.k_proj.decode_weights()
+                 + a.v_proj.decode_weights() + (cos, sin, self.attn_scale))
+        q, k, v = self.decode_front(*front)                  # (B, H, 1, D), (1, B, K, D) x 2
+        k_cache = a.kv_cache(k_cache, k, index)              # row index[0, b]
+        v_cache = a.kv_cache(v_cache, v, index)
+        back = ((x, q, k_cache, v_cache, mask) + a.o_proj.decode_weights() + (n2.weight, n2.eps_tensor)
+                + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
+        return self.decode_back(*back)                       # (B, 1, C)
 
     def feed_forward(self, x, a):
         """x (B, T, C) and the attention output a (B, T, C) -> h + mlp(norm(h)) with h = x + a."""
@@ -595,6 +645,8 @@ class DecoderLayer(nn.Cell):
     def construct_cached(self, x, cos, sin, mask, k_cache, v_cache, index, fresh=False, start=None):
         """As ``construct`` for new tokens x (B, T, C) over a cache (written in place); returns x'
         (``index``, ``fresh``, ``start``: :meth:`Attention.construct_cached`)."""
+        if x.shape[1] == 1 and not fresh and self.fused_decode_ok():
+            return self.decode_fused(x, cos, sin, mask, k_cache, v_cache, index)
         a = self.self_attn.construct_cached(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, index, fresh,
                                             start)
         if self.is_moe:

@@ -1,0 +1,102 @@
+// The weight-streaming product of linear.cc (y (m, out) = x (m, in) W^T for 1-8 rows of x, W float32
+// or bfloat16) with AVX2 + FMA, 8 lanes: the path of a CPU without AVX-512 (linear.cc chooses it at
+// run time from the CPU's flags, or MSLLM_GEMV_ISA=avx2 on any AVX2 machine). Compiled into every build
+// with a GCC target attribute, as linear_int8.cc's AVX2 variant. Each thread streams its share of W's
+// rows, R at a time, against every row of x held in cache; sums per 8 lanes, then the lanes reduced,
+// the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32 rounding).
+#include "common.h"
+#include "parts.h"
+
+#include <immintrin.h>
+
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+using namespace msllm;
+
+namespace {
+
+#define MSLLM_AVX2 __attribute__((target("avx2,fma")))
+
+MSLLM_AVX2 inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
+MSLLM_AVX2 inline __m256 load8(const uint16_t *p) {   // bfloat16 -> float32: a 16-bit shift, exact
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 16));
+}
+inline float widen1(float v) { return v; }
+inline float widen1(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+MSLLM_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// output rows [o0, o1), R at a time (R x M accumulators: AVX2 has 16 vector registers)
+template <int M, int R, class W>
+MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1) {
+  const int64_t vec = in / 8 * 8;
+  int64_t o = o0;
+  for (; o + R <= o1; o += R) {
+    __m256 acc[R][M];
+    for (int j = 0; j < R; ++j)
+      for (int r = 0; r < M; ++r) acc[j][r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 8) {
+      __m256 v[R];
+      for (int j = 0; j < R; ++j) v[j] = load8(w + (o + j) * in + i);
+      for (int r = 0; r < M; ++r) {
+        const __m256 xv = _mm256_loadu_ps(x + r * in + i);
+        for (int j = 0; j < R; ++j) acc[j][r] = _mm256_fmadd_ps(xv, v[j], acc[j][r]);
+      }
+    }
+    for (int j = 0; j < R; ++j)
+      for (int r = 0; r < M; ++r) {
+        float s = hsum8(acc[j][r]);
+        for (int64_t i = vec; i < in; ++i) s += x[r * in + i] * widen1(w[(o + j) * in + i]);
+        y[r * out + o + j] = s;
+      }
+  }
+  if (o < o1) rows<M, 1, W>(x, w, y, in, out, o, o1);
+}
+
+template <int M, class W>
+void stream(const float *x, const W *w, float *y, int64_t in, int64_t out) {
+  // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread (linear.cc)
+  Pool &pool = Pool::get();
+  int64_t step = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(in * int64_t(sizeof(W)), 1));
+  step = std::min<int64_t>(step, std::max<int64_t>(2, out / (4 * pool.size())));
+  step += step & 1;
+  const int tasks = static_cast<int>((out + step - 1) / step);
+  pool.run(tasks, [&](int t) {
+    const int64_t o0 = t * step, o1 = std::min<int64_t>(out, o0 + step);
+    rows<M, (M <= 4 ? 2 : 1), W>(x, w, y, in, out, o0, o1);
+  });
+}
+
+template <class W>
+void dispatch(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t out) {
+  switch (m) {
+    case 1: stream<1>(x, w, y, in, out); break;
+    case 2: stream<2>(x, w, y, in, out); break;
+    case 3: stream<3>(x, w, y, in, out); break;
+    case 4: stream<4>(x, w, y, in, out); break;
+    case 5: stream<5>(x, w, y, in, out); break;
+    case 6: stream<6>(x, w, y, in, out); break;
+    case 7: stream<7>(x, w, y, in, out); break;
+    default: stream<8>(x, w, y, in, out); break;
+  }
+}
+
+}  // namespace
+
+void msllm::gemv_avx2(const float *x, const void *w, bool bf16, float *y, int64_t m, int64_t in, int64_t out) {
+  if (bf16)
+    dispatch(x, static_cast<const uint16_t *>(w), y, m, in, out);
+  else
+    dispatch(x, static_cast<const float *>(w), y, m, in, out);
+}
