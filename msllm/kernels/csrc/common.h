@@ -226,6 +226,14 @@ class Pool {
   int ntasks_ = 0;
 };
 
+// Output rows per task of a weight-streaming product (y = x W^T, W (out, in), elem_bytes per weight):
+// ~64 KiB of W each, at least 4 tasks per thread, even (two rows at a time), at least 2.
+inline int64_t stream_chunk_rows(int64_t in, int64_t elem_bytes, int64_t out) {
+  int64_t rows = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(in * elem_bytes, 1));
+  rows = std::min<int64_t>(rows, std::max<int64_t>(2, out / (4 * Pool::get().size())));
+  return rows + (rows & 1);
+}
+
 // Flush denormal results and inputs to zero on this thread for the scope (MXCSR FTZ | DAZ), then
 // restore the caller's mode: attention over a long cache multiplies values by probabilities down
 // to ~1e-38, whose denormal products run ~25x slower (measured on decode_attention with widely

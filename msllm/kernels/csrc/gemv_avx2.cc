@@ -5,6 +5,7 @@
 // rows, R at a time, against every row of x held in cache; sums per 8 lanes, then the lanes reduced,
 // the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32 rounding).
 #include "common.h"
+#include "avx2.h"
 #include "parts.h"
 
 #include <immintrin.h>
@@ -15,7 +16,6 @@ using namespace msllm;
 
 namespace {
 
-#define MSLLM_AVX2 __attribute__((target("avx2,fma")))
 
 MSLLM_AVX2 inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
 MSLLM_AVX2 inline __m256 load8(const uint16_t *p) {   // bfloat16 -> float32: a 16-bit shift, exact
@@ -28,13 +28,6 @@ inline float widen1(uint16_t v) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
-}
-
-MSLLM_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // output rows [o0, o1), R at a time (R x M accumulators: AVX2 has 16 vector registers)
@@ -68,9 +61,7 @@ template <int M, class W>
 void stream(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread (linear.cc)
   Pool &pool = Pool::get();
-  int64_t step = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(in * int64_t(sizeof(W)), 1));
-  step = std::min<int64_t>(step, std::max<int64_t>(2, out / (4 * pool.size())));
-  step += step & 1;
+  const int64_t step = stream_chunk_rows(in, sizeof(W), out);
   const int tasks = static_cast<int>((out + step - 1) / step);
   pool.run(tasks, [&](int t) {
     const int64_t o0 = t * step, o1 = std::min<int64_t>(out, o0 + step);

@@ -81,9 +81,7 @@ template <int M, class W>
 void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
   Pool &pool = Pool::get();
-  int64_t rows = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(in * int64_t(sizeof(W)), 1));
-  rows = std::min<int64_t>(rows, std::max<int64_t>(2, out / (4 * pool.size())));
-  rows += rows & 1;
+  const int64_t rows = stream_chunk_rows(in, sizeof(W), out);
   const int tasks = static_cast<int>((out + rows - 1) / rows);
   pool.run(tasks, [&](int t) {
     const int64_t o0 = t * rows, o1 = std::min<int64_t>(out, o0 + rows);

@@ -19,6 +19,7 @@
 //     2^24 weights, each slab by all threads, then the pool's parallel sgemm (common.h), as the
 //     bfloat16 path of linear.cc does.
 #include "common.h"
+#include "avx2.h"
 #include "parts.h"
 
 #include <immintrin.h>
@@ -71,17 +72,9 @@ void rows_scalar(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1) 
 }
 
 // ---- AVX2 + FMA: 8 int8 weights -> 8 float32 lanes (vpmovsxbd, vcvtdq2ps) ------------------------
-#define MSLLM_AVX2 __attribute__((target("avx2,fma")))
 
 MSLLM_AVX2 inline __m256 widen8(const int8_t *p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
-}
-
-MSLLM_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // R output rows at a time (R x M accumulators; AVX2 has 16 vector registers: R = 2 up to 4 rows of
