@@ -124,16 +124,21 @@ def report_train_throughput(d):
 
 
 def report_lora_speed(d):
+    """Each msllm variant against its peer (transformers full, the same PEFT configuration) and each LoRA
+    variant against full fine-tuning of its own kind; a ``-dense`` variant (the head at every position:
+    like for like with the peers) is compared with the peers and with ``msllm-full-dense``."""
     runs, labs, out = d["runs"], _labels(d["runs"]), []
-    if "msllm-full" in labs and "torch-full" in labs:
-        out.append(("tokens/s msllm-full / torch-full", paired_stats(runs, "msllm-full", "torch-full", "tokens_per_s")))
+    for full in ("msllm-full", "msllm-full-dense"):
+        if full in labs and "torch-full" in labs:
+            out.append((f"tokens/s {full} / torch-full", paired_stats(runs, full, "torch-full", "tokens_per_s")))
     for n in labs:
+        dense = n.endswith("-dense")
         if n.startswith("msllm-lora") or n.startswith("peft-lora"):
-            full = "msllm-full" if n.startswith("msllm") else "torch-full"
+            full = ("msllm-full-dense" if dense else "msllm-full") if n.startswith("msllm") else "torch-full"
             if full in labs:
                 out.append((f"tokens/s {n} / {full}", paired_stats(runs, n, full, "tokens_per_s")))
         if n.startswith("msllm-lora"):
-            peft = "peft-" + n[len("msllm-"):]
+            peft = "peft-" + n[len("msllm-"):len(n) - len("-dense") if dense else len(n)]
             if peft in labs:
                 out.append((f"tokens/s {n} / {peft}", paired_stats(runs, n, peft, "tokens_per_s")))
     return out
@@ -160,24 +165,28 @@ def report_decode_speed(d):
 
 
 def report_eval_speed(d):
+    """msllm (and ``msllm-dense``, the head at every position: the like-for-like run) against the harness."""
     runs, out = d["runs"], []
+    ours = [w for w in ("msllm", "msllm-dense") if w in _labels(runs, "who")]
     if "limit" in runs[0]:      # the real-model file: questions from the summary
         n = d["summary"]["msllm"]["questions"]
         cold = lambda r: n / r["cold_s"]  # noqa: E731
         warm = lambda r: n / r["warm_s"]  # noqa: E731
-        out.append(("MMLU q/s cold msllm / harness", paired_stats(runs, "msllm", "harness", cold, label="who")))
-        out.append(("MMLU q/s warm msllm / harness", paired_stats(runs, "msllm", "harness", warm, label="who")))
+        for w in ours:
+            out.append((f"MMLU q/s cold {w} / harness", paired_stats(runs, w, "harness", cold, label="who")))
+            out.append((f"MMLU q/s warm {w} / harness", paired_stats(runs, w, "harness", warm, label="who")))
         return out
     for shape in _labels(runs, "shape"):
         for task in _labels([r for r in runs if r["shape"] == shape], "task"):
             sub = [r for r in runs if (r["shape"], r["task"]) == (shape, task)]
-            if "spawn_to_first_pass_end_s" in sub[0]:
-                out.append((f"{shape} {task} cold msllm / harness",
-                            paired_stats(sub, "msllm", "harness", "spawn_to_first_pass_end_s", label="who",
+            for w in [w for w in ours if w in _labels(sub, "who")]:
+                if "spawn_to_first_pass_end_s" in sub[0]:
+                    out.append((f"{shape} {task} cold {w} / harness",
+                                paired_stats(sub, w, "harness", "spawn_to_first_pass_end_s", label="who",
+                                             lower_is_better=True)))
+                out.append((f"{shape} {task} warm {w} / harness",
+                            paired_stats(sub, w, "harness", lambda r: r["seconds"][-1], label="who",
                                          lower_is_better=True)))
-            out.append((f"{shape} {task} warm msllm / harness",
-                        paired_stats(sub, "msllm", "harness", lambda r: r["seconds"][-1], label="who",
-                                     lower_is_better=True)))
     return out
 
 
