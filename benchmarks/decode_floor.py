@@ -14,6 +14,8 @@ cached slot, at the mean slot count of the benchmark's decode steps (prompt + ne
 
     .venv/bin/python benchmarks/decode_floor.py --decode benchmarks/results/decode_speed_smollm2_amd_zen4.json
         [--out benchmarks/results/decode_floor_smollm2_amd_zen4.json]
+    .venv/bin/python benchmarks/decode_floor.py --llamacpp benchmarks/results/llamacpp_speed_*<machine>.json
+        --out benchmarks/results/decode_floor_llamacpp_<machine>.json   # both frameworks, every precision
 """
 
 from __future__ import annotations
@@ -56,9 +58,40 @@ def storage_of(framework: str) -> str:
     return "bf16" if framework.endswith("bf16") else "int8" if framework.endswith("int8") else "fp32"
 
 
-def bytes_per_token(m: dict, storage: str, slots: float) -> float:
-    cache = 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * 4 * slots
+def bytes_per_token(m: dict, storage: str, slots: float, cache_bytes: int = 4) -> float:
+    """Weights plus the cached keys and values of ``slots`` positions at ``cache_bytes`` per element
+    (msllm's cache is float32: 4; llama.cpp's default ``-ctk f16 -ctv f16``: 2)."""
+    cache = 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * cache_bytes * slots
     return weight_bytes(m, storage) + cache
+
+
+# llamacpp_speed.py's precision -> (msllm's weight storage, llama.cpp's GGUF storage)
+LLAMACPP_STORAGE = {"f32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "int8": ("int8", "q8_0")}
+
+
+def batch1_steps(a) -> tuple[dict, float]:
+    """({row name: (weight storage, cache bytes per element, measured ms per decode step)}, mean cached
+    slots) at batch 1, from a ``decode_speed.py`` file (``--decode``) or a ``llamacpp_speed.py`` file
+    (``--llamacpp``: both frameworks at each precision, step = 1 / decode tokens/s)."""
+    if a.decode:
+        dec = json.load(open(a.decode))
+        slots = dec["settings"]["prompt"] + dec["settings"]["new"] / 2
+        return {name: (storage_of(name), 4, r["decode_step_ms"])
+                for name, r in dec["summary"].get("smollm2/b1", {}).items() if "decode_step_ms" in r}, slots
+    rows, slots = {}, set()
+    for path in a.llamacpp:
+        run = json.load(open(path))
+        slots.add(run["settings"]["prompt"] + run["settings"]["new"] / 2)
+        for key, r in run["summary"].items():
+            precision, batch = key.split("/")
+            if batch != "b1":
+                continue
+            ours, theirs = LLAMACPP_STORAGE[precision]
+            rows[f"msllm {precision}"] = (ours, 4, 1e3 / r["msllm"]["decode_tokens_per_s"])
+            rows[f"llama.cpp {precision}"] = (theirs, 2, 1e3 / r["llama.cpp"]["decode_tokens_per_s"])
+    if len(slots) != 1:
+        raise SystemExit(f"--llamacpp files with different prompt / new token settings: {sorted(slots)}")
+    return rows, slots.pop()
 
 
 def bandwidth(rounds: int) -> dict:
@@ -86,24 +119,23 @@ def bandwidth(rounds: int) -> dict:
 
 def main(argv=None):
     p = harness.arg_parser(__doc__)
-    p.add_argument("--decode", required=True, help="a decode_speed.py result file with --shapes smollm2")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--decode", help="a decode_speed.py result file with --shapes smollm2")
+    src.add_argument("--llamacpp", nargs="+", help="llamacpp_speed.py result files (msllm and llama.cpp at each "
+                     "precision; several files: e.g. one run per precision)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=os.path.join(HERE, "results", "decode_floor_smollm2.json"))
     a = p.parse_args(argv)
     t0 = time.time()
-    dec = json.load(open(a.decode))
+    steps, slots = batch1_steps(a)
     bw = bandwidth(a.rounds)
-    slots = dec["settings"]["prompt"] + dec["settings"]["new"] / 2
     rows = {}
-    for name, r in dec["summary"].get("smollm2/b1", {}).items():
-        if "decode_step_ms" not in r:
-            continue
-        storage = storage_of(name)
-        need = bytes_per_token(SMOLLM2, storage, slots)
+    for name, (storage, cache_bytes, step_ms) in steps.items():
+        need = bytes_per_token(SMOLLM2, storage, slots, cache_bytes)
         floor_ms = 1e3 * need / (bw["best_gb_s"] * 1e9)
-        rows[name] = {"weights": storage, "bytes_per_token_mb": need / 1e6, "floor_ms": floor_ms,
-                      "step_ms": r["decode_step_ms"], "share_of_floor": floor_ms / r["decode_step_ms"]}
-    result = {"machine": common.machine(), "command": harness.command_line(), "decode_file": a.decode,
+        rows[name] = {"weights": storage, "cache_bytes_per_element": cache_bytes, "bytes_per_token_mb": need / 1e6,
+                      "floor_ms": floor_ms, "step_ms": step_ms, "share_of_floor": floor_ms / step_ms}
+    result = {"machine": common.machine(), "command": harness.command_line(), "decode_file": a.decode or a.llamacpp,  # one file or a list
               "model": SMOLLM2, "weight_params": weight_params(SMOLLM2), "mean_slots": slots,
               "bandwidth": bw, "batch1": rows,
               "bytes_per_token_mb": {k: bytes_per_token(SMOLLM2, k, slots) / 1e6 for k in ("fp32", "bf16", "int8", "q8_0")}}
