@@ -16,8 +16,9 @@ also ``msllm-full-pre`` / ``trl-full-pre`` (``dpo.precompute_ref`` / ``precomput
 model during training).
 
 tokens/s = the mean real tokens of a timed step (prompt + completion of chosen and rejected, padding not counted;
-TRL pads each batch to its longest pair, msllm to seq) / the median timed step (after ``--warmup`` steps; msllm's
-first step compiles). What is timed differs slightly: msllm's whole train step (forward, backward, AdamW update);
+TRL pads each batch to its longest pair, msllm cuts it to its longest pair rounded up to 32 / 64 / 128 / ... / seq
+as its training loop does on CPU) / the median timed step (after ``--warmup`` steps; msllm's steps that are the
+first at their width compile that width's graph and are left out of the median, listed as ``compile_steps``). What is timed differs slightly: msllm's whole train step (forward, backward, AdamW update);
 TRL's ``training_step`` (forward, backward; its optimizer step is outside). Ratios msllm / TRL are per-round paired
 (``benchmarks/ratios.py``).
 

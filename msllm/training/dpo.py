@@ -89,15 +89,9 @@ class SequenceLogps(nn.Cell):
         self.compact = bool(getattr(model, "compact_loss", False))
         self.log_softmax = ops.LogSoftmax(-1)
         self.gather = ops.GatherD()
-        self.gather_rows = ops.Gather()
         self.segment_sum = ops.UnsortedSegmentSum()
-        self.concat = ops.Concat(0)
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
-        # appended to the kept positions: position 0 with an ignored target, so that K = 0 still
-        # gives non-empty tensors (as the SFT compact loss does)
-        self.extra_row = Tensor([0], ms.int64)
-        self.extra_target = Tensor([self.ignore], ms.int32)
 
     def construct(self, tokens, targets):
         n, t = tokens.shape
@@ -110,11 +104,7 @@ class SequenceLogps(nn.Cell):
             lp = self.gather(self.log_softmax(self.reshape(logits, (n * t, v))), 1, safe)  # (N*T, 1)
             lp = self.reshape(lp, (n, t)) * mask
             return lp.sum(-1), mask.sum(-1)
-        flat = self.reshape(targets, (-1,))                                     # (N*T,)
-        keep = self.reshape(ops.nonzero(flat != self.ignore), (-1,))            # (K,) int64
-        rows = self.concat((keep, self.extra_row))                              # (K+1,)
-        tgt = self.concat((self.gather_rows(flat, keep, 0), self.extra_target))  # (K+1,), last ignored
-        hk = self.gather_rows(self.reshape(h, (n * t, -1)), rows, 0)           # (K+1, C)
+        hk, tgt, rows = self.model.supervised_rows(h, targets)                  # (K+1, C), (K+1,), (K+1,)
         logp = self.log_softmax(self.model.head(hk))                            # (K+1, V) float32
         mask = self.cast(tgt != self.ignore, ms.float32)                        # (K+1,)
         lp = self.reshape(self.gather(logp, 1, self.reshape(ops.maximum(tgt, 0), (-1, 1))), (-1,)) * mask

@@ -966,16 +966,28 @@ class LlamaForCausalLM(nn.Cell):
         """Length of the stats vector ``construct`` returns beside the loss (0: none)."""
         return self.n_experts + 2 if self.router_stats else 0
 
-    def lm_loss(self, h, targets):
-        """hidden (B, T, C), targets (B, T) int32 -> the mean next-token cross-entropy."""
-        if not self.compact_loss:
-            return self.loss(self.logits_of(h), targets)
+    def supervised_rows(self, h, targets):
+        """The positions that have a target, for a head run only there (``compact_loss``).
+
+        hidden (B, T, C), targets (B, T) int32 -> (hidden (K+1, C), targets (K+1,) int32, flat
+        positions (K+1,) int64 in [0, B*T)): the K positions whose target is not ``ignore_token_id``,
+        then position 0 with an ignored target, so that K = 0 still gives non-empty tensors. K varies
+        per batch (a dynamic shape). Used by :meth:`lm_loss` and DPO's per-sequence log-probs
+        (``msllm/training/dpo.py`` ``SequenceLogps``).
+        """
         h = self.reshape(h, (-1, self.config.hidden_size))                     # (B*T, C)
         targets = self.reshape(targets, (-1,))                                  # (B*T,)
         keep = self.reshape(ops.nonzero(targets != self.config.ignore_token_id), (-1,))  # (K,)
         rows = self.concat_rows((keep, self.extra_row))                         # (K+1,)
         targets = self.concat_rows((self.gather_rows(targets, keep, 0), self.extra_target))
-        return self.loss(self.head(self.gather_rows(h, rows, 0)), targets)    # (K+1, V) logits
+        return self.gather_rows(h, rows, 0), targets, rows
+
+    def lm_loss(self, h, targets):
+        """hidden (B, T, C), targets (B, T) int32 -> the mean next-token cross-entropy."""
+        if not self.compact_loss:
+            return self.loss(self.logits_of(h), targets)
+        hk, tk, _ = self.supervised_rows(h, targets)                            # (K+1, C), (K+1,)
+        return self.loss(self.head(hk), tk)                                     # (K+1, V) logits
 
 
 class CausalLMLoss(nn.Cell):
