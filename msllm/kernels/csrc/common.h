@@ -126,7 +126,8 @@ inline void cpu_relax() {
 // Thread pool. MindSpore runs its CPU kernels one after another on its actor thread; while one
 // of ours runs, MindSpore's own kernel threads sleep, so the pool uses (cores - 1) workers plus
 // the calling thread. Workers spin ~50 us after a job (kernels come back to back) and then
-// sleep on a futex (std::atomic::wait), so they do not steal cycles from MindSpore's kernels.
+// sleep on a futex (std::atomic::wait), so they do not steal cycles from MindSpore's kernels; the
+// caller waits for the workers the same way (spin ~50 us, then sleep).
 // Size: MSLLM_KERNEL_THREADS if set, else the number of CPUs this process may run on.
 class Pool {
  public:
@@ -161,7 +162,15 @@ class Pool {
     in_pool() = true;
     work();
     in_pool() = false;
-    while (busy_.load(std::memory_order_acquire) != 0) cpu_relax();
+    // Wait for the workers: spin briefly (they usually finish within microseconds of the caller),
+    // then sleep on the counter. Spinning longer is harmful when runnable threads outnumber cores
+    // (two processes on 2 cores: data-parallel ranks on one machine, a test run on 2 workers): a
+    // worker descheduled mid-task needs the very core this loop would burn for a whole time slice.
+    auto t0 = std::chrono::steady_clock::now();
+    for (int b; (b = busy_.load(std::memory_order_acquire)) != 0;) {
+      if (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(kSpinMicros)) cpu_relax();
+      else busy_.wait(b, std::memory_order_acquire);
+    }
     job_ = nullptr;
     if (failed_.load(std::memory_order_acquire)) throw std::bad_alloc();
   }
@@ -207,15 +216,16 @@ class Pool {
       uint32_t e;
       while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
         cpu_relax();
-        if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(50)) epoch_.wait(seen);
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros)) epoch_.wait(seen);
       }
       seen = e;
       if (stop_.load()) return;
       work();
-      busy_.fetch_sub(1, std::memory_order_acq_rel);
+      if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_.notify_one();   // the last one wakes the caller
     }
   }
 
+  static constexpr int kSpinMicros = 50;   // spin this long before sleeping (workers and caller alike)
   int n_ = 1;
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> epoch_{0};
