@@ -15,6 +15,12 @@
 # starts last while the other worker idles. Tests marked `serial` (pytest.ini: they cannot share the
 # machine with another test) then run in one plain pytest process.
 #
+# OpenMP (PyTorch's intra-op threads in the transformers / PEFT / TRL references, and what else reads it) runs on
+# one thread per process here (OMP_NUM_THREADS=1 unless set): two workers on 2 cores already fill the machine,
+# and two spinning OpenMP threads per process beside the other worker's made the references several times
+# slower (two concurrent runs of tests/generation/test_generation_beam.py: 29.5 s -> 19.4 s with it, 2026-11-27).
+# Tests that time a 2-thread run set their own (tests/training/test_dpo_trl.py's workers).
+#
 # Each pytest process writes its per-test durations (MSLLM_DURATIONS_FILE; the worker of each test,
 # and each worker's RSS growth per test); they are joined into tests/durations.txt. Every part runs
 # even when an earlier one fails; the exit code is 1 if any failed.
@@ -23,6 +29,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${MSLLM_DURATIONS_FILE:-}
 WORKERS=${MSLLM_TEST_WORKERS:-2}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 parts=("tests/test_*.py tests/cluster tests/compat tests/convert tests/data tests/eval tests/generation tests/kernels"
        "tests/lora tests/models tests/parallel tests/serving"
        "tests/training")

@@ -121,3 +121,41 @@ def max_logit_diff(ours: list, ref, active: np.ndarray) -> float:
         if rows.any():
             worst = max(worst, float(np.abs(a[rows] - b.numpy()[rows]).max()))
     return worst
+
+
+SMOLLM2_YAML = f"{ROOT}/configs/smollm2/run_smollm2_135m.yaml"
+
+
+def load_smollm2(smollm2_dir: str, overrides: list):
+    """SmolLM2 from its cached HF directory for inference (``load_for_inference``): (net, model
+    config, tokenizer), with ``overrides`` (CLI-style ``--key=value``) on the SmolLM2 run YAML."""
+    from msllm.config import load_config
+    from msllm.generation.loading import load_for_inference
+
+    return load_for_inference(load_config(SMOLLM2_YAML, overrides + [f"--load_checkpoint={smollm2_dir}"]))
+
+
+def every_position_logits(net, mc, seqs: list) -> list:
+    """Logits at every position of each sequence, from one left-padded prefill into a fresh cache:
+    ``seqs`` token-id lists -> [(n_i, V) float32 per sequence], the row's real positions only."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
+    from msllm.models.llama.kv_cache import cache_index, empty_cache
+
+    class EveryPosition(nn.Cell):
+        def __init__(self, net):
+            super().__init__(auto_prefix=False)
+            self.net = net
+
+        def construct(self, ids, positions, kpos, index, caches):
+            return self.net.forward_cached(ids, positions, kpos, index, caches, False, True)   # (B, T, V)
+
+    length = max(map(len, seqs))
+    ids, pads = left_pad(seqs, length, 0)
+    slots = np.arange(length)
+    caches = empty_cache(len(seqs), mc.kv_heads, length, mc.head_dim, mc.num_layers)
+    out = EveryPosition(net)(ms.Tensor(ids), ms.Tensor(positions_for(pads, slots)), ms.Tensor(key_positions(pads, length)),
+                             ms.Tensor(cache_index(slots, len(seqs))), ms.mutable(caches)).asnumpy()
+    return [out[i, p:] for i, p in enumerate(pads)]

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import mindspore as ms
-from mindspore import nn
 
-from gentest_helpers import ROOT
+from gentest_helpers import every_position_logits, load_smollm2
 
 pytestmark = pytest.mark.slow
 
@@ -30,36 +29,10 @@ TEXTS = ["What is the capital of France? The capital of France is Paris, a city 
          "The mitochondria is the powerhouse of the cell because it"]
 
 
-class EveryPosition(nn.Cell):
-    """A fresh-cache prefill returning the logits of every position (B, T, V)."""
-
-    def __init__(self, net):
-        super().__init__(auto_prefix=False)
-        self.net = net
-
-    def construct(self, ids, positions, kpos, index, caches):
-        return self.net.forward_cached(ids, positions, kpos, index, caches, False, True)
-
-
 def logits_of(smollm2_dir, dtype, seqs):
-    import os
-
-    from msllm.config import load_config
-    from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
-    from msllm.generation.loading import load_for_inference
-    from msllm.models.llama.kv_cache import cache_index, empty_cache
-
-    cfg = load_config(os.path.join(ROOT, "configs", "smollm2", "run_smollm2_135m.yaml"),
-                      [f"--model.model_config.param_init_type={dtype}", f"--load_checkpoint={smollm2_dir}"])
-    net, mc, _ = load_for_inference(cfg)
+    net, mc, _ = load_smollm2(smollm2_dir, [f"--model.model_config.param_init_type={dtype}"])
     assert {p.dtype for p in net.get_parameters()} == {getattr(ms, dtype)}
-    length = max(map(len, seqs))
-    ids, pads = left_pad(seqs, length, 0)
-    slots = np.arange(length)
-    caches = empty_cache(len(seqs), mc.kv_heads, length, mc.head_dim, mc.num_layers)
-    out = EveryPosition(net)(ms.Tensor(ids), ms.Tensor(positions_for(pads, slots)), ms.Tensor(key_positions(pads, length)),
-                             ms.Tensor(cache_index(slots, len(seqs))), ms.mutable(caches)).asnumpy()
-    return [out[i, p:] for i, p in enumerate(pads)]          # each row's real positions (n_i, V)
+    return every_position_logits(net, mc, seqs)
 
 
 def test_bf16_weights_stay_within_the_stated_bound(smollm2_dir):

@@ -24,15 +24,13 @@ tokens that are generated free to differ (the other 40 would follow the end-of-t
 float32's, and its token float32's wherever the margin exceeds 2B.
 """
 
-import os
-
 import numpy as np
 import pytest
 
 import mindspore as ms
 
-from gentest_helpers import ROOT
-from test_real_model_bf16_weights import TEXTS, EveryPosition
+from gentest_helpers import every_position_logits as every_position, load_smollm2
+from test_real_model_bf16_weights import TEXTS
 from test_real_model_generation import EOS, NEW, RECORDS, messages_of, template_ids
 
 pytestmark = pytest.mark.slow
@@ -40,31 +38,13 @@ pytestmark = pytest.mark.slow
 SEED = 0
 BF16_BOUND, BF16_EPS = 0.3, 1.35e-3   # test_real_model_bf16_weights.py's stated bound; its weights' eps (below)
 MARGIN = 1.5
-CONFIG = os.path.join(ROOT, "configs", "smollm2", "run_smollm2_135m.yaml")
 MODES = {"per_channel": ["--model.model_config.param_init_type=int8"],
          "per_group_128": ["--model.model_config.quantization_config={quant_method: rtn, "
                            "weight_quant_granularity: per_group, group_size: 128}"]}
 
 
 def load(smollm2_dir, overrides):
-    from msllm.config import load_config
-    from msllm.generation.loading import load_for_inference
-
-    cfg = load_config(CONFIG, overrides + [f"--load_checkpoint={smollm2_dir}", "--model.model_config.seq_length=1024"])
-    return load_for_inference(cfg)
-
-
-def every_position(net, mc, seqs):
-    from msllm.models.llama.batch_layout import key_positions, left_pad, positions_for
-    from msllm.models.llama.kv_cache import cache_index, empty_cache
-
-    length = max(map(len, seqs))
-    ids, pads = left_pad(seqs, length, 0)
-    slots = np.arange(length)
-    caches = empty_cache(len(seqs), mc.kv_heads, length, mc.head_dim, mc.num_layers)
-    out = EveryPosition(net)(ms.Tensor(ids), ms.Tensor(positions_for(pads, slots)), ms.Tensor(key_positions(pads, length)),
-                             ms.Tensor(cache_index(slots, len(seqs))), ms.mutable(caches)).asnumpy()
-    return [out[i, p:] for i, p in enumerate(pads)]          # each row's real positions (n_i, V)
+    return load_smollm2(smollm2_dir, overrides + ["--model.model_config.seq_length=1024"])
 
 
 def relative_errors(net, group):

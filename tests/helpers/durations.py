@@ -80,6 +80,7 @@ class Durations:
     def __init__(self, path: str):
         self.path, self.rows, self.started = path, [], time.time()
         self.growth, self.last_rss, self.workers = [], {}, set()
+        self.cpu_start = _cpu_times()
 
     def pytest_runtest_logreport(self, report):
         props = dict(report.user_properties)
@@ -100,7 +101,7 @@ class Durations:
             args = [a for a in args if a not in files] + [f"({len(files)} test files)"]
         part = {"args": args, "wall": time.time() - self.started,
                 "exit": int(exitstatus), "workers": sorted(self.workers), "rows": self.rows, "growth": self.growth,
-                "rss_end": self.last_rss, "finished": time.time()}
+                "rss_end": self.last_rss, "finished": time.time(), "cpu_busy": _busy_share(self.cpu_start, _cpu_times())}
         _write(self.path + ".json", json.dumps(part) + "\n")
         _write(self.path, render([part], part["wall"]))
 
@@ -110,6 +111,27 @@ def _write(path: str, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+def _cpu_times():
+    """(busy, total) jiffies of the whole machine since boot, from /proc/stat's ``cpu`` line (None
+    where there is no /proc/stat): busy = total - idle - iowait."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    total = sum(fields[:8])            # user nice system idle iowait irq softirq steal
+    return total - fields[3] - fields[4], total
+
+
+def _busy_share(start, end):
+    """The share of the machine's CPU time that was busy between two :func:`_cpu_times` readings
+    (every process, not only the tests'): below 1, cores stood idle (tests waiting on sockets,
+    timeouts, a worker with nothing left to take)."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
 
 
 def render(parts: list, wall: float) -> str:
@@ -124,8 +146,10 @@ def render(parts: list, wall: float) -> str:
              f"# wall {wall:.0f} s; " + ", ".join(f"{n} {o}" for o, n in outcomes.items()) + f"; exit {exit_codes}"]
     for i, p in enumerate(parts, 1):
         rss = ", ".join(f"{w} {kb / 1024:.0f} MiB" for w, kb in sorted(p["rss_end"].items()))
+        busy = p.get("cpu_busy")
         lines.append(f"# {p.get('name', f'part {i}')}: {p['wall']:.0f} s on {len(p['workers'])} worker(s), exit {p['exit']} "
                      f"({' '.join(p['args'])}); "
+                     f"CPU busy {'%.0f%%' % (100 * busy) if busy is not None else 'not measured'} (whole machine); "
                      f"RSS at the end: {rss or 'not measured'}")
     growth = [g for p in parts for g in p["growth"]]
     lines.append("# the 15 tests the RSS of the process that ran them grew most across:")

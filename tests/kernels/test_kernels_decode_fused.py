@@ -18,6 +18,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from kerneltest_helpers import close
 
 import mindspore as ms
 from mindspore import Tensor, ops
@@ -39,14 +40,6 @@ def isa_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-def close(actual, expected, rtol=1e-5):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    err = np.abs(actual - expected).max()
-    bound = rtol * np.abs(expected).max() + 1e-6
-    assert err <= bound, f"max abs error {err:.3e} > {bound:.3e}"
 
 
 class W:

@@ -16,6 +16,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from kerneltest_helpers import close, seeded_rng
 
 from mindspore import Tensor
 
@@ -25,17 +26,8 @@ SEED = 20261127
 RTOL = 1e-5
 
 
-def close(actual, expected, rtol=RTOL):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    err = np.abs(actual - expected).max()
-    bound = rtol * np.abs(expected).max() + 1e-6
-    assert err <= bound, f"max abs error {err:.3e} > {bound:.3e}"
-
-
 def rng():
-    print("seed", SEED)
-    return np.random.default_rng(SEED)
+    return seeded_rng(SEED)
 
 
 def test_quantize_rows_follows_the_rtn_rule_on_a_hand_worked_example():

@@ -9,6 +9,7 @@ observed 1e-7 to 2e-6 relative."""
 
 import numpy as np
 import pytest
+from kerneltest_helpers import close, seeded_rng
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -17,17 +18,8 @@ SEED = 20261122
 RTOL = 1e-5
 
 
-def close(actual, expected, rtol=RTOL):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    err = np.abs(actual - expected).max()
-    bound = rtol * np.abs(expected).max() + 1e-6
-    assert err <= bound, f"max abs error {err:.3e} > {bound:.3e}"
-
-
 def rng():
-    print("seed", SEED)
-    return np.random.default_rng(SEED)
+    return seeded_rng(SEED)
 
 
 def t(a):

@@ -12,11 +12,11 @@ rounding itself does to a real float32 checkpoint is bounded in
 import numpy as np
 import pytest
 from helpers import context_mode
+from modeltest_helpers import greedy_logits as run
 
 import mindspore as ms
 
 from msllm.errors import MsllmError
-from msllm.generation.decode import Generator
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.model import LlamaForCausalLM
 
@@ -37,20 +37,6 @@ def tiny(param_init_type, tie):
 def rounded_weights(net):
     """{name: float32 array rounded to bfloat16} of every parameter."""
     return {p.name: ms.Tensor(p.asnumpy(), ms.bfloat16).astype(ms.float32).asnumpy() for p in net.get_parameters()}
-
-
-def run(net, cfg, prompts):
-    """Prefill + 6 decode steps of greedy tokens; (every step's logits (steps, B, V), tokens)."""
-    gen = Generator(net, cfg)
-    buffer, length = 32, max(map(len, prompts))
-    logits, caches, pads = gen.prefill(prompts, length, buffer, 0)
-    out, toks = [logits], []
-    for step in range(6):
-        tok = logits.argmax(-1)
-        toks.append(tok)
-        logits, caches = gen.decode_step(tok, length + step, pads, buffer, caches)
-        out.append(logits)
-    return np.stack(out), np.stack(toks)
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["own_head", "tied_embeddings"])

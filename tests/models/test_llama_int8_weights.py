@@ -11,11 +11,11 @@ prefill and decode steps, per channel and per group, with a tied head and with i
 import numpy as np
 import pytest
 from helpers import context_mode
+from modeltest_helpers import greedy_logits as run
 
 import mindspore as ms
 
 from msllm.errors import MsllmError
-from msllm.generation.decode import Generator
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.model import Linear, LlamaForCausalLM
 from msllm.models.llama.int8_model import quantize_model
@@ -33,20 +33,6 @@ def tiny(tie, quant=None):
     return LlamaConfig(vocab_size=101, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2,
                        intermediate_size=96, seq_length=64, initializer_range=0.2, tie_word_embeddings=tie,
                        quantization_config=quant)
-
-
-def run(net, cfg, prompts):
-    """Prefill + 6 decode steps of greedy tokens; (every step's logits (steps, B, V), tokens)."""
-    gen = Generator(net, cfg)
-    buffer, length = 32, max(map(len, prompts))
-    logits, caches, pads = gen.prefill(prompts, length, buffer, 0)
-    out, toks = [logits], []
-    for step in range(6):
-        tok = logits.argmax(-1)
-        toks.append(tok)
-        logits, caches = gen.decode_step(tok, length + step, pads, buffer, caches)
-        out.append(logits)
-    return np.stack(out), np.stack(toks)
 
 
 def linear_names(net):

@@ -1,0 +1,20 @@
+"""Helpers of the kernel tests (tests/kernels): the closeness rule and a printed seed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def close(actual, expected, rtol: float = 1e-5):
+    """Assert max |actual - expected| <= rtol * max |expected| + 1e-6 (float64 comparison, equal shapes)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    err = np.abs(actual - expected).max()
+    bound = rtol * np.abs(expected).max() + 1e-6
+    assert err <= bound, f"max abs error {err:.3e} > {bound:.3e}"
+
+
+def seeded_rng(seed: int) -> np.random.Generator:
+    """numpy's default generator at ``seed``, the seed printed (the test log says which one ran)."""
+    print("seed", seed)
+    return np.random.default_rng(seed)
