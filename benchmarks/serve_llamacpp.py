@@ -40,6 +40,12 @@ import llamacpp_speed  # noqa: E402
 import ratios  # noqa: E402
 import serve_throughput as st  # noqa: E402
 
+# llama-server keeps each slot's last prompt and reuses its KV when the next request starts the same way
+# (``cache_prompt``, on by default): the timed waves resend the same 8 prompts, so without this every wave after
+# the first would skip its prefill (measured: first token 0.16 s against msllm's 2.7 s). msllm's server reuses a
+# prefix only with --enable_prefix_caching (off here), so both prefill every prompt.
+NO_PROMPT_REUSE = {"cache_prompt": False}
+
 # --precision -> (msllm param_init_type, GGUF outtype)
 PRECISIONS = {"f32": ("float32", "f32"), "bf16": ("bfloat16", "bf16"), "int8": ("int8", "q8_0")}
 
@@ -68,11 +74,11 @@ def start_llama_server(bin_dir: str, gguf: str, a, no_repack: bool):
     raise RuntimeError(f"llama-server did not answer within 300 s; see {log}")
 
 
-def timed_waves(url: str, prompts: list, a) -> dict:
+def timed_waves(url: str, prompts: list, a, extra_body=None) -> dict:
     cold_t = time.perf_counter()
-    cold = st.wave(url, prompts, a.new)
+    cold = st.wave(url, prompts, a.new, extra_body)
     cold_s = time.perf_counter() - cold_t
-    waves = [st.wave(url, prompts, a.new) for _ in range(a.reps)]
+    waves = [st.wave(url, prompts, a.new, extra_body) for _ in range(a.reps)]
     best = {k: common.median([w[k] for w in waves]) for k in ("tokens_per_s", "wall_s", "ttft_median_s", "ttft_max_s")}
     return {"cold_wave_s": cold_s, **best, "tokens": waves[0]["tokens"],
             "texts_repeat": all(w["texts"] == cold["texts"] for w in waves), "texts": cold["texts"],
@@ -101,14 +107,14 @@ def llamacpp_round(bin_dir, gguf, prompts, a, state) -> dict:
         raise RuntimeError(f"llama-server exited at start; see {log}")
     try:
         try:
-            r = timed_waves(url, prompts, a)
+            r = timed_waves(url, prompts, a, NO_PROMPT_REUSE)
         except Exception:
             if state["no_repack"] or proc.poll() is None:
                 raise
             # the repacked AMX path crashed under load (llamacpp_speed.py's docstring): once with --no-repack
             state["no_repack"], state["first_attempt"] = True, "llama-server crashed in a wave; rerun with --no-repack"
             proc, url, start_s, log = start_llama_server(bin_dir, gguf, a, True)
-            r = timed_waves(url, prompts, a)
+            r = timed_waves(url, prompts, a, NO_PROMPT_REUSE)
     finally:
         if proc is not None and proc.poll() is None:
             proc.terminate()

@@ -70,13 +70,14 @@ def start_server(model_dir: str, weights: str, threads: int, root: str = common.
     raise RuntimeError("server did not answer within 600 s")
 
 
-def stream_one(client, prompt, new: int) -> tuple:
+def stream_one(client, prompt, new: int, extra_body=None) -> tuple:
     """One streamed greedy completion: (seconds to the first text chunk or None, seconds to the
-    end, completion tokens from ``usage``, text)."""
+    end, completion tokens from ``usage``, text). ``extra_body``: server-specific request fields."""
     t = time.perf_counter()
     first, text, usage = None, [], None
     for chunk in client.completions.create(model="smollm2", prompt=prompt, max_tokens=new, temperature=0,
-                                           stream=True, stream_options={"include_usage": True}):
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body=extra_body):
         if chunk.choices and chunk.choices[0].text:
             first = first or time.perf_counter() - t
             text.append(chunk.choices[0].text)
@@ -86,7 +87,7 @@ def stream_one(client, prompt, new: int) -> tuple:
     return first, time.perf_counter() - t, usage if usage is not None else len(text), "".join(text)
 
 
-def wave(url: str, prompts: list, new: int) -> dict:
+def wave(url: str, prompts: list, new: int, extra_body=None) -> dict:
     """All clients at once; per client (first-token s, done s, completion tokens, text)."""
     from openai import OpenAI
 
@@ -96,7 +97,7 @@ def wave(url: str, prompts: list, new: int) -> dict:
 
     def one(i):
         go.wait()
-        results[i] = stream_one(client, prompts[i], new)
+        results[i] = stream_one(client, prompts[i], new, extra_body)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for th in threads:
