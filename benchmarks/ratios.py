@@ -138,7 +138,8 @@ def report_lora_speed(d):
             if full in labs:
                 out.append((f"tokens/s {n} / {full}", paired_stats(runs, n, full, "tokens_per_s")))
         if n.startswith("msllm-lora"):
-            peft = "peft-" + n[len("msllm-"):len(n) - len("-dense") if dense else len(n)]
+            base = n[:-len("-dense")] if dense else n
+            peft = "peft-" + base[len("msllm-"):]
             if peft in labs:
                 out.append((f"tokens/s {n} / {peft}", paired_stats(runs, n, peft, "tokens_per_s")))
     return out

@@ -244,6 +244,18 @@ inline int64_t stream_chunk_rows(int64_t in, int64_t elem_bytes, int64_t out) {
   return rows + (rows & 1);
 }
 
+// Runs fn(o0, o1) over chunks [o0, o1) of the output rows of a weight-streaming product (sizes of
+// stream_chunk_rows), the chunks handed out dynamically over the pool.
+template <class F>
+inline void for_row_chunks(int64_t in, int64_t elem_bytes, int64_t out, F &&fn) {
+  const int64_t rows = stream_chunk_rows(in, elem_bytes, out);
+  const int tasks = static_cast<int>((out + rows - 1) / rows);
+  Pool::get().run(tasks, [&](int t) {
+    const int64_t o0 = t * rows;
+    fn(o0, std::min<int64_t>(out, o0 + rows));
+  });
+}
+
 // Flush denormal results and inputs to zero on this thread for the scope (MXCSR FTZ | DAZ), then
 // restore the caller's mode: attention over a long cache multiplies values by probabilities down
 // to ~1e-38, whose denormal products run ~25x slower (measured on decode_attention with widely

@@ -59,14 +59,9 @@ MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t o
 
 template <int M, class W>
 void stream(const float *x, const W *w, float *y, int64_t in, int64_t out) {
-  // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread (linear.cc)
-  Pool &pool = Pool::get();
-  const int64_t step = stream_chunk_rows(in, sizeof(W), out);
-  const int tasks = static_cast<int>((out + step - 1) / step);
-  pool.run(tasks, [&](int t) {
-    const int64_t o0 = t * step, o1 = std::min<int64_t>(out, o0 + step);
-    rows<M, (M <= 4 ? 2 : 1), W>(x, w, y, in, out, o0, o1);
-  });
+  // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
+  for_row_chunks(in, sizeof(W), out,
+                 [&](int64_t o0, int64_t o1) { rows<M, (M <= 4 ? 2 : 1), W>(x, w, y, in, out, o0, o1); });
 }
 
 template <class W>

@@ -80,13 +80,7 @@ void gemv_rows(const float *x, const W *w, float *y, int64_t in, int64_t out, in
 template <int M, class W>
 void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
-  Pool &pool = Pool::get();
-  const int64_t rows = stream_chunk_rows(in, sizeof(W), out);
-  const int tasks = static_cast<int>((out + rows - 1) / rows);
-  pool.run(tasks, [&](int t) {
-    const int64_t o0 = t * rows, o1 = std::min<int64_t>(out, o0 + rows);
-    gemv_rows<M, W>(x, w, y, in, out, o0, o1);
-  });
+  for_row_chunks(in, sizeof(W), out, [&](int64_t o0, int64_t o1) { gemv_rows<M, W>(x, w, y, in, out, o0, o1); });
 }
 
 template <class W>
