@@ -8,8 +8,9 @@ prompt prefilled whole, else ``--prefill_chunk_size``; switched on the same engi
 graphs): ``--rows`` greedy requests with 64-token prompts and ``--new`` new tokens start
 together; once each has made 8 tokens, a ``--prompt``-token request joins (4 new tokens). A first,
 untimed round compiles the shapes the modes meet. Figures per mode: the gaps between consecutive
-tokens of the decoding rows from the join until the long request's first token (p50, p99, max;
-every row's gaps pooled), the long request's time to its first token, and the decoding rows'
+tokens of the decoding rows from their last token before the join to their first token after the
+long request's first token (p50, p99, max; every row's gaps pooled: with the prompt prefilled
+whole, the rows' one stall is one of them), the long request's time to its first token, and the decoding rows'
 tokens/s over that window. Every mode must give every request the same tokens (greedy; checked).
 Prompts: real text (``benchmarks/decode_speed.py``'s Alpaca windows). ``--prefix`` also turns the
 prefix cache on (the long prompt is then new every round: its first tokens differ).
@@ -75,10 +76,12 @@ def one_round(eng, chunk: int, short: list, long: list, new: int) -> dict:
     t_first = join.times[0]
     gaps, made = [], 0
     for s in sinks:
+        # the row's last token before the join, its tokens until the long prompt's first, and its
+        # first token after that: so a whole prefill's one stall (no row token in the window) is a gap too
         ts = [x for x in s.times[:-1] if t_join <= x <= t_first]
         before = [x for x in s.times[:-1] if x < t_join]
-        if before and ts:
-            ts = [before[-1]] + ts
+        after = [x for x in s.times[:-1] if x > t_first]
+        ts = before[-1:] + ts + after[:1]
         gaps += [b - a for a, b in zip(ts, ts[1:])]
         made += len([x for x in s.times[:-1] if t_join <= x <= t_first])
     window = t_first - t_join

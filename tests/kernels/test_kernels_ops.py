@@ -319,13 +319,15 @@ def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b,
     close(got, (p / p.sum(-1, keepdims=True)) @ vv)
 
 
-@pytest.mark.parametrize("b,h,kv,s,d,t_new", [(2, 6, 2, 70, 20, 5), (1, 9, 3, 96, 64, 32)],
-                         ids=["gqa-odd", "smollm2-heads"])
-def test_decode_attention_of_several_queries_per_row(kernels, pynative, b, h, kv, s, d, t_new):
+@pytest.mark.parametrize("b,h,kv,s,d,t_new,window", [(2, 6, 2, 70, 20, 5, 0), (1, 9, 3, 96, 64, 32, 0),
+                                                     (2, 6, 2, 300, 32, 150, 40)],
+                         ids=["gqa-odd", "smollm2-heads", "blocks-windowed"])
+def test_decode_attention_of_several_queries_per_row(kernels, pynative, b, h, kv, s, d, t_new, window):
     """T new tokens per row over the cache (the serving engine's prefill pieces): each query has
     its own mask row (padding before the row's first slot, causal: query i of row b sees slots up
-    to its own), the same float64 numpy reference as above with T queries; a query that sees
-    nothing gives 0."""
+    to its own; with a sliding ``window`` on row 1 only the last ``window`` of them), the same
+    float64 numpy reference as above with T queries; a query that sees nothing gives 0. T = 150
+    spans three of the kernel's 64-query blocks, whose key ranges differ."""
     r = rng()
     q, k, v = r.standard_normal((b, h, t_new, d)), r.standard_normal((b, kv, s, d)), r.standard_normal((b, kv, s, d))
     mask = np.zeros((b, 1, t_new, s))
@@ -334,6 +336,8 @@ def test_decode_attention_of_several_queries_per_row(kernels, pynative, b, h, kv
         for i in range(t_new):
             last = s - t_new + i                      # query i sits in slot s - T + i
             mask[row, 0, i, :lo] = mask[row, 0, i, last + 1:] = -1e9
+            if window and row == 1:
+                mask[row, 0, i, :max(0, last + 1 - window)] = -1e9
     mask[0, 0, 0, :] = -1e9                           # a query that sees nothing
     slots_first = (2, 0, 1, 3)
     cache = lambda x: t(np.ascontiguousarray(x.transpose(slots_first)).reshape(s * b, kv, d))  # noqa: E731

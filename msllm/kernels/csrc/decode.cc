@@ -15,6 +15,10 @@
 // rescaling by exp(chunk max - overall max) (Milakov & Gimelshein 2018). Hidden keys are
 // skipped: they contribute exactly 0, as exp(-1e9 - max) does in float32 in the composed
 // softmax. Inference only (no gradient).
+// With T > 1 queries per row (q (B, H, T, D), mask (B or 1, 1, T, S): a prefill piece over the
+// cache, the serving engine's chunked prefill and prefix cache) the work is blocked by queries
+// instead, as flash attention is (extend_attention below): the slot-chunk loop would read every
+// key once per query.
 #include "common.h"
 #include "parts.h"
 
@@ -64,10 +68,72 @@ MSLLM_AOT(msllm_decode_attention) {
   return 0;
 }
 
+namespace {
+// T > 1 queries per row (a prefill piece over the cache): blocked like flash attention
+// (attention.cc) instead of query by query. One task per (batch row, query head, block of up to
+// 64 queries): the block's visible key range [k0, k1) from its mask rows, S = Q K^T and O = P V
+// as two oneDNN GEMMs reading the keys and values of the row's head straight from the flat cache
+// (leading dimension B K D), the mask added and each row's softmax in between. Each slot's keys
+// are read once per block, not once per query: the query-by-query loop below took 220 ms per
+// SmolLM2 layer for 512 queries over 2048 slots (30 layers: 6.6 s for one 512-token piece).
+constexpr int64_t kExtendBlock = 64;
+
+void extend_attention(const float *q, const float *k, const float *v, const float *mask, float *o, int64_t b,
+                      int64_t h, int64_t t, int64_t d, int64_t s, int64_t kv, int64_t mask_rows) {
+  const int64_t group = h / kv, stride = b * kv * d, nqb = (t + kExtendBlock - 1) / kExtendBlock, nbh = b * h;
+  Pool::get().run(static_cast<int>(nbh * nqb), [&](int i) {
+    FlushDenormals ftz;
+    const int64_t qb = i / nbh, bh = i % nbh, bi = bh / h, hi = bh % h;
+    const int64_t q0 = qb * kExtendBlock, nq = std::min(kExtendBlock, t - q0);
+    const float *mrows = mask + ((mask_rows == 1 ? 0 : bi) * t + q0) * s;  // (nq, s)
+    float *op = o + (bh * t + q0) * d;
+    int64_t k0 = s, k1 = 0;                                 // the block's visible keys [k0, k1)
+    for (int64_t r = 0; r < nq; ++r) {
+      const float *mr = mrows + r * s;
+      int64_t lo = 0, hi_ = s;
+      while (lo < s && mr[lo] <= kHidden) ++lo;
+      if (lo == s) continue;
+      while (mr[hi_ - 1] <= kHidden) --hi_;
+      k0 = std::min(k0, lo);
+      k1 = std::max(k1, hi_);
+    }
+    if (k0 >= k1) {                                          // nothing visible: output 0
+      std::fill(op, op + nq * d, 0.f);
+      return;
+    }
+    const int64_t nk = k1 - k0;
+    const float *kp = k + k0 * stride + (bi * kv + hi / group) * d;
+    const float *vp = v + k0 * stride + (bi * kv + hi / group) * d;
+    float *sc = scratch(0, kExtendBlock * s);
+    sgemm('N', 'T', nq, nk, d, 1.f, q + (bh * t + q0) * d, d, kp, stride, 0.f, sc, nk);  // S (nq, nk)
+    float inv[kExtendBlock];
+    for (int64_t r = 0; r < nq; ++r) {
+      float *row = sc + r * nk;
+      const float *mr = mrows + r * s + k0;
+      for (int64_t j = 0; j < nk; ++j) row[j] = mr[j] <= kHidden ? -INFINITY : row[j] + mr[j];
+      const float mx = row_max(row, nk);
+      if (mx == -INFINITY) {                                 // this query sees nothing: output 0
+        std::fill(row, row + nk, 0.f);
+        inv[r] = 0.f;
+        continue;
+      }
+      inv[r] = 1.f / exp_shift_sum(row, row, nk, 1.f, mx);
+    }
+    sgemm('N', 'N', nq, d, nk, 1.f, sc, nk, vp, stride, 0.f, op, d);                      // O = P V (nq, d)
+    for (int64_t r = 0; r < nq; ++r)
+      for (int64_t c = 0; c < d; ++c) op[r * d + c] *= inv[r];
+  });
+}
+}  // namespace
+
 // The computation of msllm_decode_attention on checked shapes (parts.h).
 void msllm::decode_attention_forward(const float *q, const float *k, const float *v, const float *mask, float *o,
                                      int64_t b, int64_t h, int64_t t, int64_t d, int64_t s, int64_t kv,
                                      int64_t mask_rows) {
+  if (t > 1) {
+    extend_attention(q, k, v, mask, o, b, h, t, d, s, kv, mask_rows);
+    return;
+  }
   const int64_t group = h / kv, bh = b * h * t;             // rows: (batch row, head, query)
   const int64_t stride = b * kv * d;                        // from one slot to the next
   // chunks of at least 32 slots, about 4 per thread so the pool can balance them

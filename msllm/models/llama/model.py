@@ -504,7 +504,10 @@ class Attention(nn.Cell):
         5,400 x T x S bytes per graph for SmolLM2's 30 layers: 2.9 GB at T = 512, S = 1024)."""
         b, t, _ = x.shape
         d = self.head_dim
-        q, k, v, k_cache, v_cache = self.rotated_into_cache(x, cos, sin, k_cache, v_cache, index)
+        # the new keys and values are read back from the caches: only q and the written caches
+        # are taken from the tuple (unused items of it are side-effect nodes MindSpore warns about)
+        front = self.rotated_into_cache(x, cos, sin, k_cache, v_cache, index)
+        q, k_cache, v_cache = front[0], front[3], front[4]
         q = self.mul_scale(self.transpose(q, (0, 2, 1, 3)), self.scale)              # (B, H, T, D)
         out = self.decode_attention(q, k_cache, v_cache, self.cast(mask, ms.float32))  # (B, H, T, D)
         out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (b * t, self.n_heads * d))
