@@ -24,6 +24,8 @@
 #include <vector>
 
 #include <sched.h>
+#include <sys/mman.h>
+#include <unordered_set>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -235,6 +237,32 @@ class Pool {
   std::function<void(int)> *job_ = nullptr;
   int ntasks_ = 0;
 };
+
+// Weights read at every decode step on 2 MiB pages (transparent huge pages): the 2 MiB-aligned
+// regions holding [p, p + bytes) are advised MADV_HUGEPAGE and collapsed now (MADV_COLLAPSE,
+// Linux 6.1; synchronous), once per region. A decode step streams all weights from memory; on
+// 4 KiB pages each page is a TLB miss and the hardware prefetcher restarts at every page
+// boundary. Only the page size changes, never the contents. Errors (an older kernel, THP off,
+// a region spanning two mappings) are ignored: the pages stay as they were. Measured on SmolLM2's
+// float32 batch-1 decode step (Intel Xeon, 3 alternating rounds): 43.4-43.9 ms -> 41.2-42.1 ms.
+// MSLLM_NO_HUGE_PAGES=1 turns it off (read once).
+inline void huge_pages_for(const void *p, int64_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
+  constexpr int kMadvCollapse = 25;      // MADV_COLLAPSE (linux/mman.h); older glibc headers lack the name
+  static const bool off = std::getenv("MSLLM_NO_HUGE_PAGES") != nullptr;
+  if (off) return;
+  static std::mutex mu;
+  static std::unordered_set<uintptr_t> done;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), lo = a & ~(kHuge - 1),
+                  hi = (a + static_cast<uintptr_t>(bytes) + kHuge - 1) & ~(kHuge - 1);
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes < int64_t(kHuge) / 4 || !done.insert(a).second) return;   // small weights: not worth a region
+  for (uintptr_t r = lo; r < hi; r += kHuge) {
+    if (!done.insert(r | 1).second) continue;                           // region already advised
+    madvise(reinterpret_cast<void *>(r), kHuge, MADV_HUGEPAGE);
+    madvise(reinterpret_cast<void *>(r), kHuge, kMadvCollapse);
+  }
+}
 
 // Output rows per task of a weight-streaming product (y = x W^T, W (out, in), elem_bytes per weight):
 // ~64 KiB of W each, at least 4 tasks per thread, even (two rows at a time), at least 2.

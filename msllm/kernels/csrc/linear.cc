@@ -124,6 +124,7 @@ GemvIsa gemv_isa() {
 template <class W>
 bool gemv(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t out) {
   if (m < 1 || m > 8) return false;
+  huge_pages_for(w, in * out * int64_t(sizeof(W)));
   switch (gemv_isa()) {
 #if defined(__AVX512F__)
     case GemvIsa::kAvx512: return gemv512(x, w, y, m, in, out);

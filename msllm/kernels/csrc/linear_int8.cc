@@ -271,10 +271,12 @@ void msllm::linear_int8_forward(const float *x, const int8_t *q, const float *s,
     return;
   }
   Q8 w{q, s, in, out, group, groups};
-  if (m <= 8)
+  if (m <= 8) {
+    huge_pages_for(q, in * out);     // decoding streams the weights: 2 MiB pages (common.h)
     stream_rows(x, w, y, m, int8_isa());
-  else
+  } else {
     slab_sgemm(x, w, y, m);
+  }
 }
 
 // Which streaming path msllm_linear_int8 takes now: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++.
