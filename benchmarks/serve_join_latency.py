@@ -78,12 +78,12 @@ def one_round(eng, chunk: int, short: list, long: list, new: int) -> dict:
     for s in sinks:
         # the row's last token before the join, its tokens until the long prompt's first, and its
         # first token after that: so a whole prefill's one stall (no row token in the window) is a gap too
-        ts = [x for x in s.times[:-1] if t_join <= x <= t_first]
+        inside = [x for x in s.times[:-1] if t_join <= x <= t_first]
         before = [x for x in s.times[:-1] if x < t_join]
         after = [x for x in s.times[:-1] if x > t_first]
-        ts = before[-1:] + ts + after[:1]
+        ts = before[-1:] + inside + after[:1]
         gaps += [b - a for a, b in zip(ts, ts[1:])]
-        made += len([x for x in s.times[:-1] if t_join <= x <= t_first])
+        made += len(inside)
     window = t_first - t_join
     return {"chunk": chunk, "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
             "itl_max_s": max(gaps) if gaps else None, "gaps": len(gaps), "long_ttft_s": window,

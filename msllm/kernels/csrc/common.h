@@ -250,13 +250,13 @@ inline void huge_pages_for(const void *p, int64_t bytes) {
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   constexpr int kMadvCollapse = 25;      // MADV_COLLAPSE (linux/mman.h); older glibc headers lack the name
   static const bool off = std::getenv("MSLLM_NO_HUGE_PAGES") != nullptr;
-  if (off) return;
+  if (off || bytes < int64_t(kHuge) / 4) return;                     // small weights: not worth a region
   static std::mutex mu;
   static std::unordered_set<uintptr_t> done;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), lo = a & ~(kHuge - 1),
                   hi = (a + static_cast<uintptr_t>(bytes) + kHuge - 1) & ~(kHuge - 1);
   std::lock_guard<std::mutex> lock(mu);
-  if (bytes < int64_t(kHuge) / 4 || !done.insert(a).second) return;   // small weights: not worth a region
+  if (!done.insert(a).second) return;                                 // this weight already seen
   for (uintptr_t r = lo; r < hi; r += kHuge) {
     if (!done.insert(r | 1).second) continue;                           // region already advised
     madvise(reinterpret_cast<void *>(r), kHuge, MADV_HUGEPAGE);
