@@ -79,8 +79,8 @@ NO_EFFECT: dict[str, str] = {
     "context.mempool_block_size": _SPEED,
     "context.ascend_config": "Ascend operator precision/tuning options; msllm sets none",
     # parallel
-    "parallel.enable_alltoall": ("MindSpore's all-to-all for expert parallelism; msllm's layouts imply it where "
-                                 "expert_parallel > 1 (Ascend)"),
+    "parallel.enable_alltoall": ("MindSpore's all-to-all for expert parallelism; msllm sets it exactly where "
+                                 "expert_parallel > 1 (Ascend), whatever the YAML says"),
     "parallel.parallel_optimizer_config": ("tuning of optimizer-state sharding (memory only); msllm shards "
                                            "by parallel.enable_parallel_optimizer / optimizer_shard"),
     "parallel.strategy_ckpt_config.only_trainable_params": "msllm's strategy files list every parameter",

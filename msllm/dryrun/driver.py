@@ -21,6 +21,12 @@ A rank MindSpore rejects ends the run with one error quoting MindSpore's message
 YAML key it concerns. ``context.jit_level: O2`` (GE graph mode) is compiled with O1: GE's graph
 compiler is a CANN library, which the stub layer does not provide (MindSpore's parallel passes,
 which decide strategies, collectives and stages, run in its frontend before either backend).
+On the stub layer ``O1`` is compiled without graph-kernel fusion (``MS_DEV_GRAPH_KERNEL_FLAGS
+--opt_level=0``, :func:`fusion_off`): its Ascend kernel generator (DVM, built into MindSpore's
+Ascend plugin) reads device facts the stubs do not provide and MindSpore 2.10 stops with a bare
+``RuntimeError: stoi`` while building the first fused kernel (measured on the tiny model and the 7B
+YAML; with fusion off both compile and run the level-1 step). The report's ``graph_kernel_fusion``
+says which ran.
 """
 
 from __future__ import annotations
@@ -79,6 +85,12 @@ def _child_cmd(config: str, overrides: list[str], jit_level: str) -> list[str]:
             "--context.device_target=Ascend", f"--context.jit_level={jit_level}"]
 
 
+def fusion_off(layer, jit_level: str) -> bool:
+    """True when this rank's compile turns graph-kernel fusion off: jit_level O1 on the stub layer
+    and no ``MS_DEV_GRAPH_KERNEL_FLAGS`` of the user's (module docstring)."""
+    return layer.stub and jit_level == "O1" and "MS_DEV_GRAPH_KERNEL_FLAGS" not in os.environ
+
+
 def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, layer, jit_level: str) -> dict:
     """Run one rank's child, parse it, write its report; return the report (``error`` set on failure)."""
     from msllm.cluster.simulation import simulation_env
@@ -92,7 +104,9 @@ def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, 
         # MS_DEV_DUMP_IR_PASSES: dump only the validate pass's IR (a 13B graph's dumps of every pass
         # are hundreds of MB and slow the compile down)
         env.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=graphs, MS_DEV_DUMP_IR_PASSES="validate",
-                   GLOG_v="2")
+                   GLOG_v=os.environ.get("MSLLM_DRYRUN_GLOG_V", "2"))
+        if fusion_off(layer, jit_level):
+            env["MS_DEV_GRAPH_KERNEL_FLAGS"] = "--opt_level=0"
         env["PYTHONPATH"] = os.pathsep.join([_repo_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                                if p])
         t0 = time.time()
@@ -133,6 +147,7 @@ def compile_rank(cfg, config: str, overrides: list[str], rank: int, level: int, 
     report = {
         "rank": rank, "rank_size": pc.device_num, "stage": stage, "sim_level": level,
         "jit_level": jit_level, "yaml_jit_level": cfg.context.jit_level,
+        "graph_kernel_fusion": jit_level != "O0" and not fusion_off(layer, jit_level),
         "device_layer": "stub (compile-only simulation)" if layer.stub else f"CANN at {layer.root}",
         "compile_seconds": seconds, "peak_memory": mem, "planner_mib": planned,
         "ratio": round(mem["used_peak_mib"] / planned, 3) if mem and planned and mem["used_peak_mib"] else None,
@@ -206,7 +221,9 @@ def run_dryrun(config: str, overrides: list[str], level: int, ranks_spec: str | 
     # the one start-up line: what this run is (printed: the entry point configures no logging)
     print(f"{layer.describe()}; MS_SIMULATION_LEVEL {level}, RANK_SIZE {pc.device_num}"
           + ("; context.jit_level O2 (GE) is compiled as O1: GE's compiler is part of CANN"
-             if jit != cfg.context.jit_level else ""), flush=True)
+             if jit != cfg.context.jit_level else "")
+          + ("; O1 without graph-kernel fusion: its kernel generator needs CANN's device data"
+             if fusion_off(layer, jit) else ""), flush=True)
     launcher = os.environ.get("MSLLM_SIM_RANK_SIZE")  # scripts/msrun_launcher.sh's WORKER_NUM
     if launcher and int(launcher) != pc.device_num:
         raise MsllmError(f"WORKER_NUM {launcher}, but the layout of {config} (data_parallel x model_parallel x "

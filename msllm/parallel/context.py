@@ -49,6 +49,12 @@ def parallel_context_kwargs(run_config, rank: int = 0) -> dict:
                                       strategy_file_name(rank, strategy_format(run_config))),
             "only_trainable_params": False},
     })
+    if pc.expert_parallel > 1:
+        # Tokens move between the router's data-parallel layout and the experts' (ep, dp/ep) layout;
+        # without this switch MindSpore 2.10 builds that move from AllGather + slicing (every rank
+        # gathers the whole expert group's tokens) instead of one AlltoAll each way
+        # (mindspore/parallel/_auto_parallel_context.py set_enable_alltoall; GShard's dispatch/combine).
+        kwargs["enable_alltoall"] = True
     if opt:
         kwargs["parallel_optimizer_config"] = {"parallel_optimizer_threshold": DEFAULT_OPT_THRESHOLD_KB,
                                                "optimizer_weight_shard_size": -1}

@@ -167,7 +167,8 @@ def validate_run_layout(run_config, device_num: Optional[int] = None,
                         stage_layers: Optional[Sequence[int]] = None) -> list[int]:
     """:func:`validate_layout` for a whole :class:`RunConfig`, plus the rules joining sections:
     model_parallel/pipeline_stage > 1 need ``parallel.parallel_mode`` semi_auto_parallel, and the
-    two optimizer-shard switches must agree. Returns the layers per stage."""
+    two optimizer-shard switches must agree; MoE's capacity dispatch (``capacity_factor`` > 0) is
+    refused under semi_auto_parallel (MindSpore rejects it). Returns the layers per stage."""
     pc = run_config.parallel_config
     mode = run_config.parallel.mode_name
     if (pc.model_parallel > 1 or pc.pipeline_stage > 1) and mode != "semi_auto_parallel":
@@ -177,6 +178,14 @@ def validate_run_layout(run_config, device_num: Optional[int] = None,
     if mode in ("auto_parallel", "hybrid_parallel"):
         raise MsllmError(f"parallel.parallel_mode={run_config.parallel.parallel_mode!r}: msllm sets strategies "
                          "by hand; use 0 (data_parallel) or 1 (semi_auto_parallel)")
+    moe = run_config.model_config.moe_config
+    if mode == "semi_auto_parallel" and moe is not None and moe.capacity_factor > 0:
+        # compiled by MindSpore's dry-run (docs/dryrun.md): "Failure:operator Select init failed"
+        raise MsllmError(f"model.model_config.moe_config.capacity_factor={moe.capacity_factor} with "
+                         "parallel.parallel_mode semi_auto_parallel: MindSpore rejects msllm's capacity dispatch "
+                         "(queues over the whole batch's token choices) under operator sharding; use "
+                         "capacity_factor: 0 (dropless: each expert runs on every token under a layout) "
+                         "or parallel_mode 0 (data_parallel)")
     optimizer_shard_enabled(run_config)
     return validate_layout(run_config.model_config, pc, device_num, global_batch_size(run_config), stage_layers)
 

@@ -19,8 +19,9 @@ expressed as MindSpore operator strategies the way MindFormers does it for LLaMA
   final norm, head and loss on the last stage (:func:`cell_stages`);
 * mixture of experts (GShard, Lepikhin et al. 2020; MindFormers' ``expert_parallel``): the
   experts' fused weights (E, 2I, C) / (E, C, I) split on E by ``expert_parallel`` (ep) and
-  within each expert column / row parallel by mp; the (E, M, C) token buffers split (ep, dp/ep),
-  so MindSpore moves each token to its expert's ranks (all-to-all) between the router's
+  within each expert row parallel by mp (both on C: :func:`_moe` says why); the (E, M, C) token
+  buffers split (ep, dp/ep), so MindSpore moves the tokens to their experts' ranks and back by
+  all-to-all (``enable_alltoall``, :mod:`msllm.parallel.context`) between the router's
   data-parallel layout and the experts'. The router and Qwen2-MoE's shared-expert gate are
   replicated, the shared expert is an ordinary column / row parallel MLP.
 
@@ -115,20 +116,41 @@ def _rms_norm(path: str, stage: int, seq_parallel: bool, fused: bool = False, of
 
 
 def _moe(path: str, mc, stage: int) -> list[OpRule]:
-    """A mixture-of-experts MLP (:mod:`msllm.models.llama.moe`): the router replicated on
-    data-parallel tokens; the experts split on E by ep and inside by mp, their (E, M, C) token
-    buffers on E by ep and on M by the dp/ep ranks of the expert group (module docstring)."""
+    """A mixture-of-experts MLP (:mod:`msllm.models.llama.moe`, the dense dispatch): the router
+    replicated on data-parallel tokens; the experts split on E by ep, their (E, M, C) token buffers
+    on E by ep and on M by the dp/ep ranks of the expert group (module docstring).
+
+    GShard's dispatch and combine (Lepikhin et al. 2020, sec. 2.2): the tokens are copied to every
+    expert where they lie, ``(1, dp, 1)``, so moving them to the experts' ``(ep, dp/ep, 1)`` is one
+    all-to-all inside each expert group (each rank keeps E/ep experts' copies of dp/ep times its
+    tokens), and the weighted sum over the experts happens back at ``(1, dp, 1)`` after the reverse
+    all-to-all. Inside each expert the fused ``gate_up_proj`` (E, 2I, C) is row parallel (C split
+    by mp, one all-reduce of its (E, M, 2I) product over mp): split on 2I instead, as a column-
+    parallel layer would be, its gate rows (the first I) and up rows would lie on different
+    model-parallel ranks. ``down_proj`` (E, C, I) is row parallel as the dense MLP's."""
     ex = f"{path}.experts"
-    buf: tuple[Sym, ...] = ("ep", "dp/ep", None)                              # (E, M, C)
-    act: tuple[Sym, ...] = ("ep", "dp/ep", "mp")                              # (E, M, 2I) / (E, M, I)
+    tokens: tuple[Sym, ...] = (None, "dp", None)                              # (E or 1, N, C) where the tokens are
+    buf: tuple[Sym, ...] = ("ep", "dp/ep", "mp")                              # (E, M, C)
+    act: tuple[Sym, ...] = ("ep", "dp/ep", "mp")                              # (E, M, I)
     rules = _linear(f"{path}.gate", (None, None), stage) + [
-        # (E, M, C) x (E, 2I, C)^T: column parallel inside each expert
-        OpRule(ex, "bmm_gate_up", (buf, ("ep", "mp", None)), stage, params=((1, f"{ex}.gate_up_proj"),)),
+        OpRule(ex, "expand_x", (("dp", None),), stage),                      # (N, C) -> (1, N, C)
+        OpRule(ex, "broadcast_x", (tokens,), stage),                          # -> (E, N, C): a local copy
+        OpRule(ex, "cast_x", (tokens,), stage),
+        # (E, M, C) x (E, 2I, C)^T: the all-to-all into buf, then row parallel inside each expert
+        OpRule(ex, "bmm_gate_up", (buf, ("ep", None, "mp")), stage, params=((1, f"{ex}.gate_up_proj"),)),
+        OpRule(ex, "split_gate_up", (("ep", "dp/ep", None),), stage),         # (E, M, 2I) -> 2 x (E, M, I)
         OpRule(ex, "sigmoid", (act,), stage),
         OpRule(ex, "mul_silu", (act, act), stage),
         OpRule(ex, "mul", (act, act), stage),
         # (E, M, I) x (E, C, I)^T: row parallel, partial sums over mp
         OpRule(ex, "bmm_down", (act, ("ep", None, "mp")), stage, params=((1, f"{ex}.down_proj"),)),
+        # the combine: weights (N, E) -> (E, N, 1) where the tokens are, the reverse all-to-all of
+        # the experts' outputs, the weighted sum over E on each rank's own tokens
+        OpRule(ex, "cast_w", (("dp", None),), stage),
+        OpRule(ex, "transpose_w", (("dp", None),), stage),
+        OpRule(ex, "expand_w", ((None, "dp"),), stage),
+        OpRule(ex, "mul_weights", (tokens, tokens), stage),
+        OpRule(ex, "sum_experts", (tokens,), stage),
     ]
     if mc.moe_config.shared_expert_intermediate_size:
         shared = f"{path}.shared_expert"

@@ -45,7 +45,7 @@ class ParamLayout(NamedTuple):
     """Where one parameter lives. The first four fields are the layout proper.
 
     dev_matrix: per-stage device matrix ``(dp, mp)``; experts' weights ``(ep, dp/ep, mp)``
-        (the same ranks, the dp axis factored).
+        (the same ranks, the dp axis factored); axes of size 1 left out, as MindSpore writes them.
     tensor_map: per tensor axis, the device-matrix axis counted from the right (0 = mp, 1 = dp;
         experts: 0 = mp, 1 = dp/ep, 2 = ep) that splits it, -1 = not split.
     full_shape: the unsharded shape.
@@ -100,13 +100,28 @@ def _expert_split(sym: tuple[Sym, ...]) -> bool:
     return "ep" in sym
 
 
+def _without_unit_axes(dev_matrix: tuple[int, ...], tensor_map: tuple[int, ...]):
+    """Drop the device-matrix axes of size 1 and renumber the tensor map, as MindSpore writes a
+    layout into its strategy files (compiled by the dry-run: dp 1 x mp 2 gives ``[2]``, not
+    ``[1, 2]``; expert_parallel = data_parallel gives the experts' ``[ep, mp]``). A tensor axis
+    mapped to a dropped axis is not split (-1). All axes of size 1 leave ``(1,)``."""
+    n = len(dev_matrix)
+    kept = [i for i, d in enumerate(dev_matrix) if d > 1]         # indices from the left
+    if not kept:
+        return (1,), tuple(-1 for _ in tensor_map)
+    new_right = {n - 1 - i: len(kept) - 1 - j for j, i in enumerate(kept)}  # old from-right -> new
+    return tuple(dev_matrix[i] for i in kept), tuple(new_right.get(m, -1) for m in tensor_map)
+
+
 def _layout_of(sym: tuple[Sym, ...], parallel_config) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(device matrix, tensor map) of a parameter consumed with the symbolic split ``sym``."""
+    """(device matrix, tensor map) of a parameter consumed with the symbolic split ``sym``, in
+    MindSpore's form (:func:`_without_unit_axes`)."""
     pc = parallel_config
     if _expert_split(sym):
         ep = pc.expert_parallel
-        return (ep, pc.data_parallel // ep, pc.model_parallel), tuple(_EXPERT_SYM_TO_AXIS[s] for s in sym)
-    return (pc.data_parallel, pc.model_parallel), _tensor_map(sym)
+        return _without_unit_axes((ep, pc.data_parallel // ep, pc.model_parallel),
+                                  tuple(_EXPERT_SYM_TO_AXIS[s] for s in sym))
+    return _without_unit_axes((pc.data_parallel, pc.model_parallel), _tensor_map(sym))
 
 
 def _opt_group(dev_matrix: Sequence[int], tensor_map: Sequence[int]) -> list[int]:

@@ -55,6 +55,13 @@ def test_run_level_rules():
     cfg = load_config("configs/llama/run_llama_7b.yaml", ["--parallel.enable_parallel_optimizer=False"])
     with pytest.raises(MsllmError, match="optimizer_shard=True disagrees with parallel.enable_parallel_optimizer"):
         validate_run_layout(cfg)
+    # MoE's capacity dispatch under operator sharding: MindSpore's dry-run rejects it (docs/dryrun.md)
+    sharded_moe = ["--parallel.parallel_mode=1", "--parallel.full_batch=True", "--parallel_config.data_parallel=2",
+                   "--parallel_config.expert_parallel=2"]
+    moe = "--model.model_config.moe_config={expert_num: 4, num_experts_chosen: 2%s}"
+    with pytest.raises(MsllmError, match=r"moe_config.capacity_factor=1.0 with parallel.parallel_mode semi_auto"):
+        validate_run_layout(load_config("configs/llama/run_llama_tiny.yaml", [*sharded_moe, moe % ", capacity_factor: 1.0"]))
+    assert validate_run_layout(load_config("configs/llama/run_llama_tiny.yaml", [*sharded_moe, moe % ""])) == [4]
     cfg70 = load_config("configs/llama/run_llama_70b.yaml")
     assert validate_run_layout(cfg70, device_num=64) == [20, 20, 20, 20]
     assert global_batch_size(cfg70) == 1 * 2 * 16 * 1     # MindFormers: bs x dp x micro x accum

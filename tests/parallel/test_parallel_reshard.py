@@ -274,7 +274,8 @@ def test_family_switches_reshard_bit_exactly(tmp_path):
 def test_expert_parallel_layout_reshards_bit_exactly(tmp_path):
     """Mixture of experts with expert_parallel 2 inside data_parallel 2, and model_parallel 2 (4
     ranks, MindFormers' convention: ep divides dp): the fused experts split on E by ep (each expert
-    group holds half of them) and inside by mp (gate/up rows, down columns), the router replicated,
+    group holds half of them) and inside by mp (the C columns of gate_up and down: both row parallel,
+    msllm/parallel/layout_rules.py _moe), the router replicated,
     Qwen2-MoE's shared expert column / row parallel. full -> dp 2 x ep 2 x mp 2 (optimizer shard)
     -> dp 2 x mp 2 (every expert on every rank) -> full through MindSpore's transform_checkpoints,
     every rank's slice as param_layouts predicts."""
@@ -287,11 +288,12 @@ def test_expert_parallel_layout_reshards_bit_exactly(tmp_path):
     full = save_full_train_checkpoint(mc, str(tmp_path / "full" / "rank_0" / "full.ckpt"), 5)
     lays = param_layouts(mc, ep)
     gu, down = lays["model.layers.0.mlp.experts.gate_up_proj"], lays["model.layers.0.mlp.experts.down_proj"]
-    assert gu.dev_matrix == (2, 1, 2) and gu.tensor_map == (2, 0, -1) and down.tensor_map == (2, -1, 0)
-    assert gu.slice_shape == (2, 64, 128) and gu.opt_shard_size == 0   # E / ep experts, 2I / mp rows (no replica)
-    # ranks 0, 1 (data-parallel index 0) hold experts 0-1, ranks 2, 3 experts 2-3; mp splits the rows
+    # device matrix (ep, dp/ep, mp) = (2, 1, 2) written as MindSpore writes it, without the 1
+    assert gu.dev_matrix == (2, 2) and gu.tensor_map == (1, -1, 0) and down.tensor_map == (1, -1, 0)
+    assert gu.slice_shape == (2, 128, 64) and gu.opt_shard_size == 0   # E / ep experts, C / mp columns (no replica)
+    # ranks 0, 1 (data-parallel index 0) hold experts 0-1, ranks 2, 3 experts 2-3; mp splits the columns
     w = full["model.layers.0.mlp.experts.gate_up_proj"]
-    np.testing.assert_array_equal(slice_for_rank(w, gu._replace(opt_shard_size=0), 3), w[2:4, 64:128])
+    np.testing.assert_array_equal(slice_for_rank(w, gu._replace(opt_shard_size=0), 3), w[2:4, :, 64:128])
     assert lays["model.layers.0.mlp.gate.weight"].tensor_map == (-1, -1)
     assert lays["model.layers.0.mlp.shared_expert.gate_proj.weight"].tensor_map == (0, -1)
     write_strategy_files(mc, ep, str(tmp_path / "s_ep"), fmt="json")

@@ -85,30 +85,38 @@ class Experts(nn.Cell):
         self.compute_dtype = compute_dtype
         self.bmm_gate_up = ops.BatchMatMul(transpose_b=True)
         self.bmm_down = ops.BatchMatMul(transpose_b=True)
+        self.split_gate_up = ops.Split(axis=2, output_num=2)
         self.sigmoid = ops.Sigmoid()
         self.mul_silu = ops.Mul()
         self.mul = ops.Mul()
         self.mul_weights = ops.Mul()
         self.cast = ops.Cast()
+        # the dense dispatch's own primitives, so that the layout table can shard each one
+        # (msllm/parallel/layout_rules.py _moe): a functional call gets MindSpore's default strategy
+        self.expand_x = ops.ExpandDims()
+        self.broadcast_x = ops.BroadcastTo((e, -1, -1))
+        self.cast_x = ops.Cast()
+        self.cast_w = ops.Cast()
+        self.transpose_w = ops.Transpose()
+        self.expand_w = ops.ExpandDims()
+        self.sum_experts = ops.ReduceSum()
         self.scatter = ops.ScatterNd()
         self.gather_rows = ops.Gather()
         self.concat_rows = ops.Concat(0)
 
     def mlp(self, xe):
         """xe (E, M, C) -> (E, M, C): expert e's SwiGLU on its M rows."""
-        i = self.width
-        h = self.bmm_gate_up(self.cast(xe, self.compute_dtype),
+        h = self.bmm_gate_up(self.cast_x(xe, self.compute_dtype),
                              self.cast(self.gate_up_proj, self.compute_dtype))             # (E, M, 2I)
-        gate, up = h[:, :, :i], h[:, :, i:]
+        gate, up = self.split_gate_up(h)                                                   # (E, M, I) each
         act = self.mul(self.mul_silu(gate, self.sigmoid(gate)), up)                        # (E, M, I)
         return self.bmm_down(act, self.cast(self.down_proj, self.compute_dtype))           # (E, M, C)
 
     def construct(self, x, weights):
-        n, c = x.shape
-        xe = ops.broadcast_to(ops.expand_dims(x, 0), (self.n_experts, n, c))                 # (E, N, C)
+        xe = self.broadcast_x(self.expand_x(x, 0))                                           # (E, N, C)
         y = self.mlp(xe)                                                                     # (E, N, C)
-        w = ops.expand_dims(ops.transpose(self.cast(weights, y.dtype), (1, 0)), -1)          # (E, N, 1)
-        return self.mul_weights(y, w).sum(0)                                                 # (N, C)
+        w = self.expand_w(self.transpose_w(self.cast_w(weights, y.dtype), (1, 0)), -1)       # (E, N, 1)
+        return self.sum_experts(self.mul_weights(y, w), 0)                                   # (N, C)
 
     def grouped(self, x, top, chosen):
         """x (N, C), top (N, k) float32 weights of the chosen experts, chosen (N, k, E) their
