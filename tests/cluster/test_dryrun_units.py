@@ -186,3 +186,25 @@ def test_the_empty_offload_directory_is_removed_and_a_non_empty_one_kept(tmp_pat
     (tmp_path / OFFLOAD_DIR).mkdir()
     (tmp_path / OFFLOAD_DIR / "user.data").write_text("x")
     assert not remove_empty_offload_dir() and (tmp_path / OFFLOAD_DIR / "user.data").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_deferred_embedding_table_keeps_its_dtype_for_the_pipeline_accumulator(dtype):
+    """Built as the dry-run builds (under no_init_parameters), the embedding table's deferred
+    initializer has the table's dtype, so the gradient accumulator MindSpore's pipeline clones from
+    it (ParameterTuple.clone, as mindspore.nn.wrap's accumulators) has it too. Before, the table was
+    made float32 and cast with set_dtype: the initializer stayed float32 and a 13B rank carried a
+    float32 accumulator of its float16 table (625 MiB at 4 layers, docs/dryrun.md)."""
+    import mindspore as ms
+    from mindspore import ParameterTuple
+    from mindspore.nn.utils import no_init_parameters
+
+    from msllm.models.llama.config import preset
+    from msllm.models.llama.model import LlamaModel
+
+    want = getattr(ms, dtype)
+    with no_init_parameters():
+        model = LlamaModel(preset("tiny", num_layers=1, param_init_type=dtype))
+    table = model.embed_tokens.embedding_table
+    assert table.dtype == want and table.init_mode.dtype == want
+    assert ParameterTuple([table]).clone(prefix="accu_grads", init="zeros")[0].dtype == want

@@ -670,11 +670,16 @@ class LlamaModel(nn.Cell):
             choice = choose(config, fast_paths, device)
             log.info(choice.describe())
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         embedding_table=Normal(config.initializer_range),
-                                         dtype=ms.int32)
         embed_dtype = ms_dtype(config.embedding_init_type or config.param_init_type)
-        self.embed_tokens.embedding_table.set_dtype(embed_dtype)
+        # the table's initializer is made in the table's dtype: a float32 one cast afterwards
+        # (set_dtype) stays float32 under no_init_parameters, and MindSpore's pipeline clones its
+        # gradient accumulator from it (the dry-run found a float32 accumulator for a float16 table:
+        # 625 MiB on a 13B rank; benchmarks/results/dryrun_13b_embedding_accumulator_dtype.txt)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         embedding_table=initializer(Normal(config.initializer_range),
+                                                                     [config.vocab_size, config.hidden_size],
+                                                                     embed_dtype),
+                                         dtype=ms.int32)
         # MindSpore 2.10's CPU Gather has no bfloat16 kernel: a bf16 table is read by msllm's
         # lookup kernel (inference only: it has no gradient)
         self.embed_rows = None
