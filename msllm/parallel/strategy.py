@@ -54,7 +54,10 @@ def stage_strategy(model_config, parallel_config, stage: int, layouts: dict[str,
         layout_items[name] = {"dev_matrix": list(lay.dev_matrix), "tensor_map": list(lay.tensor_map),
                               "tensor_shape": list(lay.full_shape), "field": 0,
                               "opt_weight_shard_step": lay.opt_shard_step,
-                              "opt_weight_shard_size": lay.opt_shard_size,
+                              # -1 = the whole repeat group, MindSpore's own entry under the
+                              # optimizer_weight_shard_size -1 msllm sets (compiled by the dry-run,
+                              # seed 13B job): msllm's optimizer shard always spans that group
+                              "opt_weight_shard_size": -1 if lay.opt_shard_size > 0 else 0,
                               "param_split_shape": [], "indices_offset": []}
     return {"current_stage": stage, "parallel_strategy_item": items, "parallel_layout_item": layout_items}
 

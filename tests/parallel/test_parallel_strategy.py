@@ -56,7 +56,8 @@ def test_seed_layouts_write_fast_without_weights(name, ranks, stages, tmp_path):
             lay = want[n]
             assert (rec.dev_matrix, rec.tensor_map, rec.stages) == (lay.dev_matrix, lay.tensor_map, (stage,))
             assert rec.tensor_shape is None  # protobuf (the default) has no full shape
-            assert (rec.opt_shard_size, rec.opt_shard_step) == (lay.opt_shard_size, lay.opt_shard_step)
+            # -1 = the whole repeat group, as MindSpore writes it (its compiled seed job's files)
+            assert (rec.opt_shard_size, rec.opt_shard_step) == (-1 if lay.opt_shard_size else 0, lay.opt_shard_step)
     # independent count: every matrix is split dp*mp ways (optimizer shard x model parallel),
     # the RMSNorm weights (not optimizer-sharded, replicated) are whole
     shapes = param_shapes(mc)
@@ -90,7 +91,7 @@ def test_files_are_what_mindspore_reads(tmp_path):
     assert {item["stage"] for item in data["parallel_strategy_item"].values()} == {1}
     q = data["parallel_layout_item"]["model.layers.3.self_attn.q_proj.weight"]
     assert q == {"dev_matrix": [2, 2], "tensor_map": [0, -1], "tensor_shape": [128, 128], "field": 0,
-                 "opt_weight_shard_step": 2, "opt_weight_shard_size": 2, "param_split_shape": [],
+                 "opt_weight_shard_step": 2, "opt_weight_shard_size": -1, "param_split_shape": [],
                  "indices_offset": []}
     assert data["parallel_strategy_item"]["model.layers.3.self_attn.q_proj.matmul"]["parallel_strategy"] == \
         [[2, 1], [2, 1]]
@@ -98,7 +99,7 @@ def test_files_are_what_mindspore_reads(tmp_path):
         layouts = ms.parallel.build_searched_strategy(path)
         lay = layouts["model.layers.3.self_attn.q_proj.weight"]
         assert list(lay.dev_matrix[0].dim) == [2, 2] and list(lay.tensor_map[0].dim) == [0, -1]
-        assert lay.opt_weight_shard_size == 2
+        assert lay.opt_weight_shard_size == -1
     assert read_strategy(pb[5]) == {k: v._replace(tensor_shape=None) for k, v in read_strategy(js[5]).items()}
     # pipeline: one merged file through mindspore.merge_pipeline_strategys
     merged = resolve_strategy(str(tmp_path / "json"), str(tmp_path))
