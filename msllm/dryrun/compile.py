@@ -52,6 +52,29 @@ def global_batch(cfg) -> int:
     return global_batch_size(cfg)
 
 
+def packed_documents(cfg) -> int:
+    """Documents per row (the ``actual_seq_len`` width, :func:`msllm.data.dataset.packed_layout`)
+    when ``train_dataset.dataset_dir`` names packed MindRecords, else 0 (unpacked rows, also when
+    no dataset is configured: the dry-run needs none). Only the files' schema and that one column
+    are read; the rows are shaped from the YAML as ever. Raises MsllmError for a dataset that
+    does not fit the model (as training would), or packed rows with a layout msllm refuses them
+    for (:func:`msllm.parallel.layout_checks.check_packed_layout`)."""
+    from msllm.data.dataset import packed_layout
+    from msllm.data.mindrecord import check_dataset
+    from msllm.parallel.layout_checks import check_packed_layout
+
+    source = cfg.train_dataset.dataset_dir
+    if not source or not os.path.exists(source) or cfg.dpo is not None:
+        return 0
+    layout, documents = packed_layout(check_dataset(source, cfg.model_config.seq_length),
+                                      cfg.model_config.seq_length)
+    if layout == "rows":
+        return 0
+    if cfg.parallel.mode_name != "data_parallel":
+        check_packed_layout(cfg, source)
+    return documents
+
+
 def zero_initializers(cell) -> int:
     """Replace the deferred initializer of every not yet filled parameter of ``cell`` by ``Zero``
     with the same shape and dtype (see the module docstring: a zero slice costs no host memory).
@@ -86,24 +109,29 @@ def compile_train_step(cfg) -> dict:
     # the trainer's own builders (training/setup.py), inside mindspore.nn.utils.no_init_parameters()
     # (MindSpore's way to build a network without filling its weights; its effect on the dry-run's
     # host memory is not established, see docs/dryrun.md)
+    documents = packed_documents(cfg)
     with no_init_parameters():
         # LoRA (pet_config): adapters on the base as built; no base checkpoint is read
-        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel", load_base=False)
+        network, _ = build_network(cfg, rt, sharded=cfg.parallel.mode_name != "data_parallel", load_base=False,
+                                   packed=documents > 0)
         optimizer = build_optimizer(network, cfg, np.full(steps, cfg.lr_schedule.learning_rate, np.float32))
-        step = build_train_step(network, optimizer, cfg, rt)
+        step = build_train_step(network, optimizer, cfg, rt, packed=documents > 0)
     zeroed = zero_initializers(step)
     rows = global_batch(cfg)
     shape = (rows, mc.seq_length + 1)
     ids = ms.Tensor(np.zeros(shape, np.int32))
+    inputs = (ids, ids)
+    if documents:  # packed rows: every row one document ending at seq_length (the values are not used)
+        inputs += (ms.Tensor(np.full((rows, documents), mc.seq_length, np.int32)),)
     if os.environ.get("MS_SIMULATION_LEVEL") == "0":
-        step.compile(ids, ids)  # level 0: the compile alone
+        step.compile(*inputs)  # level 0: the compile alone
     else:
         # level 1: one step through MindSpore's simulated device; its host-side run counts each
         # operator's device memory (printed at exit); nothing is computed
         # (docs: mindspore-ai/docs tutorials/source_en/debug/dryrun.md)
-        step(ids, ids)
+        step(*inputs)
     return {"rank": rt.rank, "rank_size": rt.world_size, "stage": stage_of_rank(rt.rank, pc),
-            "input_shape": list(shape), "stage_layers": stage_layers,
+            "input_shape": list(shape), "packed_documents": documents, "stage_layers": stage_layers,
             "pipeline_train_step": pc.pipeline_stage > 1, "zero_initialized_parameters": zeroed}
 
 

@@ -25,7 +25,7 @@ def _resolve(network, path: str):
 
 
 def apply_layout(network, parallel_config, recompute_config=None,
-                 stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
+                 stage_layers: Optional[Sequence[int]] = None, packed: bool = False) -> list[OpRule]:
     """Shard ``network`` (a :class:`LlamaForCausalLM`) per :func:`~msllm.parallel.layout_rules.op_rules`;
     set pipeline stages and recomputation. Returns the applied rules.
 
@@ -42,12 +42,14 @@ def apply_layout(network, parallel_config, recompute_config=None,
       are recomputed (Korthikanti et al. 2022 sec. 5 "selective" recomputation, extended to the
       MLP activations as MindFormers' ``select_recompute`` does).
 
+    ``packed``: the network will be fed packed rows (``actual_seq_len``; see ``op_rules``).
+
     The network must be the model the rules were derived from (``network.config``); a missing
     primitive or parameter raises AssertionError (the model and the table have drifted).
     """
     mc = network.config
     dp, mp, ep = parallel_config.data_parallel, parallel_config.model_parallel, parallel_config.expert_parallel
-    rules = op_rules(mc, parallel_config, stage_layers, network.kernels)
+    rules = op_rules(mc, parallel_config, stage_layers, network.kernels, packed)
     for rule in rules:
         cell = _resolve(network, rule.path)
         prim = getattr(cell, rule.prim, None)

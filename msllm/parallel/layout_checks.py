@@ -190,5 +190,22 @@ def validate_run_layout(run_config, device_num: Optional[int] = None,
     return validate_layout(run_config.model_config, pc, device_num, global_batch_size(run_config), stage_layers)
 
 
-__all__ = ["global_batch_size", "layer_stages", "optimizer_shard_enabled", "stage_layer_counts",
-           "validate_layout", "validate_run_layout"]
+def check_packed_layout(run_config, source: str) -> None:
+    """Refuse packed rows (``actual_seq_len``, read from ``source``) under operator sharding or
+    pipeline stages where msllm cannot build them: with MindSpore's ``FlashAttentionScore``
+    (``use_flash_attention``), whose TND layout takes the batch's cumulative document ends over all
+    B x T tokens, and MindSpore accepts it sharded only with those ends split by dp (dry-run probe,
+    docs/packing.md), but does not document whether it rebases each shard's ends, which cannot be
+    checked without a device. The composed attention trains packed rows under every layout."""
+    from msllm.kernels import select
+
+    if select.choose(run_config.model_config, fast_paths=False, device="Ascend").attention == select.ASCEND_FLASH:
+        raise MsllmError(f"train_dataset {source!r} holds packed rows (actual_seq_len) and "
+                         "model.model_config.use_flash_attention is True under parallel_mode semi_auto_parallel: "
+                         "FlashAttentionScore's per-document (TND) form is not established under operator sharding "
+                         "(docs/packing.md); set use_flash_attention: False (the composed attention keeps each "
+                         "document to itself) or use unpacked data")
+
+
+__all__ = ["check_packed_layout", "global_batch_size", "layer_stages", "optimizer_shard_enabled",
+           "stage_layer_counts", "validate_layout", "validate_run_layout"]

@@ -161,7 +161,7 @@ def _moe(path: str, mc, stage: int) -> list[OpRule]:
 
 
 def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]] = None,
-             kernels=None) -> list[OpRule]:
+             kernels=None, packed: bool = False) -> list[OpRule]:
     """Every primitive strategy of the layout, in network order (the single source of truth).
 
     ``kernels``: the model's :class:`msllm.kernels.select.KernelChoice` (default: what the layout
@@ -176,6 +176,13 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     (B, H, T, D); scores, mask add and Softmax (B, H, T, T) with the mask (T, T); RMSNorm ops
     (B, T, C) with statistics (B, T, 1); MLP element-wise ops (N, F); embedding Gather
     (V, C) x (N,); loss LogSoftmax (N, V) and GatherD (N, V) x (N, 1).
+
+    ``packed``: the rows hold several documents (``actual_seq_len``, :mod:`msllm.data.packing`):
+    each row has its own positions and block-diagonal mask, so the rotary cos/sin are (B, 1, T, D)
+    and the mask (B, 1, T, T), split on B by dp like the activations they meet (one sequence per
+    row: (T, D) and (T, T), replicated). Compiled by the dry-run with no collective added
+    (docs/packing.md). With MindSpore's ``FlashAttentionScore`` packed rows are refused
+    (:func:`msllm.parallel.layout_checks.validate_run_layout`).
 
     Not covered (the model computes them with functional ops, which MindSpore gives its default
     strategy and redistributes around): RMSNorm's ``+ eps`` and the loss's masking/sum. And
@@ -203,6 +210,9 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     col: tuple[Sym, Sym] = ("mp", None)
     row: tuple[Sym, Sym] = (None, "mp")
     heads4: tuple[Sym, ...] = ("dp", "mp", None, None)                      # (B, H, T, D) / (B, H, T, T)
+    # rotary cos/sin and the additive mask: (T, D) / (T, T) shared by every row, or packed rows'
+    # own (B, 1, T, D) / (B, 1, T, T)
+    per_row: tuple[Sym, ...] = ("dp", None, None, None) if packed else (None, None)
     seq3: tuple[Sym, ...] = ("dp", "mp" if sp else None, None)              # (B, T, C)
     for i, st in enumerate(stages):
         lp = f"model.layers.{i}"
@@ -217,8 +227,8 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
             # (B, T, H, D) -> (B, H, T, D): the head axis carries the mp split
             OpRule(ap, "transpose", (("dp", None, "mp", None),), st),
             OpRule(ap, "split_half", (heads4,), st),                       # rotate_half's D/2 halves
-            OpRule(ap, "mul_cos", (heads4, (None, None)), st),
-            OpRule(ap, "mul_sin", (heads4, (None, None)), st),
+            OpRule(ap, "mul_cos", (heads4, per_row), st),
+            OpRule(ap, "mul_sin", (heads4, per_row), st),
             OpRule(ap, "neg", (heads4,), st),
             OpRule(ap, "concat", (heads4, heads4), st),
             OpRule(ap, "add_rope", (heads4, heads4), st),
@@ -233,7 +243,7 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
             rules += [
                 OpRule(ap, "bmm_qk", (heads4, heads4), st),
                 OpRule(ap, "mul_scale", (heads4, ()), st),
-                OpRule(ap, "add_mask", (heads4, (None, None)), st),
+                OpRule(ap, "add_mask", (heads4, per_row), st),
                 OpRule(ap, "softmax", (heads4,), st),
                 OpRule(ap, "bmm_pv", (heads4, heads4), st),
             ]

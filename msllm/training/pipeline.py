@@ -72,10 +72,12 @@ def check_pipeline_device(cfg) -> None:
                          "here with the dry-run: run_msllm.py --config CONFIG --run_mode train --sim_level 1")
 
 
-def build_pipeline_train_step(network, optimizer, cfg):
-    """The pipelined train step: ``construct(input_ids, labels) -> loss`` (fp32 scalar, meaningful on
-    the last stage), input_ids / labels (B_global, T+1) int32 with ``B_global = batch_size x
-    data_parallel x micro_batch_num`` (``full_batch``: every rank feeds the global batch).
+def build_pipeline_train_step(network, optimizer, cfg, packed: bool = False):
+    """The pipelined train step: ``construct(input_ids, labels[, actual_seq_len]) -> loss`` (fp32
+    scalar, meaningful on the last stage), input_ids / labels (B_global, T+1) int32 with
+    ``B_global = batch_size x data_parallel x micro_batch_num`` (``full_batch``: every rank feeds
+    the global batch); with ``packed`` also ``actual_seq_len`` (B_global, N) int32, the packed
+    rows' document ends, which ``PipelineCell`` slices into micro batches with their rows.
 
     ``PipelineCell(network, micro_batch_num)`` -> gradients of its loss (sensitivity
     ``runner_wrapper.scale_sense`` for a fixed/dynamic scale, divided out by the reducer's
@@ -91,20 +93,23 @@ def build_pipeline_train_step(network, optimizer, cfg):
     rw = cfg.runner_wrapper
     sens = float(rw.scale_sense) if rw.loss_scale != "none" else 1.0
 
+    from msllm.training.step import _WithDocuments
+
     class PipelineTrainStep(nn.Cell):
         def __init__(self):
             super().__init__(auto_prefix=False)
-            self.network = nn.PipelineCell(network, pc.micro_batch_num)
+            # a cell of exactly three inputs for packed rows (step.py says why)
+            self.network = nn.PipelineCell(_WithDocuments(network) if packed else network, pc.micro_batch_num)
             self.optimizer = optimizer
             self.weights = optimizer.parameters
             self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
             self.reducer = nn.PipelineGradReducer(self.weights, scale_sense=sens)
             self.sens = sens
 
-        def construct(self, input_ids, labels):
-            loss = self.network(input_ids, labels)
+        def construct(self, *inputs):   # (input_ids, labels) or, packed, (..., actual_seq_len)
+            loss = self.network(*inputs)
             sens = ops.fill(ms.float32, loss.shape, self.sens)
-            grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
+            grads = self.grad(self.network, self.weights)(*inputs, sens)
             grads = self.reducer(grads)
             # gradients in each parameter's dtype, as the optimizer updates them (TrainStep's convention)
             grads = tuple(ops.cast(g, w.dtype) for g, w in zip(grads, self.weights))

@@ -51,8 +51,10 @@ def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
         state_dtype=ms.float32 if o.type == "FP32StateAdamWeightDecay" else None)
 
 
-def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
-    """The graph-mode train step (loss scale, clipping, data-parallel gradient all-reduce)."""
+def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime, packed: bool = False):
+    """The graph-mode train step (loss scale, clipping, data-parallel gradient all-reduce);
+    ``packed``: a pipelined step takes the packed rows' ``actual_seq_len`` as its third input
+    (the unpipelined step takes it whenever it is given)."""
     from mindspore import nn
 
     from msllm.training.step import TrainStep
@@ -60,7 +62,7 @@ def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime):
     if cfg.parallel_config.pipeline_stage > 1:  # PipelineCell + PipelineGradReducer (training/pipeline.py)
         from msllm.training.pipeline import build_pipeline_train_step
 
-        return build_pipeline_train_step(network, optimizer, cfg)
+        return build_pipeline_train_step(network, optimizer, cfg, packed)
     rw = cfg.runner_wrapper
     reducer = None
     # data parallel: msllm all-reduces gradients itself; semi-auto parallel: MindSpore inserts
@@ -151,7 +153,7 @@ class TrainRun:
     dpo_eval_ref: Optional[np.ndarray] = None   # dpo.precompute_ref with do_eval: held-out pairs' (N, 2) reference
 
 
-def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = True):
+def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = True, packed: bool = False):
     """The training network of ``cfg`` on this rank: (``LlamaForCausalLM``, ``LoraTraining`` or None).
 
     LoRA adapters (the frozen base loaded from ``load_checkpoint`` by ``LoraTraining``, unless
@@ -159,7 +161,8 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = 
     ``sharded`` the layout's shard strategies, stages and recompute (Ascend only), else recompute
     and, for experts under data parallel, the global-batch router counts
     (:func:`msllm.parallel.apply.apply_data_parallel_moe`); experts return their router stats
-    for the log."""
+    for the log. ``packed``: the rows will hold several documents (``actual_seq_len``), which
+    the layout's rotary and mask strategies follow."""
     from msllm.models.llama.model import LlamaForCausalLM
 
     mc = cfg.model_config
@@ -177,7 +180,7 @@ def build_network(cfg: RunConfig, rt: Runtime, sharded: bool, load_base: bool = 
         pc = cfg.parallel_config
         # contiguous stage split per MindFormers' offset (interleaved chunks: assign_stages below)
         stage_layers = stage_split.stage_layers_of(mc, pc.pipeline_stage) if mc.pp_interleave_num == 1 else None
-        apply_layout(network, pc, cfg.recompute_config, stage_layers)
+        apply_layout(network, pc, cfg.recompute_config, stage_layers, packed)
         if pc.pipeline_stage > 1:
             pipeline.assign_stages(network, mc, pc.pipeline_stage)
             pipeline.mark_lazy_inline(network)
@@ -248,13 +251,10 @@ def prepare(cfg: RunConfig) -> TrainRun:
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
                             pad_token_id=mc.pad_token_id, vocab_size=mc.vocab_size, pairs=cfg.dpo is not None)
-    if data.packed and cfg.parallel.mode_name != "data_parallel":
-        # the packed rows' third input (actual_seq_len) has no pipeline micro-batching and no
-        # operator-sharding strategy yet (docs/packing.md)
-        raise MsllmError(f"train_dataset {cfg.train_dataset.dataset_dir!r} holds packed rows (actual_seq_len): "
-                         f"packed training is implemented for data parallel only, not for "
-                         f"{cfg.parallel.mode_name} (model_parallel / pipeline_stage > 1); use unpacked data "
-                         "(llama_preprocess.py without --pack) for this layout")
+    if data.packed and sharded:
+        from msllm.parallel.layout_checks import check_packed_layout
+
+        check_packed_layout(cfg, cfg.train_dataset.dataset_dir)
     meta = read_mindrecord_meta(data.files[0])
     check_data_tokenizer(cfg, meta, data.files[0])   # before any step: data of the model's own tokenizer
     spe = data.steps_per_epoch
@@ -263,7 +263,7 @@ def prepare(cfg: RunConfig) -> TrainRun:
     log.info("data: %s, %d samples, %d steps per epoch on this rank, %d steps in %d epoch(s)",
              ",".join(data.files), data.num_samples, spe, total_steps, epochs)
 
-    network, lora = build_network(cfg, rt, sharded)
+    network, lora = build_network(cfg, rt, sharded, packed=data.packed)
     # (a DPO reference's frozen copies are not the model's parameters)
     n_params = sum(p.size for p in network.get_parameters() if not p.name.startswith(ckpt.REFERENCE_PREFIX))
     log.info("model: %.2fM parameters (%d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d, seq %d)",
@@ -271,7 +271,7 @@ def prepare(cfg: RunConfig) -> TrainRun:
              mc.vocab_size, mc.seq_length)
     lr = build_schedule(cfg.lr_schedule, total_steps)
     optimizer = build_optimizer(network, cfg, lr)
-    step_cell = build_train_step(network, optimizer, cfg, rt)
+    step_cell = build_train_step(network, optimizer, cfg, rt, packed=data.packed)
     return TrainRun(cfg, rt, out, data, meta, spe, total_steps, epochs, network, lora, optimizer, step_cell, lr,
                     RankAgreement(rt.world_size), n_params, sharded)
 

@@ -13,7 +13,11 @@ under dp2 x mp2 x pp2 (optimizer shard off, 2 micro batches, seq 64) with
   pass for the column-parallel inputs; data-parallel gradient all-reduce once per parameter;
   pipeline stages exchange activations forward and gradients backward point to point);
 * ``tools/transform_ckpt.py``'s resharding gives the same rank checkpoints with MindSpore's
-  strategy files as with msllm's.
+  strategy files as with msllm's;
+* packed rows (issue #33): the same two ranks compiled again with ``train_dataset.dataset_dir`` a
+  packed MindRecord of the bundled Alpaca data (``--pack``, seq 64), so the step takes the
+  documents' ends (``actual_seq_len``) as its third input through the pipeline: the same strategy
+  files and the same Megatron accounting (the per-row rotary and mask add no collective).
 
 Seeds: the random checkpoint uses numpy seed 0 (printed). The stub device layer is built once
 into $MSLLM_CACHE (about a minute the first time).
@@ -43,6 +47,33 @@ LAYERS_PER_STAGE = 2  # the tiny model's 4 layers over 2 stages
 SPLIT_PER_LAYER, REPLICATED_PER_LAYER = 7, 2
 
 pytestmark = pytest.mark.slow
+
+
+def packed_mindrecord(directory) -> str:
+    """40 bundled Alpaca conversations, ``--pack``ed at seq 64 (most are cut to one a row: the
+    dry-run reads only the ``actual_seq_len`` width, 2)."""
+    from msllm.data.conversation import convert_alpaca_file
+    from msllm.data.preprocess import preprocess_to_mindrecord
+
+    conv = str(directory / "conv.json")
+    convert_alpaca_file(os.path.join(ROOT, "examples", "data", "alpaca_en_demo.json"), conv)
+    path = str(directory / "packed.mindrecord")
+    preprocess_to_mindrecord(conv, "qa", os.path.join(ROOT, "examples", "data", "tokenizer.model"), 64, path,
+                             pack=True, shuffle=False, progress=False, samples_num=40)
+    return path
+
+
+@pytest.fixture(scope="session")
+def packed(tmp_path_factory):
+    """The dry-run of the same ranks on packed rows: (output dir, reports)."""
+    out = tmp_path_factory.mktemp("dryrun_packed")
+    data = packed_mindrecord(out)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_msllm.py"), "--config", TINY, "--run_mode",
+                           "train", "--sim_level", "1", "--sim_rank_id", ",".join(map(str, RANKS)), "--sim_jobs", "2",
+                           *LAYOUT, f"--train_dataset.dataset_dir={data}", f"--output_dir={out / 'sim'}"],
+                          capture_output=True, text=True, cwd=out, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    return out, {r: json.loads((out / "sim" / "log" / f"rank_{r}" / "dryrun_report.json").read_text()) for r in RANKS}
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +116,12 @@ def _layouts(path):
     return {n: {k: lay[k] for k in keys} for n, lay in load_strategy_map(path)["parallel_layout_item"].items()}
 
 
+@pytest.mark.parametrize("rows", ["one sequence", "packed"])
 @pytest.mark.parametrize("rank", RANKS)
-def test_mindspore_strategy_file_equals_msllm_offline_file(dryrun, rank):
+def test_mindspore_strategy_file_equals_msllm_offline_file(dryrun, packed, rank, rows):
     out, _, _ = dryrun
-    ms_file = _layouts(str(out / "sim" / "strategy" / f"ckpt_strategy_rank_{rank}.ckpt"))
+    sim = packed[0] if rows == "packed" else out
+    ms_file = _layouts(str(sim / "sim" / "strategy" / f"ckpt_strategy_rank_{rank}.ckpt"))
     ours = _layouts(str(out / "offline" / "strategy" / f"ckpt_strategy_rank_{rank}.ckpt"))
     assert sorted(ms_file) == sorted(ours)
     assert any(n.startswith("accu_grads.") for n in ms_file)  # the pipeline's accumulators are in both
@@ -96,11 +129,13 @@ def test_mindspore_strategy_file_equals_msllm_offline_file(dryrun, rank):
         assert ms_file[name] == ours[name], name
 
 
+@pytest.mark.parametrize("rows", ["one sequence", "packed"])
 @pytest.mark.parametrize("rank", RANKS)
-def test_collectives_match_megatron_accounting(dryrun, rank):
+def test_collectives_match_megatron_accounting(dryrun, packed, rank, rows):
     """Table by hand for rank R of dp2 x mp2 x pp2 (2 layers per stage, 2 micro batches in one
     shared graph): model-parallel group {R, R^1}, data-parallel group {R, R^2}, stage group of 4."""
-    _, _, reports = dryrun
+    reports = packed[1] if rows == "packed" else dryrun[2]
+    assert reports[rank]["packed_documents"] == (2 if rows == "packed" else 0)   # the third input was fed
     c = reports[rank]["collectives"]
     stage = rank // (DP * MP)
     ops = c["ops"]

@@ -269,3 +269,17 @@ def test_family_switches_param_shapes_and_layouts():
     assert attn.o_proj.add_bias.in_strategy == ((2, 1), (1,))       # row-parallel: whole bias once
     assert attn.q_norm.mul_weight.in_strategy == ((2, 1, 2, 1), (1,))
     assert net.model.layers[0].mlp.gelu.in_strategy == ((2, 2),)
+
+
+def test_packed_rows_are_refused_only_with_flash_attention_under_a_layout():
+    """Packed rows under operator sharding: the composed attention takes them (compiled by the dry-run,
+    tests/cluster/test_dryrun.py); MindSpore's FlashAttentionScore in its TND form is refused."""
+    from msllm.parallel.layout_checks import check_packed_layout
+
+    sharded = ["--parallel.parallel_mode=1", "--parallel.full_batch=True", "--parallel_config.model_parallel=2"]
+    check_packed_layout(load_config("configs/llama/run_llama_tiny.yaml", sharded), "packed.mindrecord")
+    flash = load_config("configs/llama/run_llama_tiny.yaml", [*sharded, "--model.model_config.use_flash_attention=True",
+                                                              "--model.model_config.compute_dtype=float16"])
+    with pytest.raises(MsllmError, match=r"'packed.mindrecord' holds packed rows \(actual_seq_len\) and "
+                                         r"model.model_config.use_flash_attention is True"):
+        check_packed_layout(flash, "packed.mindrecord")
