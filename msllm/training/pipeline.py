@@ -27,6 +27,40 @@ from __future__ import annotations
 from msllm.errors import MsllmError
 from msllm.parallel.stage_split import stage_assignment
 
+
+def accumulator_reducer(parameters, scale_sense: float):
+    """MindSpore's ``nn.PipelineGradReducer`` for ``parameters`` (the gradients divided by the loss
+    scale, the accumulators cleared for the next step), except how an accumulator is cleared with
+    the optimizer shard on. MindSpore's reducer assigns ``zeros_like(accu_grad)``
+    (``mindspore/nn/wrap/grad_reducer.py`` ``tensor_shard_grad_scale_pipeline``), which its frontend
+    folds into one constant tensor per accumulator, kept in device memory for the whole run: the
+    dry-run's memory tracker found them (``MS_ALLOC_CONF=memory_tracker:True``, docs/dryrun.md),
+    3.3 GiB on a whole 13B rank. Here the zeros are computed from the accumulator itself
+    (``select`` on a condition derived from the loss-scale parameter, always False, so not a
+    constant): a short-lived kernel output, and exact zeros whatever the accumulator holds (an inf
+    or NaN from an overflow included, which ``accu * 0`` would keep). Without the optimizer shard
+    MindSpore's own path is used unchanged."""
+    from mindspore import nn, ops
+
+    scale_and_clear = ops.MultitypeFuncGraph("msllm_scale_and_clear")
+
+    @scale_and_clear.register("Tensor", "Tensor", "Tensor", "Tensor")
+    def _scale_and_clear(scale, never, grad, accu_grad):  # pylint: disable=unused-variable
+        new_grad = grad * ops.reciprocal(scale)
+        accu_grad = ops.depend(accu_grad, new_grad)
+        cleared = ops.select(never, accu_grad, ops.zeros_like(never).astype(accu_grad.dtype))
+        return ops.depend(new_grad, ops.assign(accu_grad, cleared))
+
+    class AccumulatorReducer(nn.PipelineGradReducer):
+        def construct(self, grads):
+            if not self.opt_shard:
+                return super().construct(grads)
+            scale = self.scale_sense * self.degree
+            never = scale < 0.0                      # a loss scale is positive
+            return self.hyper_map(ops.partial(scale_and_clear, scale, never), grads, self.accu_grads)
+
+    return AccumulatorReducer(parameters, scale_sense=scale_sense)
+
 def mark_lazy_inline(network) -> str:
     """Mark ``network`` (the whole ``LlamaForCausalLM``, which ``PipelineCell`` calls once per micro
     batch) as MindSpore's ``@lazy_inline`` does after a cell's ``__init__``
@@ -103,7 +137,7 @@ def build_pipeline_train_step(network, optimizer, cfg, packed: bool = False):
             self.optimizer = optimizer
             self.weights = optimizer.parameters
             self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-            self.reducer = nn.PipelineGradReducer(self.weights, scale_sense=sens)
+            self.reducer = accumulator_reducer(self.weights, sens)
             self.sens = sens
 
         def construct(self, *inputs):   # (input_ids, labels) or, packed, (..., actual_seq_len)
@@ -120,4 +154,5 @@ def build_pipeline_train_step(network, optimizer, cfg, packed: bool = False):
     return step
 
 
-__all__ = ["assign_stages", "build_pipeline_train_step", "check_pipeline_device", "mark_lazy_inline"]
+__all__ = ["accumulator_reducer", "assign_stages", "build_pipeline_train_step", "check_pipeline_device",
+           "mark_lazy_inline"]
