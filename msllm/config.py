@@ -43,6 +43,9 @@ class ContextConfig:
     max_device_memory: e.g. ``"58GB"``; applied on Ascend/GPU only.
     peak_tflops: peak dense TFLOPs of one device used for MFU; ``None`` = the device's default
         (see :mod:`msllm.training.throughput`).
+    max_call_depth: MindSpore's limit on nested graph calls while compiling (``set_context``;
+        MindSpore's default 1000). 10000 as MindFormers' LLaMA YAMLs: the 80-layer 70B training
+        graph exceeds 1000 (``Exceed function call depth limit 1000``, compiled by the dry-run).
     """
 
     mode: int = 0
@@ -51,6 +54,7 @@ class ContextConfig:
     max_device_memory: Optional[str] = None
     device_id: int = 0
     peak_tflops: Optional[float] = None
+    max_call_depth: int = 10000
 
     def validate(self, where: str) -> None:
         if self.mode not in (0, 1):
@@ -59,6 +63,8 @@ class ContextConfig:
             raise MsllmError(f"{where}.device_target={self.device_target!r}: expected CPU, Ascend or GPU")
         if self.jit_level not in ("O0", "O1", "O2"):
             raise MsllmError(f"{where}.jit_level={self.jit_level!r}: expected O0, O1 or O2")
+        if not isinstance(self.max_call_depth, int) or self.max_call_depth < 1:
+            raise MsllmError(f"{where}.max_call_depth={self.max_call_depth!r}: expected a positive integer")
 
 
 @dataclass

@@ -156,7 +156,7 @@ def setup_runtime(cfg: RunConfig, inference: bool = False) -> Runtime:
         log.warning("context.jit_level O2 (GE graph mode) exists on Ascend only; CPU runs O0")
         jit_level = "O0"
     ms.set_context(mode=ms.GRAPH_MODE if ctx.mode == 0 else ms.PYNATIVE_MODE,
-                   jit_config={"jit_level": jit_level})
+                   jit_config={"jit_level": jit_level}, max_call_depth=ctx.max_call_depth)
     if ctx.max_device_memory and ctx.device_target != "CPU":
         ms.set_context(max_device_memory=ctx.max_device_memory)
     if cfg.deterministic:

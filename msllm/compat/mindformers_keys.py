@@ -71,7 +71,6 @@ NO_EFFECT: dict[str, str] = {
     # context
     "context.enable_graph_kernel": "graph-kernel fusion, a compiler speed option; msllm leaves MindSpore's default",
     "context.graph_kernel_flags": "graph-kernel fusion flags; msllm leaves MindSpore's default",
-    "context.max_call_depth": "msllm's graphs do not recurse deeply; MindSpore's default depth is kept",
     "context.save_graphs": "IR graph dumps (a compiler debugging aid); msllm does not enable them",
     "context.save_graphs_path": "IR graph dumps (a compiler debugging aid); msllm does not enable them",
     "context.runtime_num_threads": "msllm keeps MindSpore's default runtime thread count",

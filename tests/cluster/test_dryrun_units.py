@@ -208,3 +208,23 @@ def test_deferred_embedding_table_keeps_its_dtype_for_the_pipeline_accumulator(d
     table = model.embed_tokens.embedding_table
     assert table.dtype == want and table.init_mode.dtype == want
     assert ParameterTuple([table]).clone(prefix="accu_grads", init="zeros")[0].dtype == want
+
+
+def test_max_call_depth_reaches_mindspore():
+    """context.max_call_depth (MindFormers' key; its LLaMA YAMLs say 10000) is MindSpore's: the
+    80-layer 70B graph exceeds MindSpore's default 1000 (the dry-run: "Exceed function call depth
+    limit 1000")."""
+    import mindspore as ms
+
+    from msllm.cluster.context import setup_runtime
+    from msllm.config import load_config
+
+    before = ms.get_context("max_call_depth")
+    try:
+        assert load_config(os.path.join(ROOT, "configs", "llama", "run_llama_70b.yaml")).context.max_call_depth == 10000
+        setup_runtime(load_config(os.path.join(ROOT, "configs", "llama", "run_llama_tiny.yaml"),
+                                  ["--context.max_call_depth=4321", "--context.mode=1",
+                                   "--parallel_config.data_parallel=1"]))
+        assert ms.get_context("max_call_depth") == 4321
+    finally:
+        ms.set_context(max_call_depth=before)
