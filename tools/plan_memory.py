@@ -47,7 +47,10 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, split_overrides(rest))
     mem_text = args.device_memory or cfg.context.max_device_memory
     mem = parse_memory(mem_text) if mem_text else None
-    result = plan(cfg, mem, recompute=args.recompute)
+    from msllm.lora.layout import lora_plan_inputs
+
+    layouts, trainable = lora_plan_inputs(cfg)   # LoRA: the frozen base has no gradients or moments
+    result = plan(cfg, mem, recompute=args.recompute, layouts=layouts, trainable=trainable)
     suggestions = suggest_layouts(cfg, mem, limit=args.suggest) if mem and args.suggest > 0 else None
     if args.json:
         print(json.dumps({"plan": result, "suggestions": suggestions}, indent=1))

@@ -72,9 +72,13 @@ def planner_mib(cfg, stage: int) -> float | None:
     from msllm.parallel.planner import plan
     from msllm.parallel.stage_split import stage_layers_of
 
+    from msllm.lora.layout import lora_plan_inputs
+
     try:
-        p = plan(cfg, stage_layers=stage_layers_of(cfg.model_config, cfg.parallel_config.pipeline_stage)
+        split = (stage_layers_of(cfg.model_config, cfg.parallel_config.pipeline_stage)
                  if cfg.model_config.pp_interleave_num == 1 else None)
+        layouts, trainable = lora_plan_inputs(cfg, split)
+        p = plan(cfg, stage_layers=split, layouts=layouts, trainable=trainable)
     except MsllmError:
         return None
     return round(p["stages"][stage]["total"] / MIB, 1)

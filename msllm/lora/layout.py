@@ -95,6 +95,21 @@ def lora_param_layouts(model_config, pet_config, parallel_config, stage_layers: 
                               opt_threshold_kb=opt_threshold_kb)
 
 
+def lora_plan_inputs(run_config, stage_layers: Optional[Sequence[int]] = None):
+    """``(layouts, trainable)`` for :func:`msllm.parallel.planner.plan` of a LoRA run: the model's
+    and the adapters' parameter layouts, and the adapters' names (the base is frozen); ``(None,
+    None)`` without ``pet_config`` (the planner's defaults: every parameter of the model trains)."""
+    from msllm.parallel.param_layout import param_layouts
+
+    pet = run_config.pet_config
+    if pet is None:
+        return None, None
+    mc, pc = run_config.model_config, run_config.parallel_config
+    adapters = lora_param_layouts(mc, pet, pc, stage_layers)
+    trainable = {n for n in adapters if not n.startswith(("adam_m.", "adam_v.", "accu_grads."))}
+    return {**param_layouts(mc, pc, stage_layers), **adapters}, trainable
+
+
 def apply_lora_layout(network, parallel_config, stage_layers: Optional[Sequence[int]] = None) -> list[OpRule]:
     """``.shard()`` the LoRA primitives of ``network`` (after :func:`~msllm.lora.apply.apply_lora`
     and :func:`msllm.parallel.apply.apply_layout`) per :func:`lora_op_rules`, for the modules and

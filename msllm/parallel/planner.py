@@ -179,8 +179,9 @@ def uses_flash_attention(model_config) -> bool:
 
 
 def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, recompute: str,
-                 accum_steps: int, comm_recompute: bool = False) -> dict:
-    """Memory terms of one rank of ``stage``."""
+                 accum_steps: int, comm_recompute: bool = False, trainable=None) -> dict:
+    """Memory terms of one rank of ``stage``; ``trainable``: the names that train (None: all), the
+    rest frozen (no gradient, accumulator or moments: LoRA's base)."""
     e = DTYPE_BYTES[mc.compute_dtype]
     pbytes = DTYPE_BYTES[mc.param_init_type]
     weights = states = copies = grads = accum_buf = 0.0
@@ -189,13 +190,22 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
         if lay.stage != stage or name.startswith("accu_grads."):  # accumulators: accum_buf below
             continue
         if is_optimizer_state(name):
-            states += lay.slice_numel * 4                     # AdamW moments are fp32
+            if trainable is None or name.split(".", 1)[1] in trainable:
+                states += lay.slice_numel * 4                 # AdamW moments are fp32
             continue
         mp_numel = math.prod(s // k for s, k in zip(lay.full_shape, lay.mp_strategy))
-        weights += lay.slice_numel * pbytes
-        grads += lay.slice_numel * pbytes                     # ReduceScatter'd when optimizer-sharded
-        accum_buf += mp_numel * pbytes                        # accu_grads: not sharded (level1)
+        nbytes = DTYPE_BYTES[lay.dtype]                       # (LoRA adapters: float32)
+        weights += lay.slice_numel * nbytes
+        if trainable is None or name in trainable:
+            grads += lay.slice_numel * nbytes                 # ReduceScatter'd when optimizer-sharded
+            accum_buf += mp_numel * nbytes                    # accu_grads: not sharded (level1)
         in_layer = name.startswith("model.layers.")
+        if trainable is not None and name not in trainable and pc.pipeline_stage > 1:
+            # a frozen weight under MindSpore's pipeline is copied (TensorMove) into each micro
+            # batch's call of the shared model (MindSpore's memory tracker, tiny LoRA rank:
+            # docs/dryrun.md); the head's copy is alive at the loss's backward peak
+            copies += mp_numel * nbytes
+            continue
         if lay.opt_shard_size > 0:                            # all-gathered copy (cast before gather)
             kept = not (in_layer and recompute == "full" and comm_recompute)
         else:                                                 # Cast copy, recomputed with the layer
@@ -240,7 +250,7 @@ def _stage_terms(mc, pc, layouts, stage: int, layers: int, micro_batch: int, rec
 
 
 def plan(run_config, device_memory_bytes: Optional[int] = None, stage_layers: Optional[Sequence[int]] = None,
-         recompute: Optional[str] = None, layouts: Optional[dict] = None) -> dict:
+         recompute: Optional[str] = None, layouts: Optional[dict] = None, trainable=None) -> dict:
     """Per-device memory of ``run_config``'s layout.
 
     Returns ``{"layout": {...}, "stages": [terms per stage], "worst_stage": i, "total": bytes,
@@ -248,6 +258,10 @@ def plan(run_config, device_memory_bytes: Optional[int] = None, stage_layers: Op
     terms are ``weights, weight_copies, gradients, grad_accumulation, optimizer_states,
     activations, head_and_loss, constants, total`` (bytes) plus ``layers`` and
     ``micro_batches_in_flight``. ``recompute`` overrides the config (``none``/``select``/``full``).
+    ``layouts`` / ``trainable``: the parameters (default: the model's) and the names of those that
+    train (default: all); LoRA passes its adapters' too and only theirs as trainable
+    (:func:`msllm.lora.layout.lora_plan_inputs`): a frozen weight has no gradient, accumulator or
+    moments (checked against MindSpore's dry-run, docs/dryrun.md).
 
     Raises:
         MsllmError: an invalid layout (:func:`validate_layout`).
@@ -262,7 +276,8 @@ def plan(run_config, device_memory_bytes: Optional[int] = None, stage_layers: Op
     b = run_config.runner_config.batch_size
     comm_rc = bool(run_config.recompute_config.parallel_optimizer_comm_recompute)
     accum = run_config.runner_config.gradient_accumulation_steps
-    stages = [_stage_terms(mc, pc, layouts, s, counts[s], b, mode, accum, comm_rc) for s in range(pc.pipeline_stage)]
+    stages = [_stage_terms(mc, pc, layouts, s, counts[s], b, mode, accum, comm_rc, trainable)
+              for s in range(pc.pipeline_stage)]
     worst = max(range(len(stages)), key=lambda i: stages[i]["total"])
     total = stages[worst]["total"]
     out = {

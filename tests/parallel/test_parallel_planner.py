@@ -195,3 +195,29 @@ def test_experts_in_the_weight_and_activation_terms():
     run = cfg_for(mc)
     run.runner_config.batch_size = 2
     assert plan(run)["stages"][0]["activations"] == pytest.approx(2 * sparse)
+
+
+def test_lora_base_is_frozen_and_copied_per_pipeline_call():
+    """LoRA (rank 8 on wq, wv): only the adapters have gradients, accumulators and AdamW moments
+    (float32); under pipeline stages each frozen weight is counted once more, the TensorMove copy
+    MindSpore's pipeline makes of it (its memory tracker on a compiled tiny rank, docs/dryrun.md).
+    Hand count: each adapter pair is A (8, 128) + B (out, 8), out = 128 for wq and 64 for wv
+    (2 kv heads x 32)."""
+    from msllm.config_lora import PetConfig
+    from msllm.lora.layout import lora_plan_inputs
+
+    mc = preset("tiny")
+    cfg = cfg_for(mc)
+    cfg.pet_config = PetConfig(lora_rank=8, lora_alpha=16, target_modules=".*wq|.*wv")
+    layouts, trainable = lora_plan_inputs(cfg)
+    full = plan(cfg_for(mc))["stages"][0]
+    lora = plan(cfg, layouts=layouts, trainable=trainable)["stages"][0]
+    adapters = mc.num_layers * (8 * 128 + 128 * 8 + 8 * 128 + 64 * 8)
+    assert lora["gradients"] == 4 * adapters and lora["optimizer_states"] == 8 * adapters
+    assert lora["weights"] == full["weights"] + 4 * adapters
+    piped = cfg_for(mc, pipeline_stage=2, micro_batch_num=2)
+    piped.pet_config = cfg.pet_config
+    layouts, trainable = lora_plan_inputs(piped)
+    stages = plan(piped, layouts=layouts, trainable=trainable)["stages"]
+    frozen = sum(s["weights"] for s in stages) - 4 * adapters
+    assert sum(s["weight_copies"] for s in stages) == frozen and sum(s["grad_accumulation"] for s in stages) == 4 * adapters
