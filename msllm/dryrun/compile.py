@@ -70,8 +70,7 @@ def packed_documents(cfg) -> int:
                                       cfg.model_config.seq_length)
     if layout == "rows":
         return 0
-    if cfg.parallel.mode_name != "data_parallel":
-        check_packed_layout(cfg, source)
+    check_packed_layout(cfg, source)
     return documents
 
 

@@ -69,10 +69,9 @@ def parse_ranks(spec: str | None, rank_size: int) -> list[int]:
 
 def planner_mib(cfg, stage: int) -> float | None:
     """msllm's planned bytes of one device of ``stage`` (MiB), or None if the planner refuses."""
+    from msllm.lora.layout import lora_plan_inputs
     from msllm.parallel.planner import plan
     from msllm.parallel.stage_split import stage_layers_of
-
-    from msllm.lora.layout import lora_plan_inputs
 
     try:
         split = (stage_layers_of(cfg.model_config, cfg.parallel_config.pipeline_stage)

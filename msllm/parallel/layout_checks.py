@@ -192,13 +192,16 @@ def validate_run_layout(run_config, device_num: Optional[int] = None,
 
 def check_packed_layout(run_config, source: str) -> None:
     """Refuse packed rows (``actual_seq_len``, read from ``source``) under operator sharding or
-    pipeline stages where msllm cannot build them: with MindSpore's ``FlashAttentionScore``
+    pipeline stages (``parallel_mode`` semi_auto_parallel; data parallel takes every form) where
+    msllm cannot build them: with MindSpore's ``FlashAttentionScore``
     (``use_flash_attention``), whose TND layout takes the batch's cumulative document ends over all
     B x T tokens, and MindSpore accepts it sharded only with those ends split by dp (dry-run probe,
     docs/packing.md), but does not document whether it rebases each shard's ends, which cannot be
     checked without a device. The composed attention trains packed rows under every layout."""
     from msllm.kernels import select
 
+    if run_config.parallel.mode_name == "data_parallel":
+        return
     if select.choose(run_config.model_config, fast_paths=False, device="Ascend").attention == select.ASCEND_FLASH:
         raise MsllmError(f"train_dataset {source!r} holds packed rows (actual_seq_len) and "
                          "model.model_config.use_flash_attention is True under parallel_mode semi_auto_parallel: "

@@ -121,9 +121,9 @@ def _moe(path: str, mc, stage: int) -> list[OpRule]:
     on E by ep and on M by the dp/ep ranks of the expert group (module docstring).
 
     GShard's dispatch and combine (Lepikhin et al. 2020, sec. 2.2): the tokens are copied to every
-    expert where they lie, ``(1, dp, 1)``, so moving them to the experts' ``(ep, dp/ep, 1)`` is one
+    expert where they lie, ``(1, dp, 1)``, so moving them to the experts' ``(ep, dp/ep, mp)`` is one
     all-to-all inside each expert group (each rank keeps E/ep experts' copies of dp/ep times its
-    tokens), and the weighted sum over the experts happens back at ``(1, dp, 1)`` after the reverse
+    tokens; the mp split of C is a local slice), and the weighted sum over the experts happens back at ``(1, dp, 1)`` after the reverse
     all-to-all. Inside each expert the fused ``gate_up_proj`` (E, 2I, C) is row parallel (C split
     by mp, one all-reduce of its (E, M, 2I) product over mp): split on 2I instead, as a column-
     parallel layer would be, its gate rows (the first I) and up rows would lie on different
@@ -182,7 +182,7 @@ def op_rules(model_config, parallel_config, stage_layers: Optional[Sequence[int]
     and the mask (B, 1, T, T), split on B by dp like the activations they meet (one sequence per
     row: (T, D) and (T, T), replicated). Compiled by the dry-run with no collective added
     (docs/packing.md). With MindSpore's ``FlashAttentionScore`` packed rows are refused
-    (:func:`msllm.parallel.layout_checks.validate_run_layout`).
+    (:func:`msllm.parallel.layout_checks.check_packed_layout`).
 
     Not covered (the model computes them with functional ops, which MindSpore gives its default
     strategy and redistributes around): RMSNorm's ``+ eps`` and the loss's masking/sum. And

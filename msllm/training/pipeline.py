@@ -61,6 +61,7 @@ def accumulator_reducer(parameters, scale_sense: float):
 
     return AccumulatorReducer(parameters, scale_sense=scale_sense)
 
+
 def mark_lazy_inline(network) -> str:
     """Mark ``network`` (the whole ``LlamaForCausalLM``, which ``PipelineCell`` calls once per micro
     batch) as MindSpore's ``@lazy_inline`` does after a cell's ``__init__``

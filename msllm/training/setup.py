@@ -251,7 +251,7 @@ def prepare(cfg: RunConfig) -> TrainRun:
                             data_world, cfg.seed, cfg.train_dataset.num_parallel_workers,
                             cfg.train_dataset.prefetch_size, input_columns=cfg.train_dataset.input_columns,
                             pad_token_id=mc.pad_token_id, vocab_size=mc.vocab_size, pairs=cfg.dpo is not None)
-    if data.packed and sharded:
+    if data.packed:
         from msllm.parallel.layout_checks import check_packed_layout
 
         check_packed_layout(cfg, cfg.train_dataset.dataset_dir)

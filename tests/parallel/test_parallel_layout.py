@@ -283,3 +283,7 @@ def test_packed_rows_are_refused_only_with_flash_attention_under_a_layout():
     with pytest.raises(MsllmError, match=r"'packed.mindrecord' holds packed rows \(actual_seq_len\) and "
                                          r"model.model_config.use_flash_attention is True"):
         check_packed_layout(flash, "packed.mindrecord")
+    # data parallel: each rank's rows and their ends are its own (msllm rebases them), so flash takes them
+    check_packed_layout(load_config("configs/llama/run_llama_tiny.yaml", ["--model.model_config.use_flash_attention=True",
+                                                                          "--model.model_config.compute_dtype=float16"]),
+                        "packed.mindrecord")
