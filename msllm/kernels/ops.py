@@ -181,7 +181,9 @@ class CpuKernels:
         """The fused front of a decode step for H = ``heads``, K = ``kv_heads``, D = ``head_dim``
         (csrc/decode_fused.cc): x (B, 1, C), norm weight (C,), eps (1,), the q / k / v weights
         (each ``Linear.decode_weights()``: one tensor, or three for int8), cos, sin (B, 1, 1, D),
-        scale (1,) -> q (B, H, 1, D) rotated and scaled, k (1, B, K, D) rotated, v (1, B, K, D)."""
+        scale (1,) [, k cache, v cache (R, K, D) float32, rows (1, B) int32: k and v also written into
+        cache rows ``rows[0, b]`` in place] -> q (B, H, 1, D) rotated and scaled, k (1, B, K, D)
+        rotated, v (1, B, K, D)."""
         def shapes(x, *rest):
             b = _rows(x)
             return [b, heads, 1, head_dim], [1, b, kv_heads, head_dim], [1, b, kv_heads, head_dim]

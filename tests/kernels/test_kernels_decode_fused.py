@@ -256,6 +256,32 @@ def test_fused_decode_refuses_inconsistent_inputs(kernels, pynative):
               *wv.args, Tensor(p["cos"]), Tensor(p["sin"]), Tensor(np.array([0.25], np.float32)))[0].asnumpy()
 
 
+@pytest.mark.parametrize("b", [1, 3])
+def test_fused_front_writes_the_new_keys_and_values_into_the_cache_rows(kernels, pynative, b):
+    """With the caches and the rows (1, B) int32 as three more inputs, ``decode_front`` writes k and
+    v into cache rows ``rows[0, b]`` in place (the model's ScatterUpdate of slot S - 1 before):
+    the float64 reference's caches, every other row untouched; a row outside the caches is an
+    error before anything is written."""
+    p = layer(kernels, "f32", b, seed=70 + b)
+    wq, wk, wv = p["ws"][:3]
+    eps = kernels.eps_tensor(EPS)
+    scale = Tensor(np.array([1 / np.sqrt(D)], np.float32))
+    kc = ms.Parameter(Tensor(p["kc"]), name="kc", requires_grad=False)
+    vc = ms.Parameter(Tensor(p["vc"]), name="vc", requires_grad=False)
+    rows = Tensor(((S - 1) * b + np.arange(b, dtype=np.int32))[None])      # slot S - 1 of every row
+    front = kernels.decode_front(H, K, D)
+    args = (Tensor(p["x"]), Tensor(p["n1"]), eps, *wq.args, *wk.args, *wv.args, Tensor(p["cos"]),
+            Tensor(p["sin"]), scale)
+    q, k, v = (t.asnumpy() for t in front(*args, kc, vc, rows))
+    want = reference(p)
+    for got, w in zip((q, k, v, kc.asnumpy(), vc.asnumpy()), want[:3] + want[4:]):
+        close(got, w)
+    before = kc.asnumpy().copy()
+    with pytest.raises(RuntimeError):
+        front(*args, kc, vc, Tensor(np.array([[S * b] * b], np.int32)))[0].asnumpy()
+    np.testing.assert_array_equal(kc.asnumpy(), before)
+
+
 # ---- the whole library compiled as for an AVX2-only machine --------------------------------------
 def call_aot(lib, name, inputs, outputs):
     """``name`` of the ctypes library ``lib`` on numpy arrays (MindSpore's AOT signature); the

@@ -27,7 +27,8 @@ def tiny(**kw):
 
 
 def run(net, cfg, prompts, steps=5):
-    """Prefill + ``steps`` greedy decode steps: every step's logits (steps + 1, B, V)."""
+    """Prefill + ``steps`` greedy decode steps: every step's logits (steps + 1, B, V) and the
+    caches afterwards as numpy (read back with ``asnumpy``, as the serving prefix cache does)."""
     gen = Generator(net, cfg)
     buffer, length = 32, max(map(len, prompts))
     logits, caches, pads = gen.prefill(prompts, length, buffer, 0)
@@ -35,7 +36,7 @@ def run(net, cfg, prompts, steps=5):
     for step in range(steps):
         logits, caches = gen.decode_step(logits.argmax(-1), length + step, pads, buffer, caches)
         out.append(logits)
-    return np.stack(out)
+    return np.stack(out), np.stack([c.asnumpy() for c in caches])
 
 
 def pair(cfg, quant=None):
@@ -76,10 +77,15 @@ def test_fused_decode_gives_the_unfused_logits_bit_for_bit(graph_mode, dtype, qu
     prompts = np.random.default_rng(SEED).integers(3, 101, (rows, 9)).tolist()
     if rows > 1:
         prompts[1] = prompts[1][:5]                                       # left padding in the batch
-    want = run(plain, cfg, prompts)
-    got = run(fused, cfg, prompts)
+    want, want_caches = run(plain, cfg, prompts)
+    got, got_caches = run(fused, cfg, prompts)
     assert np.abs(want).std() > 0.5                                       # logits carry signal
     np.testing.assert_array_equal(got, want)
+    # the fused front writes the decode steps' keys and values itself (no ScatterUpdate): the
+    # caches, read back on the host, hold what MindSpore's ScatterUpdate wrote on the plain path
+    slots = want_caches.reshape(want_caches.shape[0], 32, rows, -1)      # (2L, S, B, K*D): buffer 32
+    assert (np.abs(slots[:, 9:14]).max(axis=-1) > 0).all()                # the 5 decode slots are written
+    np.testing.assert_array_equal(got_caches, want_caches)
 
 
 @pytest.mark.parametrize("change", [dict(qk_norm=True), dict(qkv_has_bias=True), dict(rms_norm_offset=1.0),

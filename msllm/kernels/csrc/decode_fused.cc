@@ -1,13 +1,18 @@
 // A decoder layer's decode step (T = 1 new token per row) in two operators instead of ~15:
 // MindSpore's CPU runtime spends tens of microseconds launching each operator, more than the
 // work of most of them at batch 1 (benchmarks/decode_profile.py: a 30-layer graph with hidden 64
-// took ~18 ms per step of which 2 ms in the kernels). Between the two the new keys and values go
-// into the caches through MindSpore's ScatterUpdate, in place and ordered by MindSpore (nothing
-// here writes into an input buffer).
+// took ~18 ms per step of which 2 ms in the kernels).
 //
 //   msllm_decode_front: x (B, 1, C) -> RMSNorm -> q, k, v projections -> rotary of q and k (row b
 //     with its own table row) -> q times the attention scale;
-//     = Attention.decode_one's front plus DecoderLayer's input_layernorm (model.py).
+//     = Attention.decode_one's front plus DecoderLayer's input_layernorm (model.py). Given the
+//     layer's caches and the new tokens' cache rows as three more inputs, it also writes k and v
+//     into those rows, in place: what the model's two ScatterUpdates did between the operators
+//     (60 operators fewer per SmolLM2 step, ~1 ms at batch 1). The caches are Parameters that
+//     MindSpore passes by their own buffers (on CPU a Parameter's device memory is its data:
+//     the next step, and asnumpy(), see the rows; tests/models/test_llama_decode_fused.py checks
+//     both against the ScatterUpdate path), and only decode_back of the same layer reads them,
+//     after this operator (it takes q from it).
 //   msllm_decode_back: (x, q, the caches written) -> decode attention -> o projection -> residual
 //     add + RMSNorm -> gate / up projections -> SwiGLU -> down projection -> residual add;
 //     = decode_one's back plus DecoderLayer.feed_forward with the SwiGLU MLP.
@@ -85,10 +90,15 @@ std::vector<float> &buffer(int slot, size_t n) {
 
 // Inputs: x (B, 1, C) float32, norm weight (C,) float32 / bfloat16, eps (1,), Wq (H*D, C), Wk (K*D, C),
 // Wv (K*D, C) (each one input, or three for int8), cos (B, .., D), sin (B, .., D) (row b's position),
-// scale (1,) (1/sqrt(D)). Outputs: q (B, H, 1, D) rotated and scaled, k (1, B, K, D) rotated, v (1, B, K, D).
+// scale (1,) (1/sqrt(D)), and optionally k cache, v cache (R, K, D) float32 with index (1, B) int32 (row
+// b's cache row, in [0, R)). Outputs: q (B, H, 1, D) rotated and scaled, k (1, B, K, D) rotated,
+// v (1, B, K, D); with the caches, k and v also written into their rows.
 MSLLM_AOT(msllm_decode_front) {
-  const int inputs = nparam - 3;
-  if (inputs < 9) return 1;
+  const int all = nparam - 3;
+  if (all < 9) return 1;
+  // the three cache inputs are there when the last input is the int32 row index
+  const bool write = all >= 12 && is(dtypes[all - 1], "int32");
+  const int inputs = write ? all - 3 : all;
   if (!f32(dtypes[0]) || !f32(dtypes[2])) return 1;
   const int64_t c = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(c, 1);
   if (!f32(dtypes[1]) && !is(dtypes[1], "bfloat16")) return 1;
@@ -103,12 +113,28 @@ MSLLM_AOT(msllm_decode_front) {
   if (wq.in != c || wk.in != c || wv.in != c || wq.out % d || wk.out % d || wk.out != wv.out) return 2;
   const int64_t h = wq.out / d, kv = wk.out / d;
   for (int o = 0; o < 3; ++o)
-    if (!f32(dtypes[inputs + o]) || numel(ndims[inputs + o], shapes[inputs + o]) != m * (o ? kv : h) * d) return 2;
+    if (!f32(dtypes[all + o]) || numel(ndims[all + o], shapes[all + o]) != m * (o ? kv : h) * d) return 2;
+  float *kcache = nullptr, *vcache = nullptr;
+  const int32_t *rows = nullptr;
+  int64_t cache_rows = 0;
+  if (write) {
+    const int kc = inputs, vc = inputs + 1, ix = inputs + 2;
+    if (!f32(dtypes[kc]) || !f32(dtypes[vc]) || ndims[kc] != 3 || ndims[vc] != 3) return 1;
+    cache_rows = shapes[kc][0];
+    for (int c : {kc, vc})
+      if (shapes[c][0] != cache_rows || shapes[c][1] != kv || shapes[c][2] != d) return 2;
+    if (numel(ndims[ix], shapes[ix]) != m) return 2;
+    kcache = static_cast<float *>(params[kc]);
+    vcache = static_cast<float *>(params[vc]);
+    rows = static_cast<const int32_t *>(params[ix]);
+    for (int64_t b = 0; b < m; ++b)
+      if (rows[b] < 0 || rows[b] >= cache_rows) return 2;     // checked before anything is written
+  }
   const float *x = static_cast<const float *>(params[0]);
   const float *cs = static_cast<const float *>(params[i]), *sn = static_cast<const float *>(params[i + 1]);
   const float scale = *static_cast<const float *>(params[i + 2]);
-  float *q = static_cast<float *>(params[inputs]), *k = static_cast<float *>(params[inputs + 1]);
-  float *v = static_cast<float *>(params[inputs + 2]);
+  float *q = static_cast<float *>(params[all]), *k = static_cast<float *>(params[all + 1]);
+  float *v = static_cast<float *>(params[all + 2]);
   if (m <= 0) return 0;
 
   std::vector<float> &nw = buffer(0, 0);
@@ -122,6 +148,13 @@ MSLLM_AOT(msllm_decode_front) {
   rope_forward(qr, cs, sn, q, m, h, d);
   rope_forward(kr, cs, sn, k, m, kv, d);
   for (int64_t j = 0; j < m * h * d; ++j) q[j] *= scale;  // after the rotation, as decode_one's Mul
+  if (write) {
+    const int64_t row = kv * d;                               // one cache row: (K, D)
+    for (int64_t b = 0; b < m; ++b) {
+      std::memcpy(kcache + rows[b] * row, k + b * row, row * sizeof(float));
+      std::memcpy(vcache + rows[b] * row, v + b * row, row * sizeof(float));
+    }
+  }
   return 0;
 }
 

@@ -613,17 +613,16 @@ class DecoderLayer(nn.Cell):
                 and m.gate_proj.fusable and m.up_proj.fusable and m.down_proj.fusable)
 
     def decode_fused(self, x, cos, sin, mask, k_cache, v_cache, index):
-        """One new token per row, x (B, 1, C) -> (B, 1, C), in msllm's two fused operators with
-        MindSpore's in-place cache writes between them; the same arithmetic as
+        """One new token per row, x (B, 1, C) -> (B, 1, C), in msllm's two fused operators, the
+        front writing the new keys and values into the caches' rows in place (csrc/decode_fused.cc
+        says why that is safe); the same arithmetic and cache contents as
         :meth:`Attention.decode_one` + :meth:`feed_forward` (cos / sin (B, 1, 1, D), mask
-        (B, 1, 1, S) float32, caches (S * B, K, D), index (1, B))."""
+        (B, 1, 1, S) float32, caches (S * B, K, D) float32, index (1, B) int32)."""
         a, m = self.self_attn, self.mlp
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
         front = ((x, n1.weight, n1.eps_tensor) + a.q_proj.decode_weights() + a.k_proj.decode_weights()
-                 + a.v_proj.decode_weights() + (cos, sin, self.attn_scale))
-        q, k, v = self.decode_front(*front)                  # (B, H, 1, D), (1, B, K, D) x 2
-        k_cache = a.kv_cache(k_cache, k, index)              # row index[0, b]
-        v_cache = a.kv_cache(v_cache, v, index)
+                 + a.v_proj.decode_weights() + (cos, sin, self.attn_scale, k_cache, v_cache, index))
+        q, _, _ = self.decode_front(*front)                  # (B, H, 1, D); k, v written at rows index[0, b]
         back = ((x, q, k_cache, v_cache, mask) + a.o_proj.decode_weights() + (n2.weight, n2.eps_tensor)
                 + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
         return self.decode_back(*back)                       # (B, 1, C)
