@@ -20,9 +20,10 @@ Follows ``GenerationMixin._beam_search`` of transformers 5.x (``transformers/gen
    maximum length. The result per prompt is the best hypothesis; its score is HF's
    ``sequences_scores``.
 
-The key/value cache of the running beams is reordered each step inside the compiled decode graph
-(``Generator.reordered_step``: a gather of the cache rows by source beam), so beam search runs
-the same static shapes as greedy decoding with ``B * num_beams`` rows.
+The key/value cache of the running beams is reordered in place each step by a compiled graph of
+its own (``Generator.reorder_caches``: a gather of the cache rows by source beam), then the step
+is greedy decoding's compiled step, so beam search runs the same static shapes as greedy decoding
+with ``B * num_beams`` rows.
 """
 
 from __future__ import annotations

@@ -62,24 +62,26 @@ def _cells():
         def construct(self, input_ids, positions, key_positions, index, caches):
             return self.net.forward_cached(input_ids, positions, key_positions, index, caches, True, self.fresh)
 
-    class ReorderedStep(nn.Cell):
-        """As CachedStep after reordering the cache rows in place to ``beam_idx`` (B,) int32
-        (beam search: row b continues beam ``beam_idx[b]``)."""
+    class ReorderCaches(nn.Cell):
+        """Reorders the cache rows in place to ``beam_idx`` (B,) int32 (beam search: row b
+        continues beam ``beam_idx[b]``); returns beam_idx. A graph of its own, run before the step:
+        the fused decode front writes the caches itself, and after an ``assign`` in the same graph
+        MindSpore may hand later readers the assigned value instead of the Parameter's buffer, so
+        the front's writes would miss the cache (tests/generation/test_generation_beam.py)."""
 
-        def __init__(self, net):
-            super().__init__(auto_prefix=False)
-            self.net = net
+        def __init__(self):
+            super().__init__()
             self.gather = ops.Gather()
 
-        def construct(self, beam_idx, input_ids, positions, key_positions, index, caches):
+        def construct(self, beam_idx, caches):
             b = beam_idx.shape[0]
             for c in caches:                                   # (S * B, K, D): rows on axis 1 of (S, B, K, D)
                 rows, k, d = c.shape
                 ops.assign(c, self.gather(c.reshape((rows // b, b, k, d)), beam_idx, 1).reshape((rows, k, d)))
-            return self.net.forward_cached(input_ids, positions, key_positions, index, caches, True)
+            return beam_idx
 
     # a compiled step runs again without MindSpore's per-call compile work (3-4 ms a token)
-    return replay_cell(CachedStep), replay_cell(ReorderedStep)
+    return replay_cell(CachedStep), replay_cell(ReorderCaches)
 
 
 class Generator:
@@ -92,13 +94,13 @@ class Generator:
     """
 
     def __init__(self, net, config):
-        CachedStep, ReorderedStep = _cells()
+        CachedStep, ReorderCaches = _cells()
         net.set_train(False)
         self.net, self.config = net, config
         self.context = config.max_positions
         self.step = CachedStep(net)
         self.prefill_step = CachedStep(net, fresh=True)
-        self.reordered_step = ReorderedStep(net)
+        self.reorder_caches = ReorderCaches()
         self.shapes: list = []   # (kind, B, T, S) in first-call order
         self.first_call_s: dict = {}
 
@@ -130,7 +132,8 @@ class Generator:
         elif beam_idx is None:
             logits = self.step(*args)
         else:
-            logits = self.reordered_step(ms.Tensor(beam_idx.astype(np.int32)), *args)
+            self.reorder_caches(ms.Tensor(beam_idx.astype(np.int32)), args[-1]).asnumpy()   # then the step
+            logits = self.step(*args)
         logits = logits.asnumpy()
         if new:
             self.shapes.append(key)
