@@ -4,9 +4,9 @@ A GRAPH_MODE ``Cell`` call runs, before the graph, MindSpore's Python ``compile`
 graph exists (``mindspore/nn/cell.py`` ``Cell.compile_and_run`` -> ``graph/api.py``
 ``_CellGraphExecutor.compile``, MindSpore 2.10): it builds the argument key and, to name the
 phase, sets ``compile_phase`` on every sub-cell through ``Cell.__setattr__`` (about 400 cells for
-a 30-layer model). A decode step of SmolLM2 spent 3-4 ms per token there, 8% of its step on the
-Intel Xeon (``benchmarks/decode_call_overhead.py``); at batch 1 every other millisecond of the
-step is the model's.
+a 30-layer model). SmolLM2's batch-1 float32 decode step spent 4.8 ms per token in Python, 1.5 ms
+with the replay: the step 42.8 -> 37.7 ms (0.88x, 4 alternating rounds on the Intel Xeon,
+``benchmarks/decode_call_overhead.py``, ``benchmarks/results/decode_call_overhead_smollm2_intel_xeon.json``).
 
 :func:`replay_cell` gives a cell class a ``compile_and_run`` that, after the first call with a
 given argument signature (each tensor's shape and dtype, each ``ms.mutable`` tuple's length and
