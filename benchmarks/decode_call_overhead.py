@@ -22,17 +22,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import decode_profile  # noqa: E402
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--prompt", type=int, default=512)
+    p = decode_profile.model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=50)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--steps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     os.environ["MSLLM_KERNEL_PROFILE"] = "0"
@@ -40,7 +36,6 @@ def main(argv=None):
     import numpy as np
     from mindspore.graph import api
 
-    import decode_profile
     from msllm.generation.decode import generator_for
     from msllm.generation.passes import round_up
 

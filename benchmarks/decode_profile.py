@@ -58,13 +58,19 @@ def build(args):
     return net, mc
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def model_args(p: argparse.ArgumentParser, steps: int) -> argparse.ArgumentParser:
+    """The options :func:`build` reads (``--dtype``, ``--tiny``, ``--threads``) and the decode run's
+    ``--prompt`` / ``--steps``; shared with decode_call_overhead.py."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--prompt", type=int, default=512)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--threads", type=int, default=2)
+    return p
+
+
+def main(argv=None):
+    p = model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
     a = p.parse_args(argv)
     common.use_repo()
     import numpy as np

@@ -80,7 +80,7 @@ def _cells():
                 ops.assign(c, self.gather(c.reshape((rows // b, b, k, d)), beam_idx, 1).reshape((rows, k, d)))
             return beam_idx
 
-    # a compiled step runs again without MindSpore's per-call compile work (3-4 ms a token)
+    # a compiled step runs again without MindSpore's per-call compile work (msllm/generation/replay.py)
     return replay_cell(CachedStep), replay_cell(ReorderCaches)
 
 

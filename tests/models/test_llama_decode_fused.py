@@ -26,11 +26,14 @@ def tiny(**kw):
     return LlamaConfig(**base)
 
 
+BUFFER = 32          # cache slots of run()'s generations
+
+
 def run(net, cfg, prompts, steps=5):
     """Prefill + ``steps`` greedy decode steps: every step's logits (steps + 1, B, V) and the
     caches afterwards as numpy (read back with ``asnumpy``, as the serving prefix cache does)."""
     gen = Generator(net, cfg)
-    buffer, length = 32, max(map(len, prompts))
+    buffer, length = BUFFER, max(map(len, prompts))
     logits, caches, pads = gen.prefill(prompts, length, buffer, 0)
     out = [logits]
     for step in range(steps):
@@ -83,8 +86,9 @@ def test_fused_decode_gives_the_unfused_logits_bit_for_bit(graph_mode, dtype, qu
     np.testing.assert_array_equal(got, want)
     # the fused front writes the decode steps' keys and values itself (no ScatterUpdate): the
     # caches, read back on the host, hold what MindSpore's ScatterUpdate wrote on the plain path
-    slots = want_caches.reshape(want_caches.shape[0], 32, rows, -1)      # (2L, S, B, K*D): buffer 32
-    assert (np.abs(slots[:, 9:14]).max(axis=-1) > 0).all()                # the 5 decode slots are written
+    slots = want_caches.reshape(want_caches.shape[0], BUFFER, rows, -1)  # (2L, S, B, K*D)
+    length = max(map(len, prompts))
+    assert (np.abs(slots[:, length:length + 5]).max(axis=-1) > 0).all()   # run()'s 5 decode slots are written
     np.testing.assert_array_equal(got_caches, want_caches)
 
 

@@ -8,11 +8,15 @@
 //     = Attention.decode_one's front plus DecoderLayer's input_layernorm (model.py). Given the
 //     layer's caches and the new tokens' cache rows as three more inputs, it also writes k and v
 //     into those rows, in place: what the model's two ScatterUpdates did between the operators
-//     (60 operators fewer per SmolLM2 step, ~1 ms at batch 1). The caches are Parameters that
-//     MindSpore passes by their own buffers (on CPU a Parameter's device memory is its data:
-//     the next step, and asnumpy(), see the rows; tests/models/test_llama_decode_fused.py checks
-//     both against the ScatterUpdate path), and only decode_back of the same layer reads them,
-//     after this operator (it takes q from it).
+//     (60 operators fewer per SmolLM2 step; about 1 ms of the hidden-64 graph's step in a trial).
+//     The caches are Parameters that MindSpore passes by their own buffers (on CPU a Parameter's
+//     device memory is its data: the next step, and asnumpy(), see the rows;
+//     tests/models/test_llama_decode_fused.py checks both against the ScatterUpdate path), and
+//     only decode_back of the same layer reads them, after this operator (it takes q from it).
+//     No MindSpore operator may write the caches in the same graph: after an assign MindSpore
+//     hands later readers the assigned value, not the Parameter's buffer, and these writes would
+//     miss the cache (beam search's reorder therefore runs as a graph of its own:
+//     msllm/generation/decode.py ReorderCaches).
 //   msllm_decode_back: (x, q, the caches written) -> decode attention -> o projection -> residual
 //     add + RMSNorm -> gate / up projections -> SwiGLU -> down projection -> residual add;
 //     = decode_one's back plus DecoderLayer.feed_forward with the SwiGLU MLP.
