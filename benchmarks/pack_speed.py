@@ -19,7 +19,11 @@ every variant over the same conversations; tokens/s = supervised tokens of the t
 their seconds (steps after ``--warmup``; msllm in GRAPH_MODE, first step = compile excluded).
 The timed steps are the conversations of ``--steps`` packed rows (after ``--warmup`` rows): the
 unpacked variant takes one step per conversation, so every variant trains on the same supervised
-tokens. fp32, AdamW (lr 1e-5), one process each. Variants run in alternating order per round
+tokens. fp32, AdamW (lr 1e-5), one process each. The ``-bf16`` variants compute the matmuls in
+bfloat16 on both sides, float32 parameters and optimizer: msllm with ``compute_dtype: bfloat16``
+(its CPU kernels round the GEMMs' inputs to bfloat16, float32 sums, everything else float32),
+transformers under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (PyTorch's CPU mixed precision:
+linear layers and SDPA in bfloat16, their outputs bfloat16). Variants run in alternating order per round
 (``--rounds``); the ratio packed / unpacked and msllm-packed / torch-flatten are per-round paired.
 
     .venv/bin/python benchmarks/pack_speed.py --rounds 3 --steps 6        # the figure for BENCHMARKS.md
@@ -105,7 +109,8 @@ def msllm_worker(a) -> dict:
     from msllm.training.step import TrainStep
 
     cfg = load_config(os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml"),
-                      [f"--load_checkpoint={a.model_dir}", f"--model.model_config.seq_length={SEQ}"])
+                      [f"--load_checkpoint={a.model_dir}", f"--model.model_config.seq_length={SEQ}",
+                       f"--model.model_config.compute_dtype={'bfloat16' if a.bf16 else 'float32'}"])
     net, mc, _ = load_for_inference(cfg, fast_paths=True)
     net.set_train(True)
     if a.lora:
@@ -117,17 +122,18 @@ def msllm_worker(a) -> dict:
     opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-5)
     step = TrainStep(net, opt, loss_scale="none", max_grad_norm=1.0)
     warm, timed = batches(a.model_dir, a.warmup, a.steps, a.packed)
-    times, sup = [], 0
+    times, sup, losses = [], 0, []
     for i, b in enumerate(warm + timed):
         args = [Tensor(b["ids"]), Tensor(b["labels"])] + ([Tensor(b["ends"])] if b["ends"] is not None else [])
         t0 = time.perf_counter()
         loss = float(step(*args)[0].asnumpy())
         dt = time.perf_counter() - t0
+        losses.append(loss)
         if i >= len(warm):
             times.append(dt)
             sup += supervised(b)
     return {"supervised_tokens": sup, "seconds": sum(times), "step_s": times, "last_loss": loss,
-            "tokens_per_s": sup / sum(times)}
+            "losses": losses, "tokens_per_s": sup / sum(times)}
 
 
 def torch_worker(a) -> dict:
@@ -143,16 +149,25 @@ def torch_worker(a) -> dict:
         model = get_peft_model(model, LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"],
                                                  target_modules=LORA["targets"], lora_dropout=0.0))
     model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    # MindSpore's nn.AdamWeightDecay defaults, which the msllm worker uses (eps 1e-6, no weight decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, eps=1e-6, weight_decay=0.0)
     collate = DataCollatorWithFlattening(return_position_ids=True)
     warm, timed = batches(a.model_dir, a.warmup, a.steps, True)
-    times, sup = [], 0
+    times, sup, losses = [], 0, []
     for i, b in enumerate(warm + timed):
         # transformers shifts labels inside the model; msllm's labels are already per input position
         feats = [{"input_ids": d[0].tolist(), "labels": d[1].tolist()} for d in b["docs"]]
         batch = collate(feats)
         t0 = time.perf_counter()
-        out = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            # use_cache=False: transformers keeps the documents apart (block-diagonal causal mask from
+            # the restarting position_ids) only when no cache is passed (masking_utils: "only if the 2D
+            # attention mask is explicitly None, and we don't have cache"); with the model's default
+            # use_cache=True a DynamicCache is made even in training and every document attends to the
+            # ones before it, while its rotary positions restart (the loss is then ~2.5x the true one)
+            out = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
+                        use_cache=False)
+        losses.append(float(out.loss))
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
@@ -161,15 +176,17 @@ def torch_worker(a) -> dict:
         if i >= len(warm):
             times.append(dt)
             sup += supervised(b)
-    return {"supervised_tokens": sup, "seconds": sum(times), "step_s": times, "last_loss": float(out.loss),
-            "tokens_per_s": sup / sum(times)}
+    return {"supervised_tokens": sup, "seconds": sum(times), "step_s": times, "last_loss": losses[-1],
+            "losses": losses, "tokens_per_s": sup / sum(times)}
 
 
-VARIANTS = {  # name: (worker, packed, lora)
-    "msllm-unpacked-full": ("msllm", False, False), "msllm-packed-full": ("msllm", True, False),
-    "torch-flatten-full": ("torch", True, False),
-    "msllm-unpacked-lora": ("msllm", False, True), "msllm-packed-lora": ("msllm", True, True),
-    "torch-flatten-lora": ("torch", True, True),
+VARIANTS = {  # name: (worker, packed, lora, bf16 compute)
+    "msllm-unpacked-full": ("msllm", False, False, False), "msllm-packed-full": ("msllm", True, False, False),
+    "torch-flatten-full": ("torch", True, False, False),
+    "msllm-unpacked-lora": ("msllm", False, True, False), "msllm-packed-lora": ("msllm", True, True, False),
+    "torch-flatten-lora": ("torch", True, True, False),
+    "msllm-packed-full-bf16": ("msllm", True, False, True), "torch-flatten-full-bf16": ("torch", True, False, True),
+    "msllm-packed-lora-bf16": ("msllm", True, True, True), "torch-flatten-lora-bf16": ("torch", True, True, True),
 }
 
 
@@ -186,6 +203,7 @@ def main():
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--packed", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rows", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--model_dir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -203,13 +221,14 @@ def main():
     for rnd in range(a.rounds):
         order = names if rnd % 2 == 0 else names[::-1]
         for name in order:
-            kind, packed, lora = VARIANTS[name]
+            kind, packed, lora, bf16 = VARIANTS[name]
             # every variant sees the same conversations: the packed rows' first `steps + warmup` rows
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model_dir", model_dir,
                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--rows", str(a.steps + a.warmup),
                    "--seq_length", str(SEQ)]
             cmd += ["--packed"] if packed else []
             cmd += ["--lora"] if lora else []
+            cmd += ["--bf16"] if bf16 else []
             t0 = time.time()
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
             line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH_RESULT ")]
@@ -222,7 +241,7 @@ def main():
                   f"({r['supervised_tokens']} in {r['seconds']:.1f} s)", flush=True)
             runs.append(r)
     summary = {}
-    for lora in ("full", "lora"):
+    for lora in ("full", "lora", "full-bf16", "lora-bf16"):
         per = {}
         for rnd in range(a.rounds):
             tps = {r["variant"]: r["tokens_per_s"] for r in runs if r["round"] == rnd}
@@ -231,7 +250,20 @@ def main():
                 per.setdefault("packed_over_unpacked", []).append(pk / un)
             if pk and tf:
                 per.setdefault("packed_over_torch_flatten", []).append(pk / tf)
-        summary[lora] = {k: {"median": sorted(v)[len(v) // 2], "min": min(v), "max": max(v)} for k, v in per.items()}
+            base = tps.get(f"msllm-packed-{lora[:4]}")
+            if lora.endswith("bf16") and pk and base:
+                per.setdefault("bf16_over_float32", []).append(pk / base)
+        if per:
+            summary[lora] = {k: {"median": sorted(v)[len(v) // 2], "min": min(v), "max": max(v)}
+                             for k, v in per.items()}
+    # the same weights and rows: the first step's loss (before any update) is the same model's loss on
+    # the same documents on both sides; a mismatch means one side attends across documents
+    for lora in ("full", "lora", "full-bf16", "lora-bf16"):
+        pk = [r for r in runs if r["variant"] == f"msllm-packed-{lora}"]
+        tf = [r for r in runs if r["variant"] == f"torch-flatten-{lora}"]
+        if pk and tf:
+            summary.setdefault("first_step_loss", {})[lora] = {"msllm": pk[0]["losses"][0],
+                                                               "torch": tf[0]["losses"][0]}
     print(json.dumps(summary, indent=1))
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w", encoding="utf-8") as fh:

@@ -46,11 +46,21 @@ def library_path() -> str:
     return os.path.join(_build.build_dir(), _build.LIB_NAME)
 
 
-def cpu_kernels():
-    """The MindSpore operators (:class:`msllm.kernels.ops.CpuKernels`) of the built library."""
+def cpu_kernels(gemm_dtype: str = "float32"):
+    """The MindSpore operators (:class:`msllm.kernels.ops.CpuKernels`) of the built library;
+    ``gemm_dtype`` ``"bfloat16"``: the linear layers' GEMMs take bfloat16-rounded inputs."""
     from msllm.kernels.ops import cpu_kernels as _make
 
-    return _make(library_path())
+    return _make(library_path(), gemm_dtype)
+
+
+def gemm_bf16_native() -> bool:
+    """True when oneDNN runs bfloat16-input GEMMs with this CPU's bfloat16 arithmetic (AMX-BF16,
+    AVX512_BF16, AVX2-VNNI-2); False when msllm emulates them (rounded inputs, float32 sgemm: the
+    same results up to summation order, slower than float32). ``csrc/gemm_bf16.cc``."""
+    import ctypes
+
+    return bool(ctypes.CDLL(library_path()).msllm_gemm_bf16_native())
 
 
 def kernel_stats(reset: bool = False) -> dict:
@@ -85,4 +95,5 @@ def gemm_path() -> str:
     return f"GEMM slabs ({found}: {why})"
 
 
-__all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats", "gemm_path"]
+__all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats", "gemm_path",
+           "gemm_bf16_native"]

@@ -53,10 +53,19 @@ class CpuKernels:
         covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
+
+    ``gemm_dtype``: ``"float32"``, or ``"bfloat16"`` for ``compute_dtype: bfloat16`` in training:
+    ``linear`` / ``linear_dynamic_rows`` and their gradients then round each GEMM's two inputs to
+    bfloat16 and sum in float32, float32 tensors in and out (``csrc/gemm_bf16.cc``); every other
+    operator is the same.
     """
 
-    def __init__(self, lib: str):
+    def __init__(self, lib: str, gemm_dtype: str = "float32"):
+        if gemm_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"gemm_dtype {gemm_dtype!r}: expected float32 or bfloat16")
         self.lib = lib
+        self.gemm_dtype = gemm_dtype
+        lin = "" if gemm_dtype == "float32" else "_bf16math"   # csrc/gemm_bf16.cc's entry points
 
         def prim(name, out_shape, out_dtype=_same, bprop=None):
             return ops.Custom(f"{lib}:msllm_{name}", out_shape, out_dtype, "aot", bprop=bprop)
@@ -72,24 +81,24 @@ class CpuKernels:
             return ops.Custom(f"{lib}:msllm_{name}", None, ms.float32, "aot", bprop=bprop, reg_info=reg)
 
         # ---- linear: y = x w^T; dx = dy w, dw = dy^T x -----------------------------------------
-        linear_dx = prim("linear_dx", lambda dy, w: list(dy[:-1]) + [w[1]])
-        linear_dw = prim("linear_dw", lambda dy, x: [dy[-1], x[-1]])
+        linear_dx = prim(f"linear_dx{lin}", lambda dy, w: list(dy[:-1]) + [w[1]])
+        linear_dw = prim(f"linear_dw{lin}", lambda dy, x: [dy[-1], x[-1]])
 
         def linear_bprop(x, w, out, dout):
             return linear_dx(dout, w), linear_dw(dout, x)
 
-        self.linear = prim("linear", lambda x, w: list(x[:-1]) + [w[0]], bprop=linear_bprop)
+        self.linear = prim(f"linear{lin}", lambda x, w: list(x[:-1]) + [w[0]], bprop=linear_bprop)
         # the same with C++ shape inference (csrc/linear.cc) for inputs whose row count is known
         # only at run time (the output head under the compact loss), which a Python infer
         # function cannot serve; kept apart because MindSpore re-infers such operators at every
         # launch
-        linear_dx_dyn = prim_cpp_infer("linear_dx")
-        linear_dw_dyn = prim_cpp_infer("linear_dw")
+        linear_dx_dyn = prim_cpp_infer(f"linear_dx{lin}")
+        linear_dw_dyn = prim_cpp_infer(f"linear_dw{lin}")
 
         def linear_dyn_bprop(x, w, out, dout):
             return linear_dx_dyn(dout, w), linear_dw_dyn(dout, x)
 
-        self.linear_dynamic_rows = prim_cpp_infer("linear", bprop=linear_dyn_bprop)
+        self.linear_dynamic_rows = prim_cpp_infer(f"linear{lin}", bprop=linear_dyn_bprop)
 
         # ---- cross-entropy rows: (nll, lse) per position (csrc/loss.cc) ------------------------
         f32, i32 = DataType.F32_Default, DataType.I32_Default
@@ -217,6 +226,6 @@ def _rows(shape) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_kernels(lib: str) -> CpuKernels:
-    """The operators of the library at ``lib``, made once per process."""
-    return CpuKernels(lib)
+def cpu_kernels(lib: str, gemm_dtype: str = "float32") -> CpuKernels:
+    """The operators of the library at ``lib`` with ``gemm_dtype`` GEMMs, made once per process."""
+    return CpuKernels(lib, gemm_dtype)

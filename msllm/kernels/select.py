@@ -19,6 +19,15 @@ choose:
     (refused when not built, with the build command); False: MindSpore's operators only. No effect
     on the layout path.
 
+``compute_dtype`` on the CPU fast path: ``float32``, or ``bfloat16`` (MindFormers' training
+setting), which the CPU kernels take as the precision of the linear layers' GEMMs (forward and
+both gradients, the output head included): each GEMM rounds its inputs to bfloat16 and sums in
+float32 (``csrc/gemm_bf16.cc``: oneDNN's bf16 arithmetic where the CPU has it, AMX-BF16 or
+AVX512_BF16, else emulated with the same results up to summation order). The activations, norms,
+attention, softmax and loss stay float32 (``layernorm_compute_type`` / ``softmax_compute_type``
+must be float32), parameters float32. MindSpore 2.10 has no bf16 CPU operators, so without the
+kernels it is refused.
+
 The choice is logged once per model build (logger ``msllm``), naming what runs and why.
 """
 
@@ -49,11 +58,22 @@ class KernelChoice:
     norm: str
     notes: tuple = ()
 
+    @property
+    def bf16_gemms(self) -> bool:
+        """The linear layers' GEMMs round their inputs to bfloat16 (``compute_dtype: bfloat16`` on
+        the CPU kernels); every tensor between them is float32."""
+        return self.cpu is not None and self.cpu.gemm_dtype == "bfloat16"
+
     def describe(self) -> str:
         if self.cpu is not None:
-            from msllm.kernels import gemm_path
+            from msllm.kernels import gemm_bf16_native, gemm_path
 
             linear = f"msllm CPU kernels ({gemm_path()})"
+            if self.bf16_gemms:
+                how = ("this CPU's bf16 arithmetic via oneDNN" if gemm_bf16_native() else
+                       "emulated: this CPU has no bf16 arithmetic, slower than float32")
+                linear += (f", compute_dtype bfloat16: GEMM inputs rounded to bfloat16, float32 sums ({how}); "
+                           "activations, norms, attention, softmax and loss float32")
         else:
             linear = "MindSpore MatMul"
         text = f"model kernels: linear/SwiGLU/rotary: {linear}; attention: {self.attention}; RMSNorm: {self.norm}"
@@ -85,18 +105,38 @@ def choose(config, fast_paths: bool, device: str = "CPU") -> KernelChoice:
         from msllm import kernels
 
         cpu = None
+        compute = getattr(config, "compute_dtype", "float32")
+        stored = {getattr(config, k, None) or "float32" for k in ("param_init_type", "embedding_init_type")}
+        if compute == "bfloat16":   # the kernels' bf16-input GEMMs, or nothing (module docstring)
+            if want_cpu is False:
+                raise MsllmError("model.model_config.compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels "
+                                 "(MindSpore 2.10 has no bf16 CPU operators), but cpu_kernels is False")
+            why = kernels.unavailable_reason()
+            if why is not None:
+                raise MsllmError(f"model.model_config.compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels: {why}")
         if want_cpu is not False:
             why = kernels.unavailable_reason()
-            dtypes = {getattr(config, k, "float32") for k in ("compute_dtype", "layernorm_compute_type",
-                                                            "softmax_compute_type")}
-            # parameters may be stored in bfloat16 (the linear kernel reads bf16 weights and
-            # computes in float32); the arithmetic itself is float32 only
-            stored = {getattr(config, k, None) or "float32" for k in ("param_init_type", "embedding_init_type")}
-            if why is None and (dtypes != {"float32"} or not stored <= {"float32", "bfloat16"}):
-                why = (f"msllm's CPU kernels compute in float32 only, with float32 or bfloat16 parameters "
-                       f"(the config has compute {sorted(dtypes)}, parameters {sorted(stored)})")
+            norm_t = getattr(config, "layernorm_compute_type", "float32")
+            soft_t = getattr(config, "softmax_compute_type", "float32")
+            dtypes = {compute, norm_t, soft_t}
+            # parameters may be stored in bfloat16 for inference (the linear kernel reads bf16
+            # weights and computes in float32); bfloat16 compute means bf16-input GEMMs over
+            # float32 parameters, everything else float32
+            if compute == "bfloat16":
+                if norm_t != "float32" or soft_t != "float32" or stored != {"float32"}:
+                    raise MsllmError(
+                        "model.model_config.compute_dtype: bfloat16 on CPU rounds the GEMMs' inputs to bfloat16 "
+                        "and keeps everything else float32: it needs layernorm_compute_type and "
+                        "softmax_compute_type float32 and float32 parameters (the config has layernorm_compute_type "
+                        f"{norm_t!r}, softmax_compute_type {soft_t!r}, parameters {sorted(stored)})")
+            elif why is None and (dtypes != {"float32"} or not stored <= {"float32", "bfloat16"}):
+                why = (f"msllm's CPU kernels compute in float32 (or with bfloat16 GEMM inputs: compute_dtype "
+                       f"bfloat16), with float32 or bfloat16 parameters (the config has compute {sorted(dtypes)}, "
+                       f"parameters {sorted(stored)})")
             if why is None:
-                cpu = kernels.cpu_kernels()
+                cpu = kernels.cpu_kernels(compute if compute == "bfloat16" else "float32")
+                if compute == "bfloat16" and getattr(config, "moe_config", None) is not None:
+                    notes.append("compute_dtype bfloat16: the experts' grouped GEMMs stay float32")
             else:
                 asked = [k for k, v in (("cpu_kernels", want_cpu), ("use_flash_attention", want_fa),
                                         ("fused_rms_norm", want_norm)) if v]

@@ -1,0 +1,254 @@
+// GEMMs with bfloat16 inputs and float32 accumulation: what ``compute_dtype: bfloat16`` means for
+// training on the CPU fast path (msllm/kernels/select.py). The linear layer and its two gradients
+// take float32 tensors; each GEMM rounds its two inputs to bfloat16 (round to nearest even), forms
+// the products exactly (a product of two bfloat16 values has at most 16 significant bits, so it is
+// exact in float32) and sums them in float32; the output is float32. Everything between the GEMMs
+// (norms, attention, softmax, loss, the activations themselves) stays float32.
+//
+// Where the CPU has bfloat16 arithmetic (AMX-BF16, AVX512_BF16, AVX2-VNNI-2) this is oneDNN's
+// matmul primitive with ``fpmath_mode`` bf16 (oneDNN "Primitive attributes: floating-point math
+// mode": f32 inputs may be down-converted to bf16 internally), from the libdnnl.so.3 of the
+// mindspore wheel, run on msllm's pool through the threadpool interop stream. Elsewhere (or when
+// oneDNN picks a float32 kernel for a shape) the same arithmetic is emulated: both inputs rounded
+// to bfloat16 values held in float32, then the float32 sgemm of common.h. The two paths differ only
+// in summation order (MSLLM_GEMM_BF16=emulate forces the emulation). Measured on the SmolLM2 training shapes (Intel Xeon with AMX, 2 threads,
+// development microbenchmark, docs/kernels.md): 2.2-3.7x the float32 sgemm's rate.
+#include "common.h"
+
+#include <map>
+#include <tuple>
+
+using namespace msllm;
+
+namespace {
+
+// ---- the part of oneDNN's C API used here (oneDNN 3.10 ``include/oneapi/dnnl/dnnl.h``,
+// ``dnnl_types.h``, ``dnnl_threadpool.h``), declared so that no oneDNN header is needed; the
+// enumerators' values are those of 3.10, and threadpool_gemm_ok() (common.h) checks the version.
+struct dnnl_engine;
+struct dnnl_stream;
+struct dnnl_memory_desc;
+struct dnnl_memory;
+struct dnnl_primitive_desc;
+struct dnnl_primitive;
+struct dnnl_primitive_attr;
+struct dnnl_exec_arg_t {
+  int arg;
+  dnnl_memory *memory;
+};
+constexpr int kDnnlF32 = 3, kDnnlCpu = 1, kFpmathBf16 = 1, kQueryImplInfoStr = 8;
+constexpr int kArgSrc = 1, kArgWeights = 33, kArgDst = 17;
+using dims_t = int64_t[12];
+
+extern "C" {
+int dnnl_engine_create(dnnl_engine **engine, int kind, size_t index);
+int dnnl_threadpool_interop_stream_create(dnnl_stream **stream, dnnl_engine *engine, void *threadpool);
+int dnnl_stream_wait(dnnl_stream *stream);
+int dnnl_memory_desc_create_with_strides(dnnl_memory_desc **md, int ndims, const dims_t dims, int data_type,
+                                         const dims_t strides);
+int dnnl_memory_desc_destroy(dnnl_memory_desc *md);
+int dnnl_primitive_attr_create(dnnl_primitive_attr **attr);
+int dnnl_primitive_attr_destroy(dnnl_primitive_attr *attr);
+int dnnl_primitive_attr_set_fpmath_mode(dnnl_primitive_attr *attr, int mode);
+int dnnl_matmul_primitive_desc_create(dnnl_primitive_desc **pd, dnnl_engine *engine, const dnnl_memory_desc *src,
+                                      const dnnl_memory_desc *weights, const dnnl_memory_desc *bias,
+                                      const dnnl_memory_desc *dst, const dnnl_primitive_attr *attr);
+int dnnl_primitive_desc_query(const dnnl_primitive_desc *pd, int what, int index, void *result);
+int dnnl_primitive_desc_destroy(dnnl_primitive_desc *pd);
+int dnnl_primitive_create(dnnl_primitive **primitive, const dnnl_primitive_desc *pd);
+int dnnl_primitive_destroy(dnnl_primitive *primitive);
+int dnnl_memory_create(dnnl_memory **memory, const dnnl_memory_desc *md, dnnl_engine *engine, void *handle);
+int dnnl_memory_destroy(dnnl_memory *memory);
+int dnnl_memory_set_data_handle(dnnl_memory *memory, void *handle);
+int dnnl_primitive_execute(const dnnl_primitive *primitive, dnnl_stream *stream, int nargs,
+                           const dnnl_exec_arg_t *args);
+}
+
+// One matmul primitive per GEMM shape (with its memory objects, whose buffers are set per call).
+struct Matmul {
+  dnnl_primitive *prim = nullptr;
+  dnnl_memory *a = nullptr, *b = nullptr, *c = nullptr;
+  bool bf16 = false;   // oneDNN chose a kernel with bfloat16 arithmetic for it
+};
+
+using Key = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+struct Dnnl {
+  dnnl_engine *engine = nullptr;
+  dnnl_stream *stream = nullptr;
+  msllm::DnnlThreadpool pool;
+  std::map<Key, Matmul> cache;   // a few dozen shapes per model; cleared beyond kMaxShapes
+  std::mutex mu;
+  bool ok = false;
+  static constexpr size_t kMaxShapes = 512;
+
+  Dnnl() {
+    ok = msllm::threadpool_gemm_ok() && dnnl_engine_create(&engine, kDnnlCpu, 0) == 0 &&
+         dnnl_threadpool_interop_stream_create(&stream, engine, &pool) == 0;
+  }
+  static Dnnl &get() {
+    static Dnnl d;
+    return d;
+  }
+  void clear() {
+    for (auto &kv : cache) {
+      dnnl_memory_destroy(kv.second.a);
+      dnnl_memory_destroy(kv.second.b);
+      dnnl_memory_destroy(kv.second.c);
+      dnnl_primitive_destroy(kv.second.prim);
+    }
+    cache.clear();
+  }
+  // the primitive for C (M, N) = op(A) op(B), row-major with leading dimensions lda / ldb / ldc;
+  // nullptr when oneDNN cannot make one
+  Matmul *matmul(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+    const Key key{ta, tb, M, N, K, lda, ldb, ldc};
+    auto it = cache.find(key);
+    if (it != cache.end()) return &it->second;
+    if (cache.size() >= kMaxShapes) clear();
+    // op(A) (M, K): stored (M, K) with strides (lda, 1), or stored (K, M) read transposed: (1, lda)
+    const dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+    const dims_t as = {ta == 'N' ? lda : 1, ta == 'N' ? 1 : lda};
+    const dims_t bs = {tb == 'N' ? ldb : 1, tb == 'N' ? 1 : ldb};
+    const dims_t cs = {ldc, 1};
+    dnnl_memory_desc *amd = nullptr, *bmd = nullptr, *cmd = nullptr;
+    dnnl_primitive_attr *attr = nullptr;
+    dnnl_primitive_desc *pd = nullptr;
+    Matmul m;
+    bool good = dnnl_memory_desc_create_with_strides(&amd, 2, ad, kDnnlF32, as) == 0 &&
+                dnnl_memory_desc_create_with_strides(&bmd, 2, bd, kDnnlF32, bs) == 0 &&
+                dnnl_memory_desc_create_with_strides(&cmd, 2, cd, kDnnlF32, cs) == 0 &&
+                dnnl_primitive_attr_create(&attr) == 0 && dnnl_primitive_attr_set_fpmath_mode(attr, kFpmathBf16) == 0 &&
+                dnnl_matmul_primitive_desc_create(&pd, engine, amd, bmd, nullptr, cmd, attr) == 0;
+    if (good) {
+      const char *impl = nullptr;
+      if (dnnl_primitive_desc_query(pd, kQueryImplInfoStr, 0, &impl) == 0 && impl)
+        m.bf16 = std::strstr(impl, "amx") || std::strstr(impl, "bf16") || std::strstr(impl, "vnni_2");
+      good = dnnl_primitive_create(&m.prim, pd) == 0 && dnnl_memory_create(&m.a, amd, engine, nullptr) == 0 &&
+             dnnl_memory_create(&m.b, bmd, engine, nullptr) == 0 && dnnl_memory_create(&m.c, cmd, engine, nullptr) == 0;
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    for (dnnl_memory_desc *md : {amd, bmd, cmd})
+      if (md) dnnl_memory_desc_destroy(md);
+    if (!good) return nullptr;
+    return &cache.emplace(key, m).first->second;
+  }
+};
+
+// float32 -> the nearest bfloat16 value (ties to even), held in a float32 (low 16 bits zero): the
+// rounding of vcvtneps2bf16; NaN stays NaN.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u |= 0x00400000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16
+void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, float *dst) {
+  msllm::parallel_rows(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = round_bf16(src[r * ld + j]);
+  });
+}
+
+}  // namespace
+
+namespace msllm {
+
+// C (M, N) = op(A) op(B) with bfloat16-rounded inputs and float32 sums (the file's header), row-major;
+// op(A) is (M, K): A stored (M, K) when ta == 'N', (K, M) when 'T'; op(B) (K, N) likewise with tb.
+void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+               int64_t ldb, float *C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
+    return;
+  }
+  Dnnl &d = Dnnl::get();
+  const char *force = std::getenv("MSLLM_GEMM_BF16");   // "emulate": the tests' switch (read per call)
+  if (d.ok && !(force && std::strcmp(force, "emulate") == 0)) {
+    std::lock_guard<std::mutex> lock(d.mu);   // one MindSpore actor thread calls kernels, but be safe
+    Matmul *m = d.matmul(ta, tb, M, N, K, lda, ldb, ldc);
+    if (m && m->bf16) {
+      dnnl_memory_set_data_handle(m->a, const_cast<float *>(A));
+      dnnl_memory_set_data_handle(m->b, const_cast<float *>(B));
+      dnnl_memory_set_data_handle(m->c, C);
+      const dnnl_exec_arg_t args[3] = {{kArgSrc, m->a}, {kArgWeights, m->b}, {kArgDst, m->c}};
+      if (dnnl_primitive_execute(m->prim, d.stream, 3, args) == 0 && dnnl_stream_wait(d.stream) == 0) return;
+    }
+  }
+  // emulation: the inputs rounded to bfloat16 values (float32 storage), then the float32 GEMM
+  const int64_t ar = ta == 'N' ? M : K, ac = ta == 'N' ? K : M;
+  const int64_t br = tb == 'N' ? K : N, bc = tb == 'N' ? N : K;
+  float *a = scratch(0, ar * ac), *b = scratch(1, br * bc);
+  rounded_copy(A, lda, ar, ac, a);
+  rounded_copy(B, ldb, br, bc, b);
+  parallel_sgemm(ta, tb, M, N, K, 1.f, a, ac, b, bc, 0.f, C, ldc);
+}
+
+}  // namespace msllm
+
+// 1 when oneDNN runs a bfloat16-input GEMM of a training shape (512 x 512 x 512) with bfloat16
+// arithmetic on this CPU, 0 when msllm emulates it (the same results up to summation order,
+// slower than float32): for the start-up log line of compute_dtype bfloat16.
+extern "C" __attribute__((visibility("default"))) int msllm_gemm_bf16_native() {
+  Dnnl &d = Dnnl::get();
+  if (!d.ok) return 0;
+  std::lock_guard<std::mutex> lock(d.mu);
+  Matmul *m = d.matmul('N', 'T', 512, 512, 512, 512, 512, 512);
+  return m && m->bf16 ? 1 : 0;
+}
+
+// ---- the linear layer with bfloat16-input GEMMs (linear.cc's three operators' arithmetic otherwise)
+// x (..., in), w (out, in) -> y = x w^T (..., out); all float32
+MSLLM_AOT(msllm_linear_bf16math) {
+  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  const int64_t in = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
+  const int64_t out = shapes[1][0];
+  if (shapes[1][1] != in) return 2;
+  gemm_bf16('N', 'T', m, out, in, static_cast<const float *>(params[0]), in, static_cast<const float *>(params[1]),
+            in, static_cast<float *>(params[2]), out);
+  return 0;
+}
+
+// dy (..., out), w (out, in) -> dx = dy W (..., in)
+MSLLM_AOT(msllm_linear_dx_bf16math) {
+  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  const int64_t out = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(out, 1);
+  const int64_t in = shapes[1][1];
+  if (shapes[1][0] != out) return 2;
+  gemm_bf16('N', 'N', m, in, out, static_cast<const float *>(params[0]), out, static_cast<const float *>(params[1]),
+            in, static_cast<float *>(params[2]), in);
+  return 0;
+}
+
+// dy (..., out), x (..., in) -> dW = dy^T x (out, in), summed over the leading dimensions
+MSLLM_AOT(msllm_linear_dw_bf16math) {
+  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  const int64_t out = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(out, 1);
+  const int64_t in = shapes[1][ndims[1] - 1];
+  if (numel(ndims[1], shapes[1]) != m * in) return 2;
+  gemm_bf16('T', 'N', out, in, m, static_cast<const float *>(params[0]), out, static_cast<const float *>(params[1]),
+            in, static_cast<float *>(params[2]), in);
+  return 0;
+}
+
+// Shape inference for inputs whose row count is known only at run time (as linear.cc's)
+class AotExtra;
+#define MSLLM_INFER_AS(name, base)                                                                              \
+  extern "C" std::vector<int64_t> base##InferShape(int *, int64_t **, AotExtra *);                              \
+  extern "C" __attribute__((visibility("default"))) std::vector<int64_t> name##InferShape(int *ndims, int64_t **shapes, \
+                                                                                          AotExtra *extra) {    \
+    return base##InferShape(ndims, shapes, extra);                                                              \
+  }
+MSLLM_INFER_AS(msllm_linear_bf16math, msllm_linear)
+MSLLM_INFER_AS(msllm_linear_dx_bf16math, msllm_linear_dx)
+MSLLM_INFER_AS(msllm_linear_dw_bf16math, msllm_linear_dw)
