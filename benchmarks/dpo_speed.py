@@ -13,7 +13,9 @@ Variants (each its own subprocess, alternating within every round, ``--rounds``)
 ``msllm-full`` (frozen reference copy in the step), ``trl-full`` (TRL's default reference copy),
 ``msllm-lora`` / ``trl-lora`` (reference = the base without adapters on both sides), and with ``--precompute``
 also ``msllm-full-pre`` / ``trl-full-pre`` (``dpo.precompute_ref`` / ``precompute_ref_log_probs``: no reference
-model during training).
+model during training); with ``--bf16`` also ``msllm-{full,lora}-bf16`` / ``trl-{full,lora}-bf16``: the matmuls in
+bfloat16 on both sides, float32 parameters (msllm ``compute_dtype: bfloat16``: its CPU kernels round the GEMMs'
+inputs to bfloat16, float32 sums; TRL ``bf16=True``: PyTorch's CPU autocast); ``--only_bf16`` runs those alone.
 
 tokens/s = the mean real tokens of a timed step (prompt + completion of chosen and rejected, padding not counted;
 TRL pads each batch to its longest pair, msllm cuts it to its longest pair rounded up to 32 / 64 / 128 / ... / seq
@@ -43,9 +45,14 @@ import harness  # noqa: E402
 import ratios  # noqa: E402
 
 CONFIG = "configs/smollm2/run_smollm2_135m.yaml"
-VARIANTS = {"msllm-full": ("dpo_msllm_worker.py", False, False), "trl-full": ("dpo_trl_worker.py", False, False),
-            "msllm-lora": ("dpo_msllm_worker.py", True, False), "trl-lora": ("dpo_trl_worker.py", True, False),
-            "msllm-full-pre": ("dpo_msllm_worker.py", False, True), "trl-full-pre": ("dpo_trl_worker.py", False, True)}
+VARIANTS = {  # name: (worker, lora, precomputed reference, bf16 compute)
+    "msllm-full": ("dpo_msllm_worker.py", False, False, False), "trl-full": ("dpo_trl_worker.py", False, False, False),
+    "msllm-lora": ("dpo_msllm_worker.py", True, False, False), "trl-lora": ("dpo_trl_worker.py", True, False, False),
+    "msllm-full-pre": ("dpo_msllm_worker.py", False, True, False), "trl-full-pre": ("dpo_trl_worker.py", False, True, False),
+    "msllm-full-bf16": ("dpo_msllm_worker.py", False, False, True), "trl-full-bf16": ("dpo_trl_worker.py", False, False, True),
+    "msllm-lora-bf16": ("dpo_msllm_worker.py", True, False, True), "trl-lora-bf16": ("dpo_trl_worker.py", True, False, True)}
+PAIRS = (("msllm-full", "trl-full"), ("msllm-lora", "trl-lora"), ("msllm-full-pre", "trl-full-pre"),
+         ("msllm-full-bf16", "trl-full-bf16"), ("msllm-lora-bf16", "trl-lora-bf16"))
 
 
 def prepare(model_dir: str, tmp: str, pairs: int, seq: int) -> tuple[str, str]:
@@ -69,12 +76,15 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--precompute", action="store_true", help="also the precomputed-reference variants")
+    p.add_argument("--bf16", action="store_true", help="also the bf16-compute variants")
+    p.add_argument("--only_bf16", action="store_true", help="the bf16-compute variants alone")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--note", default="")
     p.add_argument("--out", default=os.path.join(HERE, "results", "dpo_speed.json"))
     a = p.parse_args()
     model_dir = common.hf_dir("smollm2")
-    names = [n for n in VARIANTS if a.precompute or not n.endswith("-pre")]
+    names = [n for n in VARIANTS if (a.precompute or not n.endswith("-pre"))
+             and ((a.bf16 or a.only_bf16) if n.endswith("-bf16") else not a.only_bf16)]
     t0 = time.time()
     runs: list = []
     with tempfile.TemporaryDirectory(prefix="dpo_speed_") as tmp:
@@ -82,10 +92,10 @@ def main() -> None:
         for rnd in range(a.rounds):
             order = names if rnd % 2 == 0 else names[::-1]   # alternate which framework goes first
             for name in order:
-                script, lora, pre = VARIANTS[name]
+                script, lora, pre, bf16 = VARIANTS[name]
                 args = {"name": name, "hf_dir": model_dir, "config": os.path.join(common.ROOT, CONFIG), "data": data,
                         "pairs": pairs_file, "seq": a.seq, "batch": a.batch, "steps": a.steps, "warmup": a.warmup,
-                        "lora": lora, "precompute_ref": pre}
+                        "lora": lora, "precompute_ref": pre, "bf16": bf16}
                 r = harness.run_worker(name, script, args, a.timeout, py=sys.executable)
                 r["round"] = rnd
                 harness.log_run(runs, r, f"round {rnd + 1} {name}", lambda r: (
@@ -101,7 +111,7 @@ def main() -> None:
                        "pairs_per_s": common.median([r["pairs_per_s"] for r in ok]),
                        "step_s": common.median([r["step_s_median"] for r in ok]),
                        "peak_rss_mib": max(r["peak_rss_mib"] for r in ok)}
-    for m, t in (("msllm-full", "trl-full"), ("msllm-lora", "trl-lora"), ("msllm-full-pre", "trl-full-pre")):
+    for m, t in PAIRS:
         if m in table and "error" not in table[m] and t in table and "error" not in table[t]:
             st = ratios.paired_stats(runs, m, t, "tokens_per_s")
             table[m]["speed_vs_trl"] = st

@@ -46,7 +46,8 @@ def main():
         "--run_mode=finetune", f"--load_checkpoint={args['hf_dir']}", f"--train_dataset.dataset_dir={args['data']}",
         f"--model.model_config.seq_length={args['seq']}", f"--runner_config.batch_size={args['batch']}",
         f"--runner_config.train_steps={args['steps'] + args['warmup']}", "--train_dataset.shuffle=False",
-        "--dpo.beta=0.1", f"--dpo.precompute_ref={bool(args.get('precompute_ref'))}", f"--output_dir={out}", *pet])
+        "--dpo.beta=0.1", f"--dpo.precompute_ref={bool(args.get('precompute_ref'))}", f"--output_dir={out}",
+        f"--model.model_config.compute_dtype={'bfloat16' if args.get('bf16') else 'float32'}", *pet])
     t0 = time.perf_counter()
     run = prepare(cfg)
     load_start(run)   # starting weights (and the precomputed reference, if asked)

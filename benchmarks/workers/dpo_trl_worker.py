@@ -1,6 +1,6 @@
 """TRL ``DPOTrainer`` training-step worker for benchmarks/dpo_speed.py (TRL 1.16, transformers, torch eager,
 2 threads, fp32 (``bf16=False``: TRL's configs default to bf16, which on CPU runs the reference under bf16
-autocast), AdamW, ``max_grad_norm`` 1.0 as msllm's run YAML), on the same TRL conversational pairs msllm's
+autocast; ``"bf16": true`` in the arguments asks for it: the bf16-compute variants), AdamW, ``max_grad_norm`` 1.0 as msllm's run YAML), on the same TRL conversational pairs msllm's
 MindRecord was made from, ``max_length`` = seq + 1 (msllm's rows), full fine-tuning (a reference copy:
 TRL's default) or LoRA (PEFT r 8, alpha 16, q/k/v/o, no dropout; the reference is the base with the adapter
 disabled). TRL is imported through tests/helpers/trl_env.py (a private pyarrow 21 beside numpy<2).
@@ -62,7 +62,7 @@ def main():
     cfg = trl.DPOConfig(output_dir=os.path.join(os.getcwd(), "out"), per_device_train_batch_size=args["batch"],
                         max_length=args["seq"] + 1, beta=0.1, learning_rate=5e-6, max_steps=args["steps"] + args["warmup"],
                         max_grad_norm=1.0, report_to="none", use_cpu=True, seed=0, save_strategy="no",
-                        logging_steps=1, bf16=False, precompute_ref_log_probs=bool(args.get("precompute_ref")),
+                        logging_steps=1, bf16=bool(args.get("bf16")), precompute_ref_log_probs=bool(args.get("precompute_ref")),
                         dataloader_num_workers=0)
     t0 = time.perf_counter()
     trainer = Timed(model=model, args=cfg, train_dataset=datasets.Dataset.from_list(rows), processing_class=tok,

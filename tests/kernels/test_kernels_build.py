@@ -77,11 +77,22 @@ def test_cpu_fast_path_selection(kernels, copied_build):
     with pytest.raises(MsllmError, match="use_flash_attention: True on CPU needs msllm's CPU kernels"):
         select.choose(with_keys(small(), cpu_kernels=False, use_flash_attention=True), True, "CPU")
     fp16 = select.choose(small(compute_dtype="float16"), True, "CPU")
-    assert fp16.cpu is None and "float32 only" in fp16.describe()
+    assert fp16.cpu is None and "msllm's CPU kernels compute in float32" in fp16.describe()
+    # compute_dtype bfloat16: the kernels with bf16-input GEMMs, the rest float32; or one clear error
+    bf = select.choose(small(compute_dtype="bfloat16"), True, "CPU")
+    assert bf.bf16_gemms and bf.cpu.gemm_dtype == "bfloat16" and bf.attention == select.CPU_FLASH
+    assert "GEMM inputs rounded to bfloat16, float32 sums" in bf.describe() and not chosen.bf16_gemms
+    for keys, message in (({"cpu_kernels": False}, "but cpu_kernels is False"),
+                          ({"layernorm_compute_type": "bfloat16"}, "needs layernorm_compute_type"),
+                          ({"param_init_type": "bfloat16"}, "float32 parameters")):
+        with pytest.raises(MsllmError, match=message):
+            select.choose(with_keys(small(compute_dtype="bfloat16"), **keys), True, "CPU")
     # not built: the default falls back and says why; asking for the kernels is refused
     os.unlink(copied_build / build.LIB_NAME)
     fallback = select.choose(small(), True, "CPU")
     assert fallback.cpu is None and "python -m msllm.kernels.build" in fallback.describe()
+    with pytest.raises(MsllmError, match="compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels: "):
+        select.choose(small(compute_dtype="bfloat16"), True, "CPU")
     with pytest.raises(MsllmError, match="cpu_kernels: True needs msllm's CPU kernels are not built"):
         select.choose(with_keys(small(), cpu_kernels=True), True, "CPU")
     with pytest.raises(MsllmError, match="must be|expected true, false or null"):

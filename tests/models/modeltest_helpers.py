@@ -1,6 +1,10 @@
-"""Helpers of the model tests (tests/models): greedy decoding through msllm's one generation path."""
+"""Helpers of the model tests (tests/models): greedy decoding through msllm's one generation path; real
+Alpaca conversations tokenized for SmolLM2."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 
@@ -21,3 +25,20 @@ def greedy_logits(net, cfg, prompts: list, steps: int = 6, buffer: int = 32):
         logits, caches = gen.decode_step(tok, length + step, pads, buffer, caches)
         out.append(logits)
     return np.stack(out), np.stack(toks)
+
+
+def smollm2_samples(smollm2_dir, n=4, limit=96):
+    """(input_ids, labels) of the first ``n`` bundled Alpaca records, rendered with SmolLM2's chat
+    template and cut to ``limit`` tokens (the sample builder's truncation), as preprocessing does."""
+    from msllm.data.conversation import alpaca_to_conversation, validate_conversation_records
+    from msllm.data.samples import build_qa_samples
+    from msllm.data.templates import resolve_template
+    from msllm.data.tokenizer import load_tokenizer
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "examples", "data", "alpaca_en_demo.json"), encoding="utf-8") as fh:
+        records = json.load(fh)[:n]
+    conv = validate_conversation_records(alpaca_to_conversation(records, "alpaca"), "alpaca")
+    tok = load_tokenizer(smollm2_dir)
+    res = build_qa_samples(tok, conv, limit - 1, resolve_template("chat_template", tok))
+    return [(r.input_ids, r.labels) for r in res]

@@ -17,7 +17,6 @@ References are the unpacked rows through the same model (causal attention of a r
 tests/models/test_llama_model.py checks against transformers and numpy.
 """
 
-import json
 import os
 
 import numpy as np
@@ -25,6 +24,8 @@ import pytest
 
 import mindspore as ms
 from mindspore import Tensor
+
+from modeltest_helpers import smollm2_samples
 
 from msllm.models.llama.config import LlamaConfig
 from msllm.models.llama.model import LlamaForCausalLM
@@ -53,22 +54,6 @@ def doc_losses(logits, ids, labels):
     lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
     nll = lse[keep] - z[keep][np.arange(keep.sum()), tgt[keep]]
     return nll.sum(), int(keep.sum())
-
-
-def smollm2_samples(smollm2_dir, n=4, limit=96):
-    """(input_ids, labels) of the first ``n`` bundled Alpaca records, rendered with SmolLM2's chat
-    template and cut to ``limit`` tokens (the sample builder's truncation), as preprocessing does."""
-    from msllm.data.conversation import alpaca_to_conversation, validate_conversation_records
-    from msllm.data.samples import build_qa_samples
-    from msllm.data.templates import resolve_template
-    from msllm.data.tokenizer import load_tokenizer
-
-    with open(os.path.join(REPO, "examples", "data", "alpaca_en_demo.json"), encoding="utf-8") as fh:
-        records = json.load(fh)[:n]
-    conv = validate_conversation_records(alpaca_to_conversation(records, "alpaca"), "alpaca")
-    tok = load_tokenizer(smollm2_dir)
-    res = build_qa_samples(tok, conv, limit - 1, resolve_template("chat_template", tok))
-    return [(r.input_ids, r.labels) for r in res]
 
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["cpu_flash_kernel", "composed_mask"])

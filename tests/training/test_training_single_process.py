@@ -108,13 +108,39 @@ def test_checkpoint_shape_mismatch_is_one_clear_error(tmp_path):
     ("--parallel_config.model_parallel=2", "cannot compile operator sharding or pipeline stages on CPU"),
     ("--parallel_config.pipeline_stage=2", "cannot compile operator sharding or pipeline stages on CPU"),
     ("--parallel.parallel_mode=1", "use parallel_mode: 0"),
-    ("--model.model_config.compute_dtype=bfloat16", "no bf16 kernels"),
+    ("--model.model_config.compute_dtype=float16", "no bf16 kernels"),
+    ("--model.model_config.cpu_kernels=False --model.model_config.compute_dtype=bfloat16",
+     "compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels"),
+    ("--model.model_config.compute_dtype=bfloat16 --model.model_config.layernorm_compute_type=bfloat16",
+     "needs layernorm_compute_type and softmax_compute_type float32"),
 ])
 def test_refuses_what_it_cannot_do(tmp_path, override, message):
-    r = run(["--config", TINY, override, "--parallel_config.data_parallel=1", f"--output_dir={tmp_path}"])
+    r = run(["--config", TINY, *override.split(), "--parallel_config.data_parallel=1", f"--output_dir={tmp_path}"])
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not os.path.exists(tmp_path / "checkpoint")
+
+
+def test_trains_with_bf16_compute_on_the_cpu_kernels(tmp_path, alpaca_mindrecord):
+    """compute_dtype: bfloat16 (MindFormers' training setting) runs on CPU with float32 parameters:
+    the start-up line says what it means here, the loss falls, and the checkpoint holds float32
+    weights (the GEMM precision is tested in tests/kernels/test_kernels_bf16_gemm.py and
+    tests/models/test_llama_bf16_compute.py)."""
+    out = tmp_path / "out"
+    r = run(["--config", TINY, "--run_mode", "train", "--parallel_config.data_parallel=1",
+             "--model.model_config.compute_dtype=bfloat16", "--model.model_config.seq_length=64",
+             f"--train_dataset_dir={alpaca_mindrecord}", f"--output_dir={out}", "--runner_config.train_steps=20",
+             "--runner_config.batch_size=8", "--lr_schedule.learning_rate=3e-3",
+             "--callbacks.checkpoint.save_checkpoint_steps=20"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert "compute_dtype bfloat16: GEMM inputs rounded to bfloat16, float32 sums" in log
+    summary = json.loads((out / "train_summary_rank_0.json").read_text())
+    assert summary["steps"] == 20 and summary["last_avg_loss"] < summary["first_avg_loss"] - 0.5
+    params = ckpt.load_params(ckpt.list_checkpoints(str(out / "checkpoint" / "rank_0"))[-1])
+    import mindspore as ms
+    weights = [v for k, v in params.items() if k.endswith("q_proj.weight")]
+    assert weights and all(v.dtype == ms.float32 for v in weights)
 
 
 def test_data_parallel_must_match_process_count(tmp_path):

@@ -154,7 +154,9 @@ class LlamaConfig:
         tie_word_embeddings: share the embedding table with the output head.
         bos_token_id / eos_token_id / pad_token_id: special ids (LLaMA: 1 / 2 / 0, pad = unk).
         ignore_token_id: label value excluded from the loss (-100, the HF/PyTorch convention).
-        compute_dtype: dtype of matmuls; ``float32`` on CPU (MindSpore 2.10 CPU has no bf16 kernels).
+        compute_dtype: dtype of matmuls. On CPU ``float32``, or for training ``bfloat16`` on msllm's
+            CPU kernels: the linear GEMMs round their inputs to bfloat16 and sum in float32, every
+            other tensor float32 (:mod:`msllm.kernels.select`; MindSpore 2.10 has no bf16 CPU operators).
         layernorm_compute_type / softmax_compute_type: dtypes of RMSNorm and softmax math.
         param_init_type: dtype parameters are stored in.
         embedding_init_type: dtype of the embedding table (MindFormers' key; its Llama-3.1 YAMLs
