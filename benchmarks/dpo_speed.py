@@ -78,6 +78,7 @@ def main() -> None:
     p.add_argument("--precompute", action="store_true", help="also the precomputed-reference variants")
     p.add_argument("--bf16", action="store_true", help="also the bf16-compute variants")
     p.add_argument("--only_bf16", action="store_true", help="the bf16-compute variants alone")
+    p.add_argument("--only", default="", help="comma-separated variant names to run (overrides the flags above)")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--note", default="")
     p.add_argument("--out", default=os.path.join(HERE, "results", "dpo_speed.json"))
@@ -85,6 +86,11 @@ def main() -> None:
     model_dir = common.hf_dir("smollm2")
     names = [n for n in VARIANTS if (a.precompute or not n.endswith("-pre"))
              and ((a.bf16 or a.only_bf16) if n.endswith("-bf16") else not a.only_bf16)]
+    if a.only:
+        names = a.only.split(",")
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown:
+            raise SystemExit(f"--only: unknown variants {unknown}; expected some of {list(VARIANTS)}")
     t0 = time.time()
     runs: list = []
     with tempfile.TemporaryDirectory(prefix="dpo_speed_") as tmp:
@@ -115,17 +121,23 @@ def main() -> None:
         if m in table and "error" not in table[m] and t in table and "error" not in table[t]:
             st = ratios.paired_stats(runs, m, t, "tokens_per_s")
             table[m]["speed_vs_trl"] = st
+            # like for like: TRL's training_step plus its clipping and AdamW step (msllm's step has both)
+            whole = ratios.paired_stats(runs, m, t, lambda r: r.get("tokens_per_s_with_update") or r["tokens_per_s"])
+            if any(r.get("tokens_per_s_with_update") for r in runs if r.get("name") == t):
+                table[m]["speed_vs_trl_with_update"] = whole
             table[m]["rss_vs_trl"] = table[m]["peak_rss_mib"] / table[t]["peak_rss_mib"]
     result = {"command": harness.command_line(), "note": a.note, "machine": common.machine(),
               "seq": a.seq, "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds,
               "table": table, "runs": runs}
-    lines = ["| variant | tokens/s | s/step | peak RSS MiB | msllm / TRL tokens/s | RSS msllm / TRL |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| variant | tokens/s | s/step | peak RSS MiB | msllm / TRL tokens/s (TRL: training_step) | "
+             "msllm / TRL (TRL: + clipping and AdamW step) | RSS msllm / TRL |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += harness.md_rows(table, lambda n, r: (
         f"| {n} | {r['tokens_per_s']:.1f} | {r['step_s']:.2f} | {r['peak_rss_mib']:.0f} | "
         f"{ratios.fmt(r['speed_vs_trl']) if 'speed_vs_trl' in r else ''} | "
+        f"{ratios.fmt(r['speed_vs_trl_with_update']) if 'speed_vs_trl_with_update' in r else ''} | "
         f"{r['rss_vs_trl']:.2f} |" if "rss_vs_trl" in r else
-        f"| {n} | {r['tokens_per_s']:.1f} | {r['step_s']:.2f} | {r['peak_rss_mib']:.0f} | | |"))
+        f"| {n} | {r['tokens_per_s']:.1f} | {r['step_s']:.2f} | {r['peak_rss_mib']:.0f} | | | |"))
     harness.finish(a.out, result, "\n".join(lines), t0)
 
 

@@ -8,8 +8,10 @@ disabled). TRL is imported through tests/helpers/trl_env.py (a private pyarrow 2
 Usage: python dpo_trl_worker.py '{"hf_dir": ..., "pairs": train.jsonl, "seq": 128, "batch": 2, "steps": 4,
         "warmup": 1, "lora": false, "precompute_ref": false, "name": ..., "spawn_time": ...}'
 
-Timed: ``training_step`` only (forward of policy and reference, backward; the optimizer step of the
-Trainer's loop is not inside it and so not timed: msllm's timed step includes its AdamW update, in TRL's favour).
+Timed: ``training_step`` (forward of policy and reference, backward: ``step_s`` / ``tokens_per_s``, in TRL's
+favour, msllm's timed step includes its update), and the update the Trainer's loop runs after it (gradient clipping
+and AdamW's step, up to the optimizer's post-step hook: ``update_s``); ``tokens_per_s_with_update`` over both is the
+like-for-like figure.
 Tokens of a step: the attention mask's sum over the chosen and rejected sequences (no padding). Prints one
 ``BENCH_RESULT {json}`` line (fields as dpo_msllm_worker.py).
 """
@@ -47,7 +49,8 @@ def main():
 
         peft_config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    times, tokens = [], []
+    times, tokens, updates = [], [], []
+    ended = [0.0]
 
     class Timed(trl.DPOTrainer):
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -55,9 +58,18 @@ def main():
             tokens.append(int(mask.sum()) if mask is not None else -1)
             t = time.perf_counter()
             loss = super().training_step(model, inputs, num_items_in_batch)
-            times.append(time.perf_counter() - t)
+            ended[0] = time.perf_counter()
+            times.append(ended[0] - t)
             print(f"step {len(times)}: {times[-1]:.2f} s", file=sys.stderr, flush=True)
             return loss
+
+        def create_optimizer(self, *a, **kw):
+            # the update the Trainer runs after training_step: gradient clipping, then AdamW's step,
+            # timed from the end of training_step to the optimizer's post-step hook (msllm's timed
+            # step includes both)
+            opt = super().create_optimizer(*a, **kw)
+            opt.register_step_post_hook(lambda *_: updates.append(time.perf_counter() - ended[0]))
+            return opt
 
     cfg = trl.DPOConfig(output_dir=os.path.join(os.getcwd(), "out"), per_device_train_batch_size=args["batch"],
                         max_length=args["seq"] + 1, beta=0.1, learning_rate=5e-6, max_steps=args["steps"] + args["warmup"],
@@ -71,9 +83,12 @@ def main():
     trainer.train()
     w = args["warmup"]
     step_s = common.median(times[w:])
+    whole = common.median([a + b for a, b in zip(times[w:], updates[w:])]) if len(updates) == len(times) else None
     common.emit({"name": args["name"], "setup_s": setup_s, "first_step_s": times[0], "step_s_median": step_s,
-                 "step_s": times, "tokens": tokens, "ref_model_is_none": trainer.ref_model is None,
+                 "step_s": times, "update_s": updates, "tokens": tokens, "ref_model_is_none": trainer.ref_model is None,
                  "tokens_per_s": sum(tokens[w:]) / len(tokens[w:]) / step_s, "pairs_per_s": args["batch"] / step_s,
+                 "step_with_update_s_median": whole,
+                 "tokens_per_s_with_update": sum(tokens[w:]) / len(tokens[w:]) / whole if whole else None,
                  "peak_rss_mib": common.peak_rss_mib()})
 
 

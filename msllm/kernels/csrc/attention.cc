@@ -21,6 +21,8 @@
 // earlier documents are never multiplied: the work per block is O(BQ (document + BQ)), not O(BQ T).
 #include "common.h"
 
+#include <memory>
+
 using namespace msllm;
 
 namespace {
@@ -155,49 +157,112 @@ MSLLM_AOT(msllm_flash_attention_padded) {
 
 namespace {
 // The backward pass (FlashAttention-2, algorithm 2) over the key ranges the forward used.
-// One task per (batch row, key/value head): it owns dk and dv of that head, so no two threads
-// write the same gradient rows.
+// Tasks: (batch row, key/value head, chunk of query blocks). A task writes dq of its own query rows
+// and sums its dk / dv contributions into a private buffer over the keys its blocks see; a second
+// pass adds the chunks' buffers into dk / dv in chunk order (deterministic). Chunks exist because
+// (batch row, key/value head) alone is too few tasks at batch 1 with few key/value heads (SmolLM2: 3
+// tasks on 2 threads, one thread idle a third of the time).
 void flash_backward(const Dims &dm, const float *dout, const float *q, const float *k, const float *v, int64_t W,
                     const KeyFloor &floor, const float *o, const float *lse, float *dq, float *dk, float *dv) {
   const int64_t T = dm.t, D = dm.d, BQ = block_rows(T), nqb = (T + BQ - 1) / BQ, ldq = dm.ldq(), ldk = dm.ldk();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  Pool::get().run(static_cast<int>(dm.b * dm.k), [&](int i) {
-    const int64_t b = i / dm.k, g = i % dm.k;
-    const float *kb = k + b * T * ldk + g * D, *vb = v + b * T * ldk + g * D;
-    float *dkb = dk + b * T * ldk + g * D, *dvb = dv + b * T * ldk + g * D;
-    for (int64_t t = 0; t < T; ++t) {
-      std::memset(dkb + t * ldk, 0, sizeof(float) * D);
-      std::memset(dvb + t * ldk, 0, sizeof(float) * D);
+  const int64_t heads = dm.b * dm.k, threads = Pool::get().size();
+  int64_t chunks = std::min<int64_t>(nqb, std::max<int64_t>(1, (4 * threads + heads - 1) / heads));
+  int64_t per = (nqb + chunks - 1) / chunks;   // query blocks per chunk
+  // key rows [key_lo, key_hi) of a chunk: from its first block's first visible key (the floors never
+  // decrease along a row) to its last block's end
+  auto key_lo = [&](int64_t b, int64_t c) {
+    const int64_t q0 = std::min(c * per, nqb) * BQ;
+    return q0 >= T ? T : std::max(first_key(q0, W), floor.at(b, q0));
+  };
+  auto key_hi = [&](int64_t c) { return std::min(T, (c + 1) * per * BQ); };
+  // private (rows, D) dk and dv buffers per task, at offsets off[task]; chunked only while they
+  // stay small (64 MiB), else one chunk writing dk / dv directly
+  std::vector<int64_t> off(static_cast<size_t>(heads * chunks + 1), 0);
+  auto plan = [&]() {
+    for (int64_t i = 0; i < heads * chunks; ++i) {
+      const int64_t b = (i / chunks) / dm.k, c = i % chunks;
+      off[i + 1] = off[i] + 2 * std::max<int64_t>(0, key_hi(c) - key_lo(b, c)) * D;
     }
+  };
+  plan();
+  if (chunks > 1 && off.back() * int64_t(sizeof(float)) > (int64_t(64) << 20)) {
+    chunks = 1;
+    per = nqb;
+    off.assign(static_cast<size_t>(heads + 1), 0);
+  }
+  std::unique_ptr<float[]> acc(chunks > 1 ? new float[static_cast<size_t>(off.back())] : nullptr);
+  Pool::get().run(static_cast<int>(heads * chunks), [&](int i) {
+    const int64_t c = i % chunks, b = (i / chunks) / dm.k, g = (i / chunks) % dm.k;
+    const int64_t qb0 = c * per, qb1 = std::min(nqb, qb0 + per);
+    if (qb0 >= qb1) return;
+    // where this task's dk / dv rows go: key row t at dkb + (t - lo) * ld
+    int64_t lo = 0, ld = ldk;
+    float *dkb, *dvb;
+    if (chunks > 1) {
+      lo = key_lo(b, c);
+      ld = D;
+      const int64_t rows = key_hi(c) - lo;
+      dkb = acc.get() + off[i];
+      dvb = dkb + rows * D;
+      std::memset(dkb, 0, sizeof(float) * 2 * rows * D);
+    } else {
+      dkb = dk + b * T * ldk + g * D;
+      dvb = dv + b * T * ldk + g * D;
+      for (int64_t t = 0; t < T; ++t) {
+        std::memset(dkb + t * ldk, 0, sizeof(float) * D);
+        std::memset(dvb + t * ldk, 0, sizeof(float) * D);
+      }
+    }
+    const float *kb = k + b * T * ldk + g * D, *vb = v + b * T * ldk + g * D;
     float *p = scratch(0, BQ * T), *dp = scratch(1, BQ * T), *delta = scratch(2, T);
     for (int64_t h = g * dm.rep; h < (g + 1) * dm.rep; ++h) {
       const float *lrow = lse + (b * dm.h + h) * T;
-      for (int64_t t = 0; t < T; ++t)  // delta_t = dO_t . O_t  (FlashAttention-2, alg. 2 line 4)
+      const int64_t t0 = qb0 * BQ, t1 = std::min(T, qb1 * BQ);
+      for (int64_t t = t0; t < t1; ++t)  // delta_t = dO_t . O_t  (FlashAttention-2, alg. 2 line 4)
         delta[t] = dot(dout + (b * T + t) * ldq + h * D, o + (b * T + t) * ldq + h * D, D);
-      for (int64_t qb = 0; qb < nqb; ++qb) {
+      for (int64_t qb = qb0; qb < qb1; ++qb) {
         const int64_t q0 = qb * BQ, nq = std::min(BQ, T - q0);
         const int64_t k0 = std::max(first_key(q0, W), floor.at(b, q0)), nk = q0 + nq - k0;
         const float *qp = q + (b * T + q0) * ldq + h * D, *dop = dout + (b * T + q0) * ldq + h * D;
         const float *kp = kb + k0 * ldk, *vp = vb + k0 * ldk;  // keys k0..q0+nq-1
-        float *dkp = dkb + k0 * ldk, *dvp = dvb + k0 * ldk;
+        float *dkp = dkb + (k0 - lo) * ld, *dvp = dvb + (k0 - lo) * ld;
         float *dqp = dq + (b * T + q0) * ldq + h * D;
         sgemm('N', 'T', nq, nk, D, scale, qp, ldq, kp, ldk, 0.f, p, nk);  // S
         for (int64_t r = 0; r < nq; ++r) {                                 // P = exp(S - L), causal (band)
-          const int64_t lo = std::max(first_key(q0 + r, W), floor.at(b, q0 + r)) - k0, valid = q0 + r + 1 - k0;
+          const int64_t first = std::max(first_key(q0 + r, W), floor.at(b, q0 + r)) - k0, valid = q0 + r + 1 - k0;
           float *pr = p + r * nk;
-          exp_shift_sum(pr + lo, pr + lo, valid - lo, 1.f, lrow[q0 + r]);
-          std::memset(pr, 0, sizeof(float) * lo);
+          exp_shift_sum(pr + first, pr + first, valid - first, 1.f, lrow[q0 + r]);
+          std::memset(pr, 0, sizeof(float) * first);
           std::memset(pr + valid, 0, sizeof(float) * (nk - valid));
         }
-        sgemm('T', 'N', nk, D, nq, 1.f, p, nk, dop, ldq, 1.f, dvp, ldk);   // dV += P^T dO
+        sgemm('T', 'N', nk, D, nq, 1.f, p, nk, dop, ldq, 1.f, dvp, ld);    // dV += P^T dO
         sgemm('N', 'T', nq, nk, D, 1.f, dop, ldq, vp, ldk, 0.f, dp, nk);   // dP = dO V^T
         for (int64_t r = 0; r < nq; ++r) {                                 // dS = P (dP - delta)
           float *pr = p + r * nk, *dpr = dp + r * nk;
           const float dl = delta[q0 + r];
-          for (int64_t c = 0; c < nk; ++c) dpr[c] = pr[c] * (dpr[c] - dl);
+          for (int64_t j = 0; j < nk; ++j) dpr[j] = pr[j] * (dpr[j] - dl);
         }
         sgemm('N', 'N', nq, D, nk, scale, dp, nk, kp, ldk, 0.f, dqp, ldq);  // dQ = scale dS K
-        sgemm('T', 'N', nk, D, nq, scale, dp, nk, qp, ldq, 1.f, dkp, ldk);  // dK += scale dS^T Q
+        sgemm('T', 'N', nk, D, nq, scale, dp, nk, qp, ldq, 1.f, dkp, ld);   // dK += scale dS^T Q
+      }
+    }
+  });
+  if (chunks == 1) return;
+  // dk, dv = the chunks' sums, in chunk order, over the rows each chunk covers (others 0)
+  parallel_rows(heads * T, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bg = r / T, t = r % T, b = bg / dm.k, g = bg % dm.k;
+      float *dkr = dk + (b * T + t) * ldk + g * D, *dvr = dv + (b * T + t) * ldk + g * D;
+      std::memset(dkr, 0, sizeof(float) * D);
+      std::memset(dvr, 0, sizeof(float) * D);
+      for (int64_t c = 0; c < chunks; ++c) {
+        if (c * per >= nqb) break;
+        const int64_t lo = key_lo(b, c), rows = key_hi(c) - lo;
+        if (t < lo || t >= lo + rows) continue;
+        const float *src = acc.get() + off[bg * chunks + c] + (t - lo) * D;
+        for (int64_t j = 0; j < D; ++j) dkr[j] += src[j];
+        for (int64_t j = 0; j < D; ++j) dvr[j] += src[rows * D + j];
       }
     }
   });
