@@ -24,7 +24,7 @@ setting), which the CPU kernels take as the precision of the linear layers' GEMM
 both gradients, the output head included): each GEMM rounds its inputs to bfloat16 and sums in
 float32 (``csrc/gemm_bf16.cc``: oneDNN's bf16 arithmetic where the CPU has it, AMX-BF16 or
 AVX512_BF16, else emulated with the same results up to summation order). The activations, norms,
-attention, softmax and loss stay float32 (``layernorm_compute_type`` / ``softmax_compute_type``
+attention, softmax, loss and LoRA's rank-r adapter products stay float32 (``layernorm_compute_type`` / ``softmax_compute_type``
 must be float32), parameters float32. MindSpore 2.10 has no bf16 CPU operators, so without the
 kernels it is refused.
 
