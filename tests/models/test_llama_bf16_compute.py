@@ -111,6 +111,12 @@ def test_bf16_compute_logits_are_hf_float64_with_bf16_gemm_inputs(tmp_path, tie)
           f"float32 model {rows_ok_f32} (closest position {err_f32.min():.1e})")
     assert rows_ok >= 3 and err.max() <= 5e-3
     assert rows_ok_f32 == 0        # the reference tells bf16 GEMMs from float32 ones
+    # DPO's reference model, built from the policy's config, computes as the policy does (bit for bit)
+    from msllm.training.dpo import build_reference
+
+    ref_model = build_reference(bf, share_frozen=False, fast_paths=True, device="CPU")
+    assert ref_model.kernels.bf16_gemms and ref_model.config.compute_dtype == "bfloat16"
+    np.testing.assert_array_equal(ref_model(Tensor(rows)).asnumpy(), got.astype(np.float32))
 
 
 def hf_float64(path):

@@ -856,6 +856,7 @@ class LlamaForCausalLM(nn.Cell):
     def __init__(self, config: LlamaConfig, compact_loss: bool | None = None, fast_paths: bool = False,
                  device: str = "CPU"):
         super().__init__()
+        self.config = config   # as asked: a DPO reference model is built from it, with the same kernels
         # which fused operators (msllm/kernels/select.py); device = RunConfig.context.device_target
         self.kernels = choose(config, fast_paths, device)
         log.info(self.kernels.describe())
@@ -863,7 +864,6 @@ class LlamaForCausalLM(nn.Cell):
             # compute_dtype bfloat16 on the CPU kernels is the precision of their GEMMs (bf16 inputs,
             # float32 sums); every tensor the model itself casts stays float32
             config = dataclasses.replace(config, compute_dtype="float32")
-        self.config = config
         self.model = LlamaModel(config, fast_paths, self.kernels)
         self.compact_loss = fast_paths if compact_loss is None else compact_loss
         # the compact loss's head takes a row count known only at run time (C++ shape inference,
