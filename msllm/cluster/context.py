@@ -17,6 +17,7 @@ import numpy as np
 
 from msllm.config import RunConfig
 from msllm.errors import MsllmError
+from msllm.kernels.select import check_bf16_compute
 
 log = logging.getLogger("msllm")
 
@@ -97,16 +98,9 @@ def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
     mc = cfg.model_config
     stored = {mc.param_init_type, mc.embedding_init_type or mc.param_init_type}
     bf16_inference = inference and stored <= {"float32", "bfloat16"} and cfg.fast_paths
-    # training with bf16-input GEMMs on msllm's CPU kernels (msllm/kernels/select.py: the kernels built)
-    if not inference and mc.compute_dtype == "bfloat16" and stored == {"float32"} and cfg.fast_paths:
-        if mc.cpu_kernels is False:
-            raise MsllmError("model.model_config.compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels "
-                             "(MindSpore 2.10 has no bf16 CPU operators), but cpu_kernels is False")
-        if mc.layernorm_compute_type != "float32" or mc.softmax_compute_type != "float32":
-            raise MsllmError(
-                "model.model_config.compute_dtype: bfloat16 on CPU rounds the GEMMs' inputs to bfloat16 and keeps "
-                "everything else float32: it needs layernorm_compute_type and softmax_compute_type float32 (the "
-                f"config has {mc.layernorm_compute_type!r} and {mc.softmax_compute_type!r})")
+    # training with bf16-input GEMMs on msllm's CPU kernels (whether they are built: choose())
+    if not inference and mc.compute_dtype == "bfloat16" and cfg.fast_paths:
+        check_bf16_compute(mc)
         return
     if mc.compute_dtype != "float32" or (stored != {"float32"} and not bf16_inference):
         raise MsllmError(

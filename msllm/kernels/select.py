@@ -86,6 +86,26 @@ def _setting(key: str, value) -> Optional[bool]:
     return value
 
 
+def check_bf16_compute(config) -> None:
+    """Raise one :class:`MsllmError` unless ``config`` (a LlamaConfig with ``compute_dtype: bfloat16`` on
+    the CPU fast path) is what the kernels' bf16-input GEMMs serve (module docstring): ``cpu_kernels``
+    not False, ``layernorm_compute_type`` and ``softmax_compute_type`` float32, float32 parameters.
+    Whether the kernels are built is :func:`choose`'s check; ``check_device_support`` calls this before
+    a run reads its data."""
+    if getattr(config, "cpu_kernels", None) is False:
+        raise MsllmError("model.model_config.compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels "
+                         "(MindSpore 2.10 has no bf16 CPU operators), but cpu_kernels is False")
+    norm_t = getattr(config, "layernorm_compute_type", "float32")
+    soft_t = getattr(config, "softmax_compute_type", "float32")
+    stored = {getattr(config, k, None) or "float32" for k in ("param_init_type", "embedding_init_type")}
+    if norm_t != "float32" or soft_t != "float32" or stored != {"float32"}:
+        raise MsllmError(
+            "model.model_config.compute_dtype: bfloat16 on CPU rounds the GEMMs' inputs to bfloat16 and keeps "
+            "everything else float32: it needs layernorm_compute_type and softmax_compute_type float32 and "
+            f"float32 parameters (the config has layernorm_compute_type {norm_t!r}, softmax_compute_type "
+            f"{soft_t!r}, parameters {sorted(stored)})")
+
+
 def choose(config, fast_paths: bool, device: str = "CPU") -> KernelChoice:
     """Resolve the three keys for ``config`` (a :class:`~msllm.models.llama.config.LlamaConfig`).
 
@@ -106,37 +126,27 @@ def choose(config, fast_paths: bool, device: str = "CPU") -> KernelChoice:
 
         cpu = None
         compute = getattr(config, "compute_dtype", "float32")
-        stored = {getattr(config, k, None) or "float32" for k in ("param_init_type", "embedding_init_type")}
         if compute == "bfloat16":   # the kernels' bf16-input GEMMs, or nothing (module docstring)
-            if want_cpu is False:
-                raise MsllmError("model.model_config.compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels "
-                                 "(MindSpore 2.10 has no bf16 CPU operators), but cpu_kernels is False")
+            check_bf16_compute(config)
             why = kernels.unavailable_reason()
             if why is not None:
                 raise MsllmError(f"model.model_config.compute_dtype: bfloat16 on CPU runs on msllm's CPU kernels: {why}")
-        if want_cpu is not False:
+            cpu = kernels.cpu_kernels("bfloat16")
+            if getattr(config, "moe_config", None) is not None:
+                notes.append("compute_dtype bfloat16: the experts' grouped GEMMs stay float32")
+        elif want_cpu is not False:
             why = kernels.unavailable_reason()
-            norm_t = getattr(config, "layernorm_compute_type", "float32")
-            soft_t = getattr(config, "softmax_compute_type", "float32")
-            dtypes = {compute, norm_t, soft_t}
+            dtypes = {compute, getattr(config, "layernorm_compute_type", "float32"),
+                      getattr(config, "softmax_compute_type", "float32")}
             # parameters may be stored in bfloat16 for inference (the linear kernel reads bf16
-            # weights and computes in float32); bfloat16 compute means bf16-input GEMMs over
-            # float32 parameters, everything else float32
-            if compute == "bfloat16":
-                if norm_t != "float32" or soft_t != "float32" or stored != {"float32"}:
-                    raise MsllmError(
-                        "model.model_config.compute_dtype: bfloat16 on CPU rounds the GEMMs' inputs to bfloat16 "
-                        "and keeps everything else float32: it needs layernorm_compute_type and "
-                        "softmax_compute_type float32 and float32 parameters (the config has layernorm_compute_type "
-                        f"{norm_t!r}, softmax_compute_type {soft_t!r}, parameters {sorted(stored)})")
-            elif why is None and (dtypes != {"float32"} or not stored <= {"float32", "bfloat16"}):
+            # weights and computes in float32)
+            stored = {getattr(config, k, None) or "float32" for k in ("param_init_type", "embedding_init_type")}
+            if why is None and (dtypes != {"float32"} or not stored <= {"float32", "bfloat16"}):
                 why = (f"msllm's CPU kernels compute in float32 (or with bfloat16 GEMM inputs: compute_dtype "
                        f"bfloat16), with float32 or bfloat16 parameters (the config has compute {sorted(dtypes)}, "
                        f"parameters {sorted(stored)})")
             if why is None:
-                cpu = kernels.cpu_kernels(compute if compute == "bfloat16" else "float32")
-                if compute == "bfloat16" and getattr(config, "moe_config", None) is not None:
-                    notes.append("compute_dtype bfloat16: the experts' grouped GEMMs stay float32")
+                cpu = kernels.cpu_kernels()
             else:
                 asked = [k for k, v in (("cpu_kernels", want_cpu), ("use_flash_attention", want_fa),
                                         ("fused_rms_norm", want_norm)) if v]

@@ -1,4 +1,4 @@
-"""Helpers of the kernel tests (tests/kernels): the closeness rule and a printed seed."""
+"""Helpers of the kernel tests (tests/kernels): the closeness rule, a printed seed, gradients."""
 
 from __future__ import annotations
 
@@ -18,3 +18,13 @@ def seeded_rng(seed: int) -> np.random.Generator:
     """numpy's default generator at ``seed``, the seed printed (the test log says which one ran)."""
     print("seed", seed)
     return np.random.default_rng(seed)
+
+
+def grads(fn, args, dout):
+    """Gradients of sum(fn(*args) * dout) with respect to every argument (numpy arrays)."""
+    from mindspore import ops
+
+    def loss(*xs):
+        return (fn(*xs) * dout).sum()
+
+    return [g.asnumpy() for g in ops.grad(loss, grad_position=tuple(range(len(args))))(*args)]

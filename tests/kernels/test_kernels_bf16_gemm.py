@@ -14,7 +14,7 @@ so the checks can fail.
 
 import numpy as np
 import pytest
-from kerneltest_helpers import seeded_rng
+from kerneltest_helpers import grads, seeded_rng
 
 from mindspore import Tensor, nn, ops
 
@@ -56,15 +56,6 @@ def bf16_kernels():
     return cpu_kernels("bfloat16")
 
 
-class Linear(nn.Cell):
-    def __init__(self, op):
-        super().__init__()
-        self.op = op
-
-    def construct(self, x, w):
-        return self.op(x, w)
-
-
 @pytest.mark.parametrize("x_shape,out", [((2, 5, 12), 7),        # leading dims, tiny
                                          ((300, 576), 192),       # a k/v projection's shape
                                          ((1, 37), 51),           # one row: no streaming path here
@@ -79,10 +70,9 @@ def test_linear_and_gradients_are_float32_sums_of_bf16_products(bf16_kernels, py
     y = bf16_kernels.linear(Tensor(x), Tensor(w)).asnumpy()
     assert y.dtype == np.float32 and y.shape == x_shape[:-1] + (out,)
     check(y.reshape(-1, out), bf16(x2), bf16(w).T)
-    dx, dw = ops.GradOperation(get_all=True, sens_param=True)(Linear(bf16_kernels.linear))(
-        Tensor(x), Tensor(w), Tensor(dy))
-    check(dx.asnumpy().reshape(-1, x_shape[-1]), bf16(dy2), bf16(w))        # dx = round(dy) round(W)
-    check(dw.asnumpy(), bf16(dy2).T, bf16(x2))                              # dW = round(dy)^T round(x)
+    dx, dw = grads(bf16_kernels.linear, (Tensor(x), Tensor(w)), Tensor(dy))
+    check(dx.reshape(-1, x_shape[-1]), bf16(dy2), bf16(w))                  # dx = round(dy) round(W)
+    check(dw, bf16(dy2).T, bf16(x2))                                        # dW = round(dy)^T round(x)
     # the float32 kernel on the same inputs is outside the bound: the rounding is what is checked
     from msllm.kernels import cpu_kernels
 

@@ -9,7 +9,7 @@ observed 1e-7 to 2e-6 relative."""
 
 import numpy as np
 import pytest
-from kerneltest_helpers import close, seeded_rng
+from kerneltest_helpers import close, grads, seeded_rng
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -24,14 +24,6 @@ def rng():
 
 def t(a):
     return Tensor(np.asarray(a, np.float32))
-
-
-def grads(fn, args, dout):
-    """Gradients of sum(fn(*args) * dout) with respect to every argument."""
-    def loss(*xs):
-        return (fn(*xs) * dout).sum()
-
-    return [g.asnumpy() for g in ops.grad(loss, grad_position=tuple(range(len(args))))(*args)]
 
 
 @pytest.mark.parametrize("x_shape,out", [((2, 5, 12), 7),      # leading dims, one thread (small)

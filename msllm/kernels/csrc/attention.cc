@@ -169,43 +169,37 @@ void flash_backward(const Dims &dm, const float *dout, const float *q, const flo
   const int64_t heads = dm.b * dm.k, threads = Pool::get().size();
   int64_t chunks = std::min<int64_t>(nqb, std::max<int64_t>(1, (4 * threads + heads - 1) / heads));
   int64_t per = (nqb + chunks - 1) / chunks;   // query blocks per chunk
-  // key rows [key_lo, key_hi) of a chunk: from its first block's first visible key (the floors never
-  // decrease along a row) to its last block's end
-  auto key_lo = [&](int64_t b, int64_t c) {
-    const int64_t q0 = std::min(c * per, nqb) * BQ;
-    return q0 >= T ? T : std::max(first_key(q0, W), floor.at(b, q0));
-  };
-  auto key_hi = [&](int64_t c) { return std::min(T, (c + 1) * per * BQ); };
-  // private (rows, D) dk and dv buffers per task, at offsets off[task]; chunked only while they
-  // stay small (64 MiB), else one chunk writing dk / dv directly
-  std::vector<int64_t> off(static_cast<size_t>(heads * chunks + 1), 0);
-  auto plan = [&]() {
-    for (int64_t i = 0; i < heads * chunks; ++i) {
-      const int64_t b = (i / chunks) / dm.k, c = i % chunks;
-      off[i + 1] = off[i] + 2 * std::max<int64_t>(0, key_hi(c) - key_lo(b, c)) * D;
+  // task i = (b, g, c) sums dk / dv into a private (rows[i], D) buffer each, at offset off[i], for
+  // key rows lo[i] .. lo[i] + rows[i] - 1: from its first block's first visible key (the floors never
+  // decrease along a row) to its last block's end. Chunked only while these stay small (64 MiB),
+  // else one chunk writing dk / dv directly.
+  std::vector<int64_t> lo(static_cast<size_t>(heads * chunks), 0), rows(lo.size(), 0), off(lo.size() + 1, 0);
+  for (int64_t i = 0; i < heads * chunks; ++i) {
+    const int64_t b = (i / chunks) / dm.k, c = i % chunks, q0 = c * per * BQ;
+    if (q0 < T) {   // an empty last chunk keeps 0 rows
+      lo[i] = std::max(first_key(q0, W), floor.at(b, q0));
+      rows[i] = std::min(T, (c + 1) * per * BQ) - lo[i];
     }
-  };
-  plan();
+    off[i + 1] = off[i] + 2 * rows[i] * D;
+  }
   if (chunks > 1 && off.back() * int64_t(sizeof(float)) > (int64_t(64) << 20)) {
     chunks = 1;
     per = nqb;
-    off.assign(static_cast<size_t>(heads + 1), 0);
   }
   std::unique_ptr<float[]> acc(chunks > 1 ? new float[static_cast<size_t>(off.back())] : nullptr);
   Pool::get().run(static_cast<int>(heads * chunks), [&](int i) {
     const int64_t c = i % chunks, b = (i / chunks) / dm.k, g = (i / chunks) % dm.k;
     const int64_t qb0 = c * per, qb1 = std::min(nqb, qb0 + per);
     if (qb0 >= qb1) return;
-    // where this task's dk / dv rows go: key row t at dkb + (t - lo) * ld
-    int64_t lo = 0, ld = ldk;
+    // where this task's dk / dv rows go: key row t at dkb + (t - first_row) * ld
+    int64_t first_row = 0, ld = ldk;
     float *dkb, *dvb;
     if (chunks > 1) {
-      lo = key_lo(b, c);
+      first_row = lo[i];
       ld = D;
-      const int64_t rows = key_hi(c) - lo;
       dkb = acc.get() + off[i];
-      dvb = dkb + rows * D;
-      std::memset(dkb, 0, sizeof(float) * 2 * rows * D);
+      dvb = dkb + rows[i] * D;
+      std::memset(dkb, 0, sizeof(float) * 2 * rows[i] * D);
     } else {
       dkb = dk + b * T * ldk + g * D;
       dvb = dv + b * T * ldk + g * D;
@@ -226,7 +220,7 @@ void flash_backward(const Dims &dm, const float *dout, const float *q, const flo
         const int64_t k0 = std::max(first_key(q0, W), floor.at(b, q0)), nk = q0 + nq - k0;
         const float *qp = q + (b * T + q0) * ldq + h * D, *dop = dout + (b * T + q0) * ldq + h * D;
         const float *kp = kb + k0 * ldk, *vp = vb + k0 * ldk;  // keys k0..q0+nq-1
-        float *dkp = dkb + (k0 - lo) * ld, *dvp = dvb + (k0 - lo) * ld;
+        float *dkp = dkb + (k0 - first_row) * ld, *dvp = dvb + (k0 - first_row) * ld;
         float *dqp = dq + (b * T + q0) * ldq + h * D;
         sgemm('N', 'T', nq, nk, D, scale, qp, ldq, kp, ldk, 0.f, p, nk);  // S
         for (int64_t r = 0; r < nq; ++r) {                                 // P = exp(S - L), causal (band)
@@ -256,13 +250,11 @@ void flash_backward(const Dims &dm, const float *dout, const float *q, const flo
       float *dkr = dk + (b * T + t) * ldk + g * D, *dvr = dv + (b * T + t) * ldk + g * D;
       std::memset(dkr, 0, sizeof(float) * D);
       std::memset(dvr, 0, sizeof(float) * D);
-      for (int64_t c = 0; c < chunks; ++c) {
-        if (c * per >= nqb) break;
-        const int64_t lo = key_lo(b, c), rows = key_hi(c) - lo;
-        if (t < lo || t >= lo + rows) continue;
-        const float *src = acc.get() + off[bg * chunks + c] + (t - lo) * D;
+      for (int64_t i = bg * chunks; i < (bg + 1) * chunks; ++i) {
+        if (t < lo[i] || t >= lo[i] + rows[i]) continue;
+        const float *src = acc.get() + off[i] + (t - lo[i]) * D;
         for (int64_t j = 0; j < D; ++j) dkr[j] += src[j];
-        for (int64_t j = 0; j < D; ++j) dvr[j] += src[rows * D + j];
+        for (int64_t j = 0; j < D; ++j) dvr[j] += src[rows[i] * D + j];
       }
     }
   });

@@ -438,6 +438,12 @@ inline void parallel_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, fl
   });
 }
 
+// C (M, N) = op(A) op(B) with both inputs rounded to bfloat16 and float32 sums, row-major, over the
+// pool (gemm_bf16.cc: compute_dtype bfloat16); op(A) is (M, K): A stored (M, K) when ta == 'N',
+// (K, M) when 'T'; op(B) (K, N) likewise with tb.
+void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+               int64_t ldb, float *C, int64_t ldc);
+
 // Split [0, n) into the pool's threads: fn(begin, end) per chunk (chunks of `grain` multiples).
 template <class F>
 inline void parallel_rows(int64_t n, int64_t grain, F &&fn) {

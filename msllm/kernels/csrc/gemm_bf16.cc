@@ -11,8 +11,9 @@
 // mindspore wheel, run on msllm's pool through the threadpool interop stream. Elsewhere (or when
 // oneDNN picks a float32 kernel for a shape) the same arithmetic is emulated: both inputs rounded
 // to bfloat16 values held in float32, then the float32 sgemm of common.h. The two paths differ only
-// in summation order (MSLLM_GEMM_BF16=emulate forces the emulation). Measured on the SmolLM2 training shapes (Intel Xeon with AMX, 2 threads,
-// development microbenchmark, docs/kernels.md): 2.2-3.7x the float32 sgemm's rate.
+// in summation order (MSLLM_GEMM_BF16=emulate forces the emulation). The linear operators over it
+// are linear.cc's (msllm_linear_bf16math and its gradients). On SmolLM2's training shapes with AMX:
+// 2.46x less GEMM time per step than float32 (benchmarks/gemm_bf16_speed.py, BENCHMARKS.md).
 #include "common.h"
 
 #include <map>
@@ -163,8 +164,6 @@ void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, floa
 
 namespace msllm {
 
-// C (M, N) = op(A) op(B) with bfloat16-rounded inputs and float32 sums (the file's header), row-major;
-// op(A) is (M, K): A stored (M, K) when ta == 'N', (K, M) when 'T'; op(B) (K, N) likewise with tb.
 void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                int64_t ldb, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
@@ -206,49 +205,3 @@ extern "C" __attribute__((visibility("default"))) int msllm_gemm_bf16_native() {
   Matmul *m = d.matmul('N', 'T', 512, 512, 512, 512, 512, 512);
   return m && m->bf16 ? 1 : 0;
 }
-
-// ---- the linear layer with bfloat16-input GEMMs (linear.cc's three operators' arithmetic otherwise)
-// x (..., in), w (out, in) -> y = x w^T (..., out); all float32
-MSLLM_AOT(msllm_linear_bf16math) {
-  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
-  const int64_t in = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
-  const int64_t out = shapes[1][0];
-  if (shapes[1][1] != in) return 2;
-  gemm_bf16('N', 'T', m, out, in, static_cast<const float *>(params[0]), in, static_cast<const float *>(params[1]),
-            in, static_cast<float *>(params[2]), out);
-  return 0;
-}
-
-// dy (..., out), w (out, in) -> dx = dy W (..., in)
-MSLLM_AOT(msllm_linear_dx_bf16math) {
-  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
-  const int64_t out = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(out, 1);
-  const int64_t in = shapes[1][1];
-  if (shapes[1][0] != out) return 2;
-  gemm_bf16('N', 'N', m, in, out, static_cast<const float *>(params[0]), out, static_cast<const float *>(params[1]),
-            in, static_cast<float *>(params[2]), in);
-  return 0;
-}
-
-// dy (..., out), x (..., in) -> dW = dy^T x (out, in), summed over the leading dimensions
-MSLLM_AOT(msllm_linear_dw_bf16math) {
-  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
-  const int64_t out = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(out, 1);
-  const int64_t in = shapes[1][ndims[1] - 1];
-  if (numel(ndims[1], shapes[1]) != m * in) return 2;
-  gemm_bf16('T', 'N', out, in, m, static_cast<const float *>(params[0]), out, static_cast<const float *>(params[1]),
-            in, static_cast<float *>(params[2]), in);
-  return 0;
-}
-
-// Shape inference for inputs whose row count is known only at run time (as linear.cc's)
-class AotExtra;
-#define MSLLM_INFER_AS(name, base)                                                                              \
-  extern "C" std::vector<int64_t> base##InferShape(int *, int64_t **, AotExtra *);                              \
-  extern "C" __attribute__((visibility("default"))) std::vector<int64_t> name##InferShape(int *ndims, int64_t **shapes, \
-                                                                                          AotExtra *extra) {    \
-    return base##InferShape(ndims, shapes, extra);                                                              \
-  }
-MSLLM_INFER_AS(msllm_linear_bf16math, msllm_linear)
-MSLLM_INFER_AS(msllm_linear_dx_bf16math, msllm_linear_dx)
-MSLLM_INFER_AS(msllm_linear_dw_bf16math, msllm_linear_dw)

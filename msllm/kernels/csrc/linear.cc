@@ -168,68 +168,118 @@ void msllm::linear_forward(const float *x, const void *w, bool bf16, float *y, i
   parallel_sgemm('N', 'T', m, out, in, 1.f, x, in, wf, in, 0.f, y, out);
 }
 
+namespace {
+// The linear operators' shapes from MindSpore's arguments: m rows, in, out; false if they disagree.
+// forward: x (..., in), w (out, in); dx: dy (..., out), w (out, in); dw: dy (..., out), x (..., in)
+bool forward_dims(const int *ndims, int64_t **shapes, int64_t *m, int64_t *in, int64_t *out) {
+  *in = shapes[0][ndims[0] - 1];
+  *m = numel(ndims[0], shapes[0]) / std::max<int64_t>(*in, 1);
+  *out = shapes[1][0];
+  return shapes[1][1] == *in;
+}
+bool dx_dims(const int *ndims, int64_t **shapes, int64_t *m, int64_t *in, int64_t *out) {
+  *out = shapes[0][ndims[0] - 1];
+  *m = numel(ndims[0], shapes[0]) / std::max<int64_t>(*out, 1);
+  *in = shapes[1][1];
+  return shapes[1][0] == *out;
+}
+bool dw_dims(const int *ndims, int64_t **shapes, int64_t *m, int64_t *in, int64_t *out) {
+  *out = shapes[0][ndims[0] - 1];
+  *m = numel(ndims[0], shapes[0]) / std::max<int64_t>(*out, 1);
+  *in = shapes[1][ndims[1] - 1];
+  return numel(ndims[1], shapes[1]) == *m * *in;
+}
+
+// C (M, N) = op(A) op(B) on the pool: float32 (oneDNN's sgemm), or ``bf16math`` with inputs rounded
+// to bfloat16 and float32 sums (compute_dtype bfloat16: gemm_bf16.cc)
+void gemm(bool bf16math, char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+          const float *B, int64_t ldb, float *C, int64_t ldc) {
+  if (bf16math)
+    gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  else
+    parallel_sgemm(ta, tb, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc);
+}
+
+// dy (..., out), w (out, in) -> dx = dy W (..., in)
+int linear_dx(bool bf16math, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  int64_t m, in, out;
+  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  if (!dx_dims(ndims, shapes, &m, &in, &out)) return 2;
+  gemm(bf16math, 'N', 'N', m, in, out, static_cast<const float *>(params[0]), out,
+       static_cast<const float *>(params[1]), in, static_cast<float *>(params[2]), in);
+  return 0;
+}
+
+// dy (..., out), x (..., in) -> dW = dy^T x (out, in), summed over the leading dimensions
+int linear_dw(bool bf16math, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  int64_t m, in, out;
+  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  if (!dw_dims(ndims, shapes, &m, &in, &out)) return 2;
+  gemm(bf16math, 'T', 'N', out, in, m, static_cast<const float *>(params[0]), out,
+       static_cast<const float *>(params[1]), in, static_cast<float *>(params[2]), in);
+  return 0;
+}
+}  // namespace
+
 // x (..., in) float32, w (out, in) float32 or bfloat16 -> y (..., out) float32 (linear_forward).
 MSLLM_AOT(msllm_linear) {
   const char *f32[] = {dtypes[0], dtypes[2]};
   if (nparam != 3 || !all_f32(2, f32)) return 1;
   const bool bf16 = std::strcmp(dtypes[1], "bfloat16") == 0;
   if (!bf16 && !all_f32(1, dtypes + 1)) return 1;
-  int64_t in = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
-  int64_t out = shapes[1][0];
-  if (shapes[1][1] != in) return 2;
+  int64_t m, in, out;
+  if (!forward_dims(ndims, shapes, &m, &in, &out)) return 2;
   linear_forward(static_cast<const float *>(params[0]), params[1], bf16, static_cast<float *>(params[2]), m, in, out);
   return 0;
 }
 
-// dy (..., out), w (out, in) -> dx = dy W (..., in)
-MSLLM_AOT(msllm_linear_dx) {
-  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
-  const float *dy = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  float *dx = static_cast<float *>(params[2]);
-  int64_t out = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(out, 1);
-  int64_t in = shapes[1][1];
-  if (shapes[1][0] != out) return 2;
-  parallel_sgemm('N', 'N', m, in, out, 1.f, dy, out, w, in, 0.f, dx, in);
-  return 0;
-}
+MSLLM_AOT(msllm_linear_dx) { return linear_dx(false, nparam, params, ndims, shapes, dtypes); }
+MSLLM_AOT(msllm_linear_dw) { return linear_dw(false, nparam, params, ndims, shapes, dtypes); }
 
-// dy (..., out), x (..., in) -> dW = dy^T x (out, in), summed over the leading dimensions
-MSLLM_AOT(msllm_linear_dw) {
+// compute_dtype bfloat16 (training): the same three operators with bfloat16-input GEMMs, all
+// tensors float32 (no streaming path: every row count takes the GEMM, so the rounding is the same)
+MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..., out)
+  int64_t m, in, out;
   if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
-  const float *dy = static_cast<const float *>(params[0]);
-  const float *x = static_cast<const float *>(params[1]);
-  float *dw = static_cast<float *>(params[2]);
-  int64_t out = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(out, 1);
-  int64_t in = shapes[1][ndims[1] - 1];
-  if (numel(ndims[1], shapes[1]) != m * in) return 2;
-  parallel_sgemm('T', 'N', out, in, m, 1.f, dy, out, x, in, 0.f, dw, in);
+  if (!forward_dims(ndims, shapes, &m, &in, &out)) return 2;
+  gemm_bf16('N', 'T', m, out, in, static_cast<const float *>(params[0]), in, static_cast<const float *>(params[1]),
+            in, static_cast<float *>(params[2]), out);
   return 0;
 }
+MSLLM_AOT(msllm_linear_dx_bf16math) { return linear_dx(true, nparam, params, ndims, shapes, dtypes); }
+MSLLM_AOT(msllm_linear_dw_bf16math) { return linear_dw(true, nparam, params, ndims, shapes, dtypes); }
 
 // Shape inference in C++ (MindSpore's aot protocol, tutorial "Custom operators, aot type":
 // ``extern "C" std::vector<int64_t> <func>InferShape(int *ndims, int64_t **shapes, AotExtra *)``):
 // MindSpore calls it again whenever an input shape is only known at run time (the output head
-// over the positions that have a target, msllm's compact loss).
+// over the positions that have a target, msllm's compact loss). The bf16math operators' shapes are
+// their float32 twins'.
 class AotExtra;
 #define MSLLM_INFER(name) \
   extern "C" __attribute__((visibility("default"))) std::vector<int64_t> name##InferShape(int *ndims, int64_t **shapes, AotExtra *)
 
-MSLLM_INFER(msllm_linear) {  // (..., in), (out, in) -> (..., out)
+namespace {
+std::vector<int64_t> forward_shape(const int *ndims, int64_t **shapes) {  // (..., in), (out, in) -> (..., out)
   std::vector<int64_t> s(shapes[0], shapes[0] + ndims[0]);
   s.back() = shapes[1][0];
   return s;
 }
-
-MSLLM_INFER(msllm_linear_dx) {  // (..., out), (out, in) -> (..., in)
+std::vector<int64_t> dx_shape(const int *ndims, int64_t **shapes) {  // (..., out), (out, in) -> (..., in)
   std::vector<int64_t> s(shapes[0], shapes[0] + ndims[0]);
   s.back() = shapes[1][1];
   return s;
 }
-
-MSLLM_INFER(msllm_linear_dw) {  // (..., out), (..., in) -> (out, in)
+std::vector<int64_t> dw_shape(const int *ndims, int64_t **shapes) {  // (..., out), (..., in) -> (out, in)
   return {shapes[0][ndims[0] - 1], shapes[1][ndims[1] - 1]};
 }
+}  // namespace
+
+MSLLM_INFER(msllm_linear) { return forward_shape(ndims, shapes); }
+MSLLM_INFER(msllm_linear_dx) { return dx_shape(ndims, shapes); }
+MSLLM_INFER(msllm_linear_dw) { return dw_shape(ndims, shapes); }
+MSLLM_INFER(msllm_linear_bf16math) { return forward_shape(ndims, shapes); }
+MSLLM_INFER(msllm_linear_dx_bf16math) { return dx_shape(ndims, shapes); }
+MSLLM_INFER(msllm_linear_dw_bf16math) { return dw_shape(ndims, shapes); }
 
 // Kernel timing (MSLLM_KERNEL_PROFILE=1): "name calls total_ns" lines into buf; returns the length.
 extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *buf, int cap, int reset) {

@@ -48,7 +48,6 @@ F MLP width, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import math
 
