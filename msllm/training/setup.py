@@ -85,7 +85,9 @@ def peak_tflops(cfg: RunConfig, world_size: int) -> tuple[float | None, str]:
     device's documented (Ascend) or computed (CPU: cores x FMA units x SIMD lanes x 2 x clock)
     peak, the same on every rank (:func:`msllm.training.throughput.device_peak_tflops`). On CPU the
     host's peak is shared by the ranks on this host: ``DEVICE_NUM`` (set by run_distribute.sh),
-    checked against the communication group's size ``world_size``, else ``world_size``.
+    checked against the communication group's size ``world_size``, else ``world_size``. Under
+    ``compute_dtype: bfloat16`` on CPU: the peak of the unit its bfloat16 GEMMs run on
+    (:func:`msllm.training.throughput.bf16_gemm_peak`).
 
     Raises MsllmError: ``DEVICE_NUM`` is not an integer in [1, world_size] (a stale value would
     multiply every MFU by it)."""
@@ -97,7 +99,13 @@ def peak_tflops(cfg: RunConfig, world_size: int) -> tuple[float | None, str]:
                              f"1..{world_size}: the ranks started on this host); unset it or launch with "
                              "scripts/run_distribute.sh, which sets it")
         local = int(raw)
-    return device_peak_tflops(cfg.context.device_target, cfg.context.peak_tflops, ranks_on_host=local)
+    bf16_gemms = None
+    if cfg.context.device_target == "CPU" and cfg.model_config.compute_dtype == "bfloat16":
+        from msllm import kernels   # bf16 compute on CPU runs on msllm's kernels (select.check_bf16_compute)
+
+        bf16_gemms = kernels.gemm_bf16_native()
+    return device_peak_tflops(cfg.context.device_target, cfg.context.peak_tflops, ranks_on_host=local,
+                              bf16_gemms=bf16_gemms)
 
 
 def load_resharded(network, step_cell, cfg: RunConfig, rt: Runtime, out: str, data) -> str:

@@ -18,6 +18,9 @@ is the CPU's vector clock, taken once per machine for the whole host by a probe 
   own description (:func:`cpu_peak`), at the clock the probe's register-only FMA loop measured
   if that is higher (:func:`with_measured_clock`: the cores turbo above a described base or TSC
   clock), divided among the ranks sharing the host; unknown when the probe never ran (no g++);
+  under ``compute_dtype: bfloat16`` (training's GEMMs on bfloat16 inputs, ``csrc/gemm_bf16.cc``)
+  the peak of the unit those GEMMs run on instead (:func:`bf16_gemm_peak`), since MFU is always
+  against the peak of the arithmetic the model's FLOPs are done in;
 * otherwise unknown: MFU is not reported (better than a guessed number).
 """
 
@@ -191,6 +194,47 @@ def host_cpu_peak(fma_loop: Optional[dict] = None) -> CpuPeak:
     return with_measured_clock(cpu_peak(text, allowed, base), fma_loop or measured_fma_loop())
 
 
+# AMX-BF16: one TDPBF16PS multiplies a 16x32 by a 32x16 bfloat16 tile into 16x16 float32 sums, 16 x 16 x 32
+# multiply-adds = 16384 FLOPs, issued once per 16 cycles per core: 1024 bfloat16 FLOPs per cycle per core
+# (Intel, "4th Gen Intel Xeon Scalable Processors" product brief: "1024 BF16 operations per cycle"; Intel 64 and
+# IA-32 Architectures Optimization Reference Manual, chapter "Intel Advanced Matrix Extensions").
+AMX_BF16_FLOPS_PER_CYCLE = 1024
+
+
+def bf16_gemm_peak(peak: CpuPeak, flags: set, native: bool) -> tuple[float, str]:
+    """``(TFLOP/s, how)``: the peak of bfloat16-input GEMMs with float32 sums on the cores of ``peak``
+    (its cores and clock), for MFU under ``compute_dtype: bfloat16`` on CPU.
+
+    * ``native`` False (msllm emulates the GEMMs: rounded inputs, float32 sgemm): the float32 peak.
+    * ``amx_bf16`` in ``flags``: :data:`AMX_BF16_FLOPS_PER_CYCLE` x cores x clock.
+    * otherwise (AVX512_BF16 or AVX-VNNI-style dot products): 2x the float32 peak: ``VDPBF16PS`` runs on
+      the FMA units and sums two bfloat16 products into each float32 lane (Intel SDM vol. 2, VDPBF16PS).
+
+    ``flags``: the CPU's ``/proc/cpuinfo`` flags; ``native``: :func:`msllm.kernels.gemm_bf16_native`."""
+    if not native:
+        return peak.tflops, ("bfloat16 GEMMs emulated on float32 FMAs (no bfloat16 unit oneDNN uses): the float32 "
+                             f"peak, {peak.describe()}")
+    if "amx_bf16" in flags:
+        tflops = peak.cores * AMX_BF16_FLOPS_PER_CYCLE * peak.ghz / 1000.0
+        return tflops, (f"bfloat16 GEMM peak (AMX-BF16): {peak.cores} core(s) x {AMX_BF16_FLOPS_PER_CYCLE} bf16 FLOPs "
+                        f"per cycle x {peak.ghz:.3f} GHz ({peak.clock_source}) = {tflops:.4f} TFLOP/s")
+    return 2 * peak.tflops, (f"bfloat16 GEMM peak (AVX512_BF16 dot products: 2 bf16 products per float32 lane "
+                             f"on the FMA units) = 2 x the float32 peak = {2 * peak.tflops:.4f} TFLOP/s; "
+                             f"float32 peak {peak.describe()}")
+
+
+def cpu_flags() -> set:
+    """The ``flags`` of the first processor in ``/proc/cpuinfo`` (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
 def ascend_soc_name() -> Optional[str]:
     """The Ascend chip name (e.g. ``Ascend910B2``) from pyACL's ``acl.get_soc_name()`` (CANN),
     or None where pyACL is not installed."""
@@ -203,7 +247,8 @@ def ascend_soc_name() -> Optional[str]:
 
 
 def device_peak_tflops(device_target: str, override: Optional[float] = None, ascend_device: Optional[str] = None,
-                       ranks_on_host: Optional[int] = None) -> tuple[Optional[float], str]:
+                       ranks_on_host: Optional[int] = None,
+                       bf16_gemms: Optional[bool] = None) -> tuple[Optional[float], str]:
     """``(peak TFLOP/s of one device, how it was obtained)``; the peak is None when unknown.
 
     Args:
@@ -214,6 +259,8 @@ def device_peak_tflops(device_target: str, override: Optional[float] = None, asc
             by ``scripts/run_distribute.sh`` to the ranks it started here), else 1. The host peak
             is divided among them, so every rank logs the same peak and the ranks' MFUs add up
             to the host's.
+        bf16_gemms: CPU only: None when the model computes in float32; True / False when its GEMMs run on
+            bfloat16 inputs (``compute_dtype: bfloat16``) natively / emulated (:func:`bf16_gemm_peak`).
     """
     if override:
         return float(override), f"context.peak_tflops = {float(override):g} TFLOP/s"
@@ -235,8 +282,11 @@ def device_peak_tflops(device_target: str, override: Optional[float] = None, asc
                           "here (`python -m msllm.kernels.build` measures it, needs g++; make install runs it); "
                           "MFU and HFU are not reported (set context.peak_tflops to give a peak)")
         peak = host_cpu_peak(fma_loop)
-        share = peak.tflops / max(1, ranks_on_host)
-        how = f"CPU peak {peak.describe()}"
+        tflops, how = peak.tflops, f"CPU peak {peak.describe()}"
+        if bf16_gemms is not None:
+            tflops, how = bf16_gemm_peak(peak, cpu_flags(), bf16_gemms)
+            how = f"CPU {how}"
+        share = tflops / max(1, ranks_on_host)
         if ranks_on_host > 1:
             how += f"; shared by {ranks_on_host} ranks on this host: {share:.4f} TFLOP/s per rank"
         return share, how
@@ -409,5 +459,6 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
                       recompute, idle)
 
 
-__all__ = ["ASCEND_PEAK_TFLOPS", "CpuPeak", "cpu_peak", "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",
+__all__ = ["ASCEND_PEAK_TFLOPS", "AMX_BF16_FLOPS_PER_CYCLE", "CpuPeak", "bf16_gemm_peak", "cpu_flags", "cpu_peak",
+           "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",
            "measure_cpu_peak_tflops", "Throughput", "throughput_for_run", "causal_block_fraction", "flash_block_rows"]

@@ -18,7 +18,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from kerneltest_helpers import close
+from kerneltest_helpers import call_aot, close
 
 import mindspore as ms
 from mindspore import Tensor, ops
@@ -283,20 +283,6 @@ def test_fused_front_writes_the_new_keys_and_values_into_the_cache_rows(kernels,
 
 
 # ---- the whole library compiled as for an AVX2-only machine --------------------------------------
-def call_aot(lib, name, inputs, outputs):
-    """``name`` of the ctypes library ``lib`` on numpy arrays (MindSpore's AOT signature); the
-    outputs are written in place; returns the kernel's return code."""
-    names = {np.dtype(np.float32): b"float32", np.dtype(np.int8): b"int8", np.dtype(np.uint16): b"bfloat16"}
-    arrays = [np.ascontiguousarray(a) for a in inputs] + list(outputs)
-    n = len(arrays)
-    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
-    keep = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays]
-    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in keep])
-    dtypes = (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays])
-    return getattr(lib, name)(n, params, ndims, shapes, dtypes, None, None)
-
-
 def numpy_args(w: W):
     """A weight's kernel inputs as numpy arrays (bfloat16 as its uint16 bits)."""
     if w.kind == "bf16":

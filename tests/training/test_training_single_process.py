@@ -135,6 +135,7 @@ def test_trains_with_bf16_compute_on_the_cpu_kernels(tmp_path, alpaca_mindrecord
     assert r.returncode == 0, r.stderr[-3000:]
     log = r.stdout + r.stderr
     assert "compute_dtype bfloat16: GEMM inputs rounded to bfloat16, float32 sums" in log
+    assert "MFU peak: CPU bfloat16 GEMM" in log   # MFU against the unit the GEMMs run on, not float32's
     summary = json.loads((out / "train_summary_rank_0.json").read_text())
     assert summary["steps"] == 20 and summary["last_avg_loss"] < summary["first_avg_loss"] - 0.5
     params = ckpt.load_params(ckpt.list_checkpoints(str(out / "checkpoint" / "rank_0"))[-1])

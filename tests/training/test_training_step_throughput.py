@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from msllm.config import load_config
-from msllm.training.throughput import (Throughput, cpu_peak, device_peak_tflops, host_cpu_peak,
+from msllm.training.throughput import (CpuPeak, Throughput, bf16_gemm_peak, cpu_flags, cpu_peak, device_peak_tflops, host_cpu_peak,
                                        measure_cpu_peak_tflops, throughput_for_run, with_measured_clock)
 
 
@@ -270,3 +270,26 @@ def test_cpu_peak_of_amd_zen1_cores():
     zen2 = cpu_peak(cpuinfo(2, "AMD EPYC 7B12", "fpu avx avx2 fma", mhz="2250.000", vendor="AuthenticAMD",
                             family=23).replace("model name", "model\t\t: 49\nmodel name"))
     assert zen2.fma_units == 2
+
+
+def test_bf16_gemm_peak_is_the_unit_the_gemms_run_on():
+    """MFU under compute_dtype bfloat16 is against the bfloat16 unit's peak (hand-computed): AMX-BF16
+    1024 FLOPs per cycle per core (Intel's figure), AVX512_BF16 dot products twice the float32 FMA rate,
+    the float32 peak where msllm emulates the bfloat16 GEMMs."""
+    peak = CpuPeak(cores=2, fma_units=2, lanes=16, ghz=2.0, isa="avx512f", clock_source="test", fma_assumption="test")
+    assert peak.tflops == pytest.approx(0.256)                     # 2 x 2 x 16 x 2 x 2.0 GHz
+    amx, how = bf16_gemm_peak(peak, {"avx512f", "avx512_bf16", "amx_bf16"}, native=True)
+    assert amx == pytest.approx(4.096) and "AMX" in how           # 2 cores x 1024 x 2.0 GHz
+    dot, how = bf16_gemm_peak(peak, {"avx512f", "avx512_bf16"}, native=True)
+    assert dot == pytest.approx(0.512) and "AVX512_BF16" in how
+    emulated, how = bf16_gemm_peak(peak, {"avx512f", "amx_bf16"}, native=False)
+    assert emulated == pytest.approx(0.256) and "emulated" in how
+    # on this machine: the ratio to the float32 peak follows the CPU's flags and oneDNN's choice
+    from msllm import kernels
+
+    f32, _ = device_peak_tflops("CPU", ranks_on_host=1)
+    bf16, how = device_peak_tflops("CPU", ranks_on_host=1, bf16_gemms=kernels.gemm_bf16_native())
+    host = host_cpu_peak()
+    amx_ratio = 1024 / (host.fma_units * host.lanes * 2)            # per-core-cycle FLOPs: AMX over float32 FMAs
+    expect = 1.0 if not kernels.gemm_bf16_native() else amx_ratio if "amx_bf16" in cpu_flags() else 2.0
+    assert bf16 / f32 == pytest.approx(expect), how

@@ -264,19 +264,40 @@ inline void huge_pages_for(const void *p, int64_t bytes) {
   }
 }
 
+// Weight rows the AVX-512 streaming products (linear.cc's float32 / bfloat16, linear_int8.cc's int8)
+// read at once at batch 1 and 2, for weights of elem_bytes bytes: 8 for float32 weights on AMD cores,
+// else 2. Measured on AMD EPYC Zen 4 (2 cores): outside any framework 8 float32 rows read 27.5 GB/s
+// against 24.5 with 2 (benchmarks/weight_stream_bandwidth.py: more streams in flight per core); in
+// SmolLM2's decode step, the two alternated in one process (benchmarks/decode_gemv_rows_ab.py,
+// results decode_gemv_rows_ab_*_amd_zen4.json), 8 rows over 2: float32 0.93x the step time, bfloat16
+// 1.02x, int8 1.08x (their widening instructions, not the reads, set the pace there). On the Intel Xeon
+// (family 6 model 167) 4 rows made the decode step slower (ab_decode_gemv_4rows_intel_xeon.json).
+// MSLLM_GEMV_ROWS=2|8 forces one for every weight type (read per product: the A/B above alternates it).
+inline int stream_rows_at_once(int64_t elem_bytes) {
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  const char *e = std::getenv("MSLLM_GEMV_ROWS");
+  if (e && std::strcmp(e, "8") == 0) return 8;
+  if (e && std::strcmp(e, "2") == 0) return 2;
+  return amd && elem_bytes == 4 ? 8 : 2;
+}
+
 // Output rows per task of a weight-streaming product (y = x W^T, W (out, in), elem_bytes per weight):
-// ~64 KiB of W each, at least 4 tasks per thread, even (two rows at a time), at least 2.
-inline int64_t stream_chunk_rows(int64_t in, int64_t elem_bytes, int64_t out) {
+// ~64 KiB of W each, at least 4 tasks per thread, a multiple of ``multiple`` (the rows a kernel
+// streams at once: 2 or 8), at least ``multiple``.
+inline int64_t stream_chunk_rows(int64_t in, int64_t elem_bytes, int64_t out, int64_t multiple = 2) {
   int64_t rows = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(in * elem_bytes, 1));
-  rows = std::min<int64_t>(rows, std::max<int64_t>(2, out / (4 * Pool::get().size())));
-  return rows + (rows & 1);
+  rows = std::min<int64_t>(rows, std::max<int64_t>(multiple, out / (4 * Pool::get().size())));
+  return (rows + multiple - 1) / multiple * multiple;
 }
 
 // Runs fn(o0, o1) over chunks [o0, o1) of the output rows of a weight-streaming product (sizes of
 // stream_chunk_rows), the chunks handed out dynamically over the pool.
 template <class F>
-inline void for_row_chunks(int64_t in, int64_t elem_bytes, int64_t out, F &&fn) {
-  const int64_t rows = stream_chunk_rows(in, elem_bytes, out);
+inline void for_row_chunks(int64_t in, int64_t elem_bytes, int64_t out, F &&fn, int64_t multiple = 2) {
+  const int64_t rows = stream_chunk_rows(in, elem_bytes, out, multiple);
   const int tasks = static_cast<int>((out + rows - 1) / rows);
   Pool::get().run(tasks, [&](int t) {
     const int64_t o0 = t * rows;

@@ -28,59 +28,58 @@ inline __m512 load_w(__mmask16 m, const uint16_t *p) {
 // y (m, out) = x (m, in) w^T for a few rows m: decoding's shape (one token per sequence). A
 // GEMM library packs W for reuse across many rows; with a handful of rows the step is the read
 // of W itself (memory-bound: every weight is used m times), so each thread streams its share of
-// W's rows once, two rows at a time, against all m rows of x held in cache, with m x 2 AVX-512
-// accumulators. Sum order: 16 lanes, then the lanes reduced: differs from a GEMM's in the last bits.
+// W's rows once, R rows at a time, against all m rows of x held in cache, with m x R AVX-512
+// accumulators. Sum order per output: 16 lanes in input order, then the lanes reduced (differs
+// from a GEMM's in the last bits; the same for every R, so R changes no bit of y).
+template <int M, int R, class W>
+inline void gemv_block(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o, int64_t vec,
+                       __mmask16 tail) {
+  const W *wr[R];
+  __m512 a[R][M];
+  for (int j = 0; j < R; ++j) {
+    wr[j] = w + (o + j) * in;
+    for (int r = 0; r < M; ++r) a[j][r] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < vec; i += 16) {
+    __m512 v[R];
+    for (int j = 0; j < R; ++j) v[j] = load_w(wr[j] + i);
+    for (int r = 0; r < M; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * in + i);
+      for (int j = 0; j < R; ++j) a[j][r] = _mm512_fmadd_ps(xv, v[j], a[j][r]);
+    }
+  }
+  if (tail) {
+    __m512 v[R];
+    for (int j = 0; j < R; ++j) v[j] = load_w(tail, wr[j] + vec);
+    for (int r = 0; r < M; ++r) {
+      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * in + vec);
+      for (int j = 0; j < R; ++j) a[j][r] = _mm512_fmadd_ps(xv, v[j], a[j][r]);
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int j = 0; j < R; ++j) y[r * out + o + j] = _mm512_reduce_add_ps(a[j][r]);
+}
+
 template <int M, class W>
-void gemv_rows(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1) {
+void gemv_rows(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1, int wide) {
   const int64_t vec = in / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (in - vec)) - 1u);
   int64_t o = o0;
-  for (; o + 1 < o1; o += 2) {
-    const W *w0 = w + o * in, *w1 = w0 + in;
-    __m512 a0[M], a1[M];
-    for (int r = 0; r < M; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < vec; i += 16) {
-      const __m512 v0 = load_w(w0 + i), v1 = load_w(w1 + i);
-      for (int r = 0; r < M; ++r) {
-        const __m512 xv = _mm512_loadu_ps(x + r * in + i);
-        a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
-        a1[r] = _mm512_fmadd_ps(xv, v1, a1[r]);
-      }
-    }
-    if (tail) {
-      const __m512 v0 = load_w(tail, w0 + vec), v1 = load_w(tail, w1 + vec);
-      for (int r = 0; r < M; ++r) {
-        const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * in + vec);
-        a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
-        a1[r] = _mm512_fmadd_ps(xv, v1, a1[r]);
-      }
-    }
-    for (int r = 0; r < M; ++r) {
-      y[r * out + o] = _mm512_reduce_add_ps(a0[r]);
-      y[r * out + o + 1] = _mm512_reduce_add_ps(a1[r]);
-    }
+  if constexpr (M <= 2) {   // m x 8 accumulators + 8 weight vectors fit the 32 zmm registers
+    if (wide == 8)
+      for (; o + 8 <= o1; o += 8) gemv_block<M, 8>(x, w, y, in, out, o, vec, tail);
   }
-  for (; o < o1; ++o) {   // an odd last row
-    const W *w0 = w + o * in;
-    __m512 a0[M];
-    for (int r = 0; r < M; ++r) a0[r] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < vec; i += 16) {
-      const __m512 v0 = load_w(w0 + i);
-      for (int r = 0; r < M; ++r) a0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * in + i), v0, a0[r]);
-    }
-    if (tail) {
-      const __m512 v0 = load_w(tail, w0 + vec);
-      for (int r = 0; r < M; ++r)
-        a0[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x + r * in + vec), v0, a0[r]);
-    }
-    for (int r = 0; r < M; ++r) y[r * out + o] = _mm512_reduce_add_ps(a0[r]);
-  }
+  for (; o + 2 <= o1; o += 2) gemv_block<M, 2>(x, w, y, in, out, o, vec, tail);
+  if (o < o1) gemv_block<M, 1>(x, w, y, in, out, o, vec, tail);   // an odd last row
 }
 
 template <int M, class W>
 void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out) {
-  // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
-  for_row_chunks(in, sizeof(W), out, [&](int64_t o0, int64_t o1) { gemv_rows<M, W>(x, w, y, in, out, o0, o1); });
+  // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread, a
+  // multiple of the rows streamed at once
+  const int wide = M <= 2 ? stream_rows_at_once(sizeof(W)) : 2;
+  for_row_chunks(in, sizeof(W), out, [&](int64_t o0, int64_t o1) { gemv_rows<M, W>(x, w, y, in, out, o0, o1, wide); },
+                 wide);
 }
 
 template <class W>
@@ -301,6 +300,15 @@ extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *b
 
 // Which streaming path msllm_linear takes now for 1-8 rows: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = none.
 extern "C" __attribute__((visibility("default"))) int msllm_gemv_isa() { return static_cast<int>(gemv_isa()); }
+// The weight rows the AVX-512 streaming path reads at once at batch 1 and 2 for float32 weights
+// (stream_rows_at_once; 2 in a build without AVX-512).
+extern "C" __attribute__((visibility("default"))) int msllm_gemv_rows() {
+#if defined(__AVX512F__)
+  return stream_rows_at_once(4);
+#else
+  return 2;
+#endif
+}
 
 // Which parallel GEMM the kernels run (Python: msllm.kernels.gemm_path): 1 = oneDNN's threadpool
 // interop (oneDNN 3.10, the layout common.h copies), 0 = the "slabs" fallback (any other oneDNN

@@ -9,7 +9,8 @@
 //
 // Paths, chosen per call:
 //   * 1-8 rows of x (decoding: one token per sequence): each thread streams its share of W's rows,
-//     two at a time, against every row of x held in cache (memory-bound: the read of W is the step);
+//     two at a time (eight with MSLLM_GEMV_ROWS=8: measured slower here, stream_rows_at_once in
+//     common.h), against every row of x held in cache (memory-bound: the read of W is the step);
 //     instruction set by the CPU's flags at run time (__builtin_cpu_supports): AVX-512F (16 lanes),
 //     else AVX2 + FMA (8 lanes), else plain C++. Both vector variants are compiled into every build
 //     with GCC target attributes, so an AVX2-only machine runs the AVX2 one and a test can run either
@@ -134,66 +135,77 @@ MSLLM_AVX512 inline __m512 widen_tail(const int8_t *p, int64_t n) {
   return widen16(buf);
 }
 
-// PerRow as in rows_avx2
-template <int M, bool PerRow>
+// R output rows at a time (R x M accumulators: R = 2, or 8 at batch 1 and 2 when
+// stream_rows_at_once in common.h says so); PerRow as in rows_avx2. The sums of a row are in the same
+// order for every R, so R changes no bit of y; an odd last row runs the plain C++ (its own order).
+template <int M, int R, bool PerRow>
 MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1) {
   int64_t o = o0;
-  for (; o + 1 < o1; o += 2) {
-    const int8_t *q0 = w.q + o * w.in, *q1 = q0 + w.in;
-    __m512 a0[M], a1[M];
-    for (int r = 0; r < M; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (; o + R <= o1; o += R) {
+    const int8_t *q[R];
+    __m512 a[R][M];
+    for (int j = 0; j < R; ++j) {
+      q[j] = w.q + (o + j) * w.in;
+      for (int r = 0; r < M; ++r) a[j][r] = _mm512_setzero_ps();
+    }
     for (int64_t g = 0; g < w.groups; ++g) {
       const int64_t i0 = g * w.group, i1 = std::min(w.in, i0 + w.group);
-      const __m512 s0 = _mm512_set1_ps(w.s[o * w.groups + g]), s1 = _mm512_set1_ps(w.s[(o + 1) * w.groups + g]);
+      __m512 s[R];
+      if (!PerRow)
+        for (int j = 0; j < R; ++j) s[j] = _mm512_set1_ps(w.s[(o + j) * w.groups + g]);
       int64_t i = i0;
       for (; i + 16 <= i1; i += 16) {
-        __m512 v0 = widen16(q0 + i), v1 = widen16(q1 + i);
-        if (!PerRow) v0 = _mm512_mul_ps(v0, s0), v1 = _mm512_mul_ps(v1, s1);
+        __m512 v[R];
+        for (int j = 0; j < R; ++j) {
+          v[j] = widen16(q[j] + i);
+          if (!PerRow) v[j] = _mm512_mul_ps(v[j], s[j]);
+        }
         for (int r = 0; r < M; ++r) {
           const __m512 xv = _mm512_loadu_ps(x + r * w.in + i);
-          a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
-          a1[r] = _mm512_fmadd_ps(xv, v1, a1[r]);
+          for (int j = 0; j < R; ++j) a[j][r] = _mm512_fmadd_ps(xv, v[j], a[j][r]);
         }
       }
       if (i < i1) {
         const __mmask16 k = static_cast<__mmask16>((1u << (i1 - i)) - 1u);
-        __m512 v0 = widen_tail(q0 + i, i1 - i), v1 = widen_tail(q1 + i, i1 - i);
-        if (!PerRow) v0 = _mm512_mul_ps(v0, s0), v1 = _mm512_mul_ps(v1, s1);
+        __m512 v[R];
+        for (int j = 0; j < R; ++j) {
+          v[j] = widen_tail(q[j] + i, i1 - i);
+          if (!PerRow) v[j] = _mm512_mul_ps(v[j], s[j]);
+        }
         for (int r = 0; r < M; ++r) {
           const __m512 xv = _mm512_maskz_loadu_ps(k, x + r * w.in + i);
-          a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
-          a1[r] = _mm512_fmadd_ps(xv, v1, a1[r]);
+          for (int j = 0; j < R; ++j) a[j][r] = _mm512_fmadd_ps(xv, v[j], a[j][r]);
         }
       }
     }
-    const float c0 = PerRow ? w.s[o] : 1.f, c1 = PerRow ? w.s[o + 1] : 1.f;
-    for (int r = 0; r < M; ++r) {
-      y[r * w.out + o] = _mm512_reduce_add_ps(a0[r]) * c0;
-      y[r * w.out + o + 1] = _mm512_reduce_add_ps(a1[r]) * c1;
+    for (int j = 0; j < R; ++j) {
+      const float c = PerRow ? w.s[o + j] : 1.f;
+      for (int r = 0; r < M; ++r) y[r * w.out + o + j] = _mm512_reduce_add_ps(a[j][r]) * c;
     }
   }
-  if (o < o1) rows_scalar<M>(x, w, y, o, o1);   // an odd last row
+  if constexpr (R > 2) {
+    if (o < o1) rows_avx512<M, 2, PerRow>(x, w, y, o, o1);
+  } else {
+    if (o < o1) rows_scalar<M>(x, w, y, o, o1);   // an odd last row
+  }
 }
 
 // y (m, out) = x (m, in) W^T for 1 <= m <= 8 on the pool: chunks of output rows (~64 KiB of W, at
 // least 4 chunks per thread) handed out dynamically, as linear.cc's float32 streaming path.
 template <int M>
 void stream(const float *x, const Q8 &w, float *y, Isa isa) {
-  Pool &pool = Pool::get();
-  int64_t rows = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(w.in, 1));
-  rows = std::min<int64_t>(rows, std::max<int64_t>(2, w.out / (4 * pool.size())));
-  rows += rows & 1;
-  const int tasks = static_cast<int>((w.out + rows - 1) / rows);
-  pool.run(tasks, [&](int t) {
-    const int64_t o0 = t * rows, o1 = std::min<int64_t>(w.out, o0 + rows);
+  const int wide = isa == Isa::kAvx512 && M <= 2 ? stream_rows_at_once(1) : 2;
+  for_row_chunks(w.in, 1, w.out, [&](int64_t o0, int64_t o1) {
     const bool per_row = w.groups == 1;
-    if (isa == Isa::kAvx512)
-      per_row ? rows_avx512<M, true>(x, w, y, o0, o1) : rows_avx512<M, false>(x, w, y, o0, o1);
+    if (isa == Isa::kAvx512 && wide == 8)
+      per_row ? rows_avx512<M, 8, true>(x, w, y, o0, o1) : rows_avx512<M, 8, false>(x, w, y, o0, o1);
+    else if (isa == Isa::kAvx512)
+      per_row ? rows_avx512<M, 2, true>(x, w, y, o0, o1) : rows_avx512<M, 2, false>(x, w, y, o0, o1);
     else if (isa == Isa::kAvx2)
       per_row ? rows_avx2<M, (M <= 4 ? 2 : 1), true>(x, w, y, o0, o1) : rows_avx2<M, (M <= 4 ? 2 : 1), false>(x, w, y, o0, o1);
     else
       rows_scalar<M>(x, w, y, o0, o1);
-  });
+  }, wide);
 }
 
 void stream_rows(const float *x, const Q8 &w, float *y, int64_t m, Isa isa) {

@@ -1,0 +1,84 @@
+"""Batch-1 decode with the weight-streaming kernels reading 2 or 8 weight rows at once
+(``MSLLM_GEMV_ROWS``, ``stream_rows_at_once`` in ``msllm/kernels/csrc/common.h``), alternated in blocks of
+``--steps`` decode steps in one process, ``--rounds`` rounds (the order flips every round): the real
+SmolLM2-135M-Instruct at ``--dtype`` weights prefilled with a ``--prompt``-token prompt, then steps
+through the generator. One process, one compiled graph, the same caches: what differs between blocks
+is only the kernel's inner loop (both give the same bits: tests/kernels/test_kernels_gemv_rows.py), so
+this pairs more tightly than two processes of ``ab_decode_checkouts.py`` on a drifting machine.
+
+    .venv/bin/python benchmarks/decode_gemv_rows_ab.py --dtype float32 --rounds 6 --out benchmarks/results/decode_gemv_rows_ab_<machine>.json
+
+Prints one JSON line per block and the summary (per round the 8-row over the 2-row median step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+import decode_profile  # noqa: E402
+
+
+def main(argv=None):
+    p = decode_profile.model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    os.environ["MSLLM_KERNEL_PROFILE"] = "0"
+    common.use_repo()
+    import numpy as np
+
+    from msllm.generation.decode import generator_for
+    from msllm.generation.passes import round_up
+
+    net, mc = decode_profile.build(a)
+    gen = generator_for(net, mc)
+    rng = np.random.default_rng(0)
+    print(f"seed 0; one prompt of {a.prompt} random token ids", flush=True)
+    prompt = [rng.integers(1, min(mc.vocab_size, 30000), a.prompt).tolist()]
+    buffer = round_up(a.prompt + a.rounds * 2 * a.steps + 8)
+    logits, caches, pads = gen.prefill(prompt, a.prompt, buffer, 0)
+    tok = logits.argmax(-1)
+    slot = a.prompt
+    for _ in range(4):   # compile and warm up
+        logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
+        slot += 1
+    blocks = []
+    for r in range(a.rounds):
+        for rows in ("2", "8") if r % 2 == 0 else ("8", "2"):
+            os.environ["MSLLM_GEMV_ROWS"] = rows
+            walls = []
+            for _ in range(a.steps):
+                t0 = time.perf_counter()
+                logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
+                tok = logits.argmax(-1)
+                walls.append(time.perf_counter() - t0)
+                slot += 1
+            b = {"round": r, "rows": int(rows), "step_ms": round(float(np.median(walls)) * 1e3, 3)}
+            print(json.dumps(b), flush=True)
+            blocks.append(b)
+    ratios = []
+    for r in range(a.rounds):
+        two, eight = (next(b["step_ms"] for b in blocks if b["round"] == r and b["rows"] == n) for n in (2, 8))
+        ratios.append(eight / two)
+    med = lambda n: round(float(np.median([b["step_ms"] for b in blocks if b["rows"] == n])), 3)  # noqa: E731
+    summary = {"dtype": a.dtype, "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
+               "machine": common.machine(), "command": " ".join(sys.argv), "rows2_step_ms": med(2),
+               "rows8_step_ms": med(8), "rows8_over_rows2": [round(x, 3) for x in ratios],
+               "rows8_over_rows2_median": round(float(np.median(ratios)), 3), "blocks": blocks}
+    print("DECODE_GEMV_ROWS_AB " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
+    if a.out:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=1)
+        os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()
