@@ -1,14 +1,21 @@
-"""Batch-1 decode with the weight-streaming kernels reading 2 or 8 weight rows at once
-(``MSLLM_GEMV_ROWS``, ``stream_rows_at_once`` in ``msllm/kernels/csrc/common.h``), alternated in blocks of
-``--steps`` decode steps in one process, ``--rounds`` rounds (the order flips every round): the real
-SmolLM2-135M-Instruct at ``--dtype`` weights prefilled with a ``--prompt``-token prompt, then steps
-through the generator. One process, one compiled graph, the same caches: what differs between blocks
-is only the kernel's inner loop (both give the same bits: tests/kernels/test_kernels_gemv_rows.py), so
-this pairs more tightly than two processes of ``ab_decode_checkouts.py`` on a drifting machine.
+"""Batch-1 decode with two settings of a kernel switch that the kernels read per call, alternated in
+blocks of ``--steps`` decode steps in one process, ``--rounds`` rounds (the order flips every round):
+the real SmolLM2-135M-Instruct at ``--dtype`` weights prefilled with a ``--prompt``-token prompt, then
+steps through the generator. One process, one compiled graph, the same caches: what differs between
+blocks is only a kernel's inner loop, so this pairs more tightly than two processes of
+``ab_decode_checkouts.py`` on a drifting machine. Switches (both settings give the same bits):
+
+* ``--var MSLLM_GEMV_ROWS --values 2 8`` (default): the weight-streaming products reading 2 or 8 weight
+  rows at once (``stream_rows_at_once`` in ``msllm/kernels/csrc/common.h``; tests/kernels/test_kernels_gemv_rows.py);
+* ``--var MSLLM_DECODE_VALUES --values axpy group``: a trial, not kept (2026-11-28, AMD EPYC Zen 4,
+  ``decode_values_ab_{float32,int8}_amd_zen4.json``: 1.00x / 1.08x the step): decode attention's value
+  sums per slot and head through memory (axpy, ``csrc/decode.cc``) or each kv head's query group held
+  in registers; the kernel no longer reads that variable.
 
     .venv/bin/python benchmarks/decode_gemv_rows_ab.py --dtype float32 --rounds 6 --out benchmarks/results/decode_gemv_rows_ab_<machine>.json
 
-Prints one JSON line per block and the summary (per round the 8-row over the 2-row median step).
+Prints one JSON line per block and the summary (per round B's over A's median step). Result files from
+before ``--var`` (``decode_gemv_rows_ab_*_amd_zen4.json``) name the settings rows2 / rows8.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import decode_profile  # noqa: E402
 def main(argv=None):
     p = decode_profile.model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--var", default="MSLLM_GEMV_ROWS")
+    p.add_argument("--values", nargs=2, default=["2", "8"], metavar=("A", "B"))
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     os.environ["MSLLM_KERNEL_PROFILE"] = "0"
@@ -51,8 +60,8 @@ def main(argv=None):
         slot += 1
     blocks = []
     for r in range(a.rounds):
-        for rows in ("2", "8") if r % 2 == 0 else ("8", "2"):
-            os.environ["MSLLM_GEMV_ROWS"] = rows
+        for value in a.values if r % 2 == 0 else a.values[::-1]:
+            os.environ[a.var] = value
             walls = []
             for _ in range(a.steps):
                 t0 = time.perf_counter()
@@ -60,19 +69,19 @@ def main(argv=None):
                 tok = logits.argmax(-1)
                 walls.append(time.perf_counter() - t0)
                 slot += 1
-            b = {"round": r, "rows": int(rows), "step_ms": round(float(np.median(walls)) * 1e3, 3)}
+            b = {"round": r, a.var: value, "step_ms": round(float(np.median(walls)) * 1e3, 3)}
             print(json.dumps(b), flush=True)
             blocks.append(b)
     ratios = []
     for r in range(a.rounds):
-        two, eight = (next(b["step_ms"] for b in blocks if b["round"] == r and b["rows"] == n) for n in (2, 8))
-        ratios.append(eight / two)
-    med = lambda n: round(float(np.median([b["step_ms"] for b in blocks if b["rows"] == n])), 3)  # noqa: E731
+        first, second = (next(b["step_ms"] for b in blocks if b["round"] == r and b[a.var] == v) for v in a.values)
+        ratios.append(second / first)
+    med = lambda v: round(float(np.median([b["step_ms"] for b in blocks if b[a.var] == v])), 3)  # noqa: E731
     summary = {"dtype": a.dtype, "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
-               "machine": common.machine(), "command": " ".join(sys.argv), "rows2_step_ms": med(2),
-               "rows8_step_ms": med(8), "rows8_over_rows2": [round(x, 3) for x in ratios],
-               "rows8_over_rows2_median": round(float(np.median(ratios)), 3), "blocks": blocks}
-    print("DECODE_GEMV_ROWS_AB " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
+               "machine": common.machine(), "command": " ".join(sys.argv), "var": a.var, "values": a.values,
+               "a_step_ms": med(a.values[0]), "b_step_ms": med(a.values[1]), "b_over_a": [round(x, 3) for x in ratios],
+               "b_over_a_median": round(float(np.median(ratios)), 3), "blocks": blocks}
+    print("DECODE_KERNEL_AB " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
     if a.out:
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:

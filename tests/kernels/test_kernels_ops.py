@@ -290,8 +290,9 @@ def test_grouped_linear_is_one_matmul_per_group(kernels, pynative, sizes):
     assert not doff.any()
 
 
-@pytest.mark.parametrize("b,h,kv,s,d", [(2, 6, 2, 37, 20), (3, 4, 4, 64, 64), (1, 9, 3, 5, 64)],
-                         ids=["gqa-odd", "mha", "smollm2-heads"])
+@pytest.mark.parametrize("b,h,kv,s,d", [(2, 6, 2, 37, 20), (3, 4, 4, 64, 64), (1, 9, 3, 5, 64), (2, 9, 3, 544, 64),
+                                        (1, 8, 4, 100, 128)],
+                         ids=["gqa-odd", "mha", "smollm2-heads", "smollm2-544-slots", "head-dim-128"])
 def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b, h, kv, s, d):
     """One query per row over a flat (S * B, K, D) cache with an additive mask (padding before each row's
     first slot, nothing after its last): softmax(q k^T + mask) v with each key/value head serving

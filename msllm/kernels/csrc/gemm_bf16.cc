@@ -7,8 +7,10 @@
 //
 // Where the CPU has bfloat16 arithmetic (AMX-BF16, AVX512_BF16, AVX2-VNNI-2) this is oneDNN's
 // matmul primitive with ``fpmath_mode`` bf16 (oneDNN "Primitive attributes: floating-point math
-// mode": f32 inputs may be down-converted to bf16 internally), from the libdnnl.so.3 of the
-// mindspore wheel, run on msllm's pool through the threadpool interop stream. Elsewhere (or when
+// mode": f32 inputs may be down-converted to bf16 internally), or, where oneDNN implements that mode
+// with a float32 kernel only (AVX512_BF16 without AMX, e.g. AMD Zen 4), its matmul on bfloat16
+// copies of the inputs; from the libdnnl.so.3 of the mindspore wheel, run on msllm's pool through
+// the threadpool interop stream. Elsewhere (or when
 // oneDNN picks a float32 kernel for a shape) the same arithmetic is emulated: both inputs rounded
 // to bfloat16 values held in float32, then the float32 sgemm of common.h. The two paths differ only
 // in summation order (MSLLM_GEMM_BF16=emulate forces the emulation). The linear operators over it
@@ -37,7 +39,7 @@ struct dnnl_exec_arg_t {
   int arg;
   dnnl_memory *memory;
 };
-constexpr int kDnnlF32 = 3, kDnnlCpu = 1, kFpmathBf16 = 1, kQueryImplInfoStr = 8;
+constexpr int kDnnlBf16 = 2, kDnnlF32 = 3, kDnnlCpu = 1, kFpmathBf16 = 1, kQueryImplInfoStr = 8;
 constexpr int kArgSrc = 1, kArgWeights = 33, kArgDst = 17;
 using dims_t = int64_t[12];
 
@@ -69,7 +71,8 @@ int dnnl_primitive_execute(const dnnl_primitive *primitive, dnnl_stream *stream,
 struct Matmul {
   dnnl_primitive *prim = nullptr;
   dnnl_memory *a = nullptr, *b = nullptr, *c = nullptr;
-  bool bf16 = false;   // oneDNN chose a kernel with bfloat16 arithmetic for it
+  bool bf16 = false;          // oneDNN chose a kernel with bfloat16 arithmetic for it
+  bool bf16_inputs = false;   // ... on bfloat16 copies of A and B (contiguous), not on A and B themselves
 };
 
 using Key = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
@@ -92,34 +95,23 @@ struct Dnnl {
     return d;
   }
   void clear() {
-    for (auto &kv : cache) {
-      dnnl_memory_destroy(kv.second.a);
-      dnnl_memory_destroy(kv.second.b);
-      dnnl_memory_destroy(kv.second.c);
-      dnnl_primitive_destroy(kv.second.prim);
-    }
+    for (auto &kv : cache) destroy(kv.second);
     cache.clear();
   }
-  // the primitive for C (M, N) = op(A) op(B), row-major with leading dimensions lda / ldb / ldc;
-  // nullptr when oneDNN cannot make one
-  Matmul *matmul(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
-    const Key key{ta, tb, M, N, K, lda, ldb, ldc};
-    auto it = cache.find(key);
-    if (it != cache.end()) return &it->second;
-    if (cache.size() >= kMaxShapes) clear();
-    // op(A) (M, K): stored (M, K) with strides (lda, 1), or stored (K, M) read transposed: (1, lda)
+  // m's primitive for C (M, N) = op(A) op(B) with A, B of data type ab at strides as / bs (op(A) (M, K),
+  // op(B) (K, N)), C float32 at cs; fpmath: allow oneDNN to down-convert float32 inputs to bfloat16.
+  // False when oneDNN cannot make it; m.bf16 says whether its kernel has bfloat16 arithmetic.
+  bool make(Matmul &m, int64_t M, int64_t N, int64_t K, int ab, const dims_t as, const dims_t bs, const dims_t cs,
+            bool fpmath) {
     const dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
-    const dims_t as = {ta == 'N' ? lda : 1, ta == 'N' ? 1 : lda};
-    const dims_t bs = {tb == 'N' ? ldb : 1, tb == 'N' ? 1 : ldb};
-    const dims_t cs = {ldc, 1};
     dnnl_memory_desc *amd = nullptr, *bmd = nullptr, *cmd = nullptr;
     dnnl_primitive_attr *attr = nullptr;
     dnnl_primitive_desc *pd = nullptr;
-    Matmul m;
-    bool good = dnnl_memory_desc_create_with_strides(&amd, 2, ad, kDnnlF32, as) == 0 &&
-                dnnl_memory_desc_create_with_strides(&bmd, 2, bd, kDnnlF32, bs) == 0 &&
+    bool good = dnnl_memory_desc_create_with_strides(&amd, 2, ad, ab, as) == 0 &&
+                dnnl_memory_desc_create_with_strides(&bmd, 2, bd, ab, bs) == 0 &&
                 dnnl_memory_desc_create_with_strides(&cmd, 2, cd, kDnnlF32, cs) == 0 &&
-                dnnl_primitive_attr_create(&attr) == 0 && dnnl_primitive_attr_set_fpmath_mode(attr, kFpmathBf16) == 0 &&
+                dnnl_primitive_attr_create(&attr) == 0 &&
+                (!fpmath || dnnl_primitive_attr_set_fpmath_mode(attr, kFpmathBf16) == 0) &&
                 dnnl_matmul_primitive_desc_create(&pd, engine, amd, bmd, nullptr, cmd, attr) == 0;
     if (good) {
       const char *impl = nullptr;
@@ -132,7 +124,47 @@ struct Dnnl {
     if (attr) dnnl_primitive_attr_destroy(attr);
     for (dnnl_memory_desc *md : {amd, bmd, cmd})
       if (md) dnnl_memory_desc_destroy(md);
-    if (!good) return nullptr;
+    return good;
+  }
+  static void destroy(Matmul &m) {
+    if (m.a) dnnl_memory_destroy(m.a);
+    if (m.b) dnnl_memory_destroy(m.b);
+    if (m.c) dnnl_memory_destroy(m.c);
+    if (m.prim) dnnl_primitive_destroy(m.prim);
+    m = Matmul();
+  }
+  // the primitive for C (M, N) = op(A) op(B), row-major with leading dimensions lda / ldb / ldc;
+  // nullptr when oneDNN cannot make one. First float32 inputs with fpmath_mode bf16 (AMX: oneDNN
+  // converts tiles as it goes); where oneDNN's kernel for that is a float32 one (oneDNN 3.10 on
+  // AVX512_BF16 without AMX, e.g. AMD Zen 4), bfloat16 inputs instead: gemm_bf16 then hands it
+  // contiguous bfloat16 copies (the same rounding), on which oneDNN has AVX512_BF16 kernels.
+  Matmul *matmul(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+    const Key key{ta, tb, M, N, K, lda, ldb, ldc};
+    auto it = cache.find(key);
+    if (it != cache.end()) return &it->second;
+    if (cache.size() >= kMaxShapes) clear();
+    // op(A) (M, K): stored (M, K) with strides (lda, 1), or stored (K, M) read transposed: (1, lda)
+    const dims_t as = {ta == 'N' ? lda : 1, ta == 'N' ? 1 : lda};
+    const dims_t bs = {tb == 'N' ? ldb : 1, tb == 'N' ? 1 : ldb};
+    const dims_t cs = {ldc, 1};
+    Matmul m;
+    bool good = make(m, M, N, K, kDnnlF32, as, bs, cs, true);
+    if (good && !m.bf16) {   // the copies: A (M, K) or (K, M) and B (K, N) or (N, K), contiguous
+      Matmul c;
+      const dims_t cas = {ta == 'N' ? K : 1, ta == 'N' ? 1 : M};
+      const dims_t cbs = {tb == 'N' ? N : 1, tb == 'N' ? 1 : K};
+      if (make(c, M, N, K, kDnnlBf16, cas, cbs, cs, false) && c.bf16) {
+        destroy(m);
+        m = c;
+        m.bf16_inputs = true;
+      } else {
+        destroy(c);
+      }
+    }
+    if (!good) {
+      destroy(m);
+      return nullptr;
+    }
     return &cache.emplace(key, m).first->second;
   }
 };
@@ -160,6 +192,20 @@ void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, floa
   });
 }
 
+// dst (rows, cols) contiguous = the bfloat16 bits of src (rows, cols with leading dimension ld), rounded
+// as round_bf16
+void bf16_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, uint16_t *dst) {
+  msllm::parallel_rows(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float x = round_bf16(src[r * ld + j]);
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        dst[r * cols + j] = static_cast<uint16_t>(u >> 16);
+      }
+  });
+}
+
 }  // namespace
 
 namespace msllm {
@@ -177,8 +223,19 @@ void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A
     std::lock_guard<std::mutex> lock(d.mu);   // one MindSpore actor thread calls kernels, but be safe
     Matmul *m = d.matmul(ta, tb, M, N, K, lda, ldb, ldc);
     if (m && m->bf16) {
-      dnnl_memory_set_data_handle(m->a, const_cast<float *>(A));
-      dnnl_memory_set_data_handle(m->b, const_cast<float *>(B));
+      if (m->bf16_inputs) {   // contiguous bfloat16 copies of A and B (scratch slots 0 and 1)
+        const int64_t ar = ta == 'N' ? M : K, ac = ta == 'N' ? K : M;
+        const int64_t br = tb == 'N' ? K : N, bc = tb == 'N' ? N : K;
+        uint16_t *a = reinterpret_cast<uint16_t *>(scratch(0, (ar * ac + 1) / 2));
+        uint16_t *b = reinterpret_cast<uint16_t *>(scratch(1, (br * bc + 1) / 2));
+        bf16_copy(A, lda, ar, ac, a);
+        bf16_copy(B, ldb, br, bc, b);
+        dnnl_memory_set_data_handle(m->a, a);
+        dnnl_memory_set_data_handle(m->b, b);
+      } else {
+        dnnl_memory_set_data_handle(m->a, const_cast<float *>(A));
+        dnnl_memory_set_data_handle(m->b, const_cast<float *>(B));
+      }
       dnnl_memory_set_data_handle(m->c, C);
       const dnnl_exec_arg_t args[3] = {{kArgSrc, m->a}, {kArgWeights, m->b}, {kArgDst, m->c}};
       if (dnnl_primitive_execute(m->prim, d.stream, 3, args) == 0 && dnnl_stream_wait(d.stream) == 0) return;
