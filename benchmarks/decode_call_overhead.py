@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import decode_profile  # noqa: E402
+import harness  # noqa: E402
 
 
 def main(argv=None):
@@ -36,17 +37,7 @@ def main(argv=None):
     import numpy as np
     from mindspore.graph import api
 
-    from msllm.generation.decode import generator_for
-    from msllm.generation.passes import round_up
-
-    net, mc = decode_profile.build(a)
-    gen = generator_for(net, mc)
-    rng = np.random.default_rng(0)
-    print(f"seed 0; {a.batch} prompt(s) of {a.prompt} random token ids", flush=True)
-    prompts = [rng.integers(1, min(mc.vocab_size, 30000), a.prompt).tolist() for _ in range(a.batch)]
-    buffer = round_up(a.prompt + a.rounds * 2 * a.steps + 8)
-    logits, caches, pads = gen.prefill(prompts, a.prompt, buffer, 0)
-    tok = logits.argmax(-1)
+    gen, tok, caches, pads, buffer, slot = decode_profile.prefilled(a, a.batch, a.rounds * 2 * a.steps)
     inside = [0.0]
     run_graph = api._CellGraphExecutor._exec_pip
 
@@ -58,10 +49,6 @@ def main(argv=None):
             inside[0] += time.perf_counter() - t
 
     api._CellGraphExecutor._exec_pip = timed
-    slot = a.prompt
-    for _ in range(4):   # compile and warm up
-        logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
-        slot += 1
     blocks = []
     for r in range(a.rounds):
         for mode in ("ms", "replay") if r % 2 == 0 else ("replay", "ms"):
@@ -96,10 +83,7 @@ def main(argv=None):
                "replay_over_ms_median": round(float(np.median(ratios)), 3), "blocks": blocks}
     print("DECODE_CALL_OVERHEAD " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
     if a.out:
-        tmp = a.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(summary, f, indent=1)
-        os.replace(tmp, a.out)
+        harness.write_json(a.out, summary)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import decode_profile  # noqa: E402
+import harness  # noqa: E402
 
 
 def main(argv=None):
@@ -43,21 +44,7 @@ def main(argv=None):
     common.use_repo()
     import numpy as np
 
-    from msllm.generation.decode import generator_for
-    from msllm.generation.passes import round_up
-
-    net, mc = decode_profile.build(a)
-    gen = generator_for(net, mc)
-    rng = np.random.default_rng(0)
-    print(f"seed 0; one prompt of {a.prompt} random token ids", flush=True)
-    prompt = [rng.integers(1, min(mc.vocab_size, 30000), a.prompt).tolist()]
-    buffer = round_up(a.prompt + a.rounds * 2 * a.steps + 8)
-    logits, caches, pads = gen.prefill(prompt, a.prompt, buffer, 0)
-    tok = logits.argmax(-1)
-    slot = a.prompt
-    for _ in range(4):   # compile and warm up
-        logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
-        slot += 1
+    gen, tok, caches, pads, buffer, slot = decode_profile.prefilled(a, 1, a.rounds * 2 * a.steps)
     blocks = []
     for r in range(a.rounds):
         for value in a.values if r % 2 == 0 else a.values[::-1]:
@@ -83,10 +70,7 @@ def main(argv=None):
                "b_over_a_median": round(float(np.median(ratios)), 3), "blocks": blocks}
     print("DECODE_KERNEL_AB " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
     if a.out:
-        tmp = a.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(summary, f, indent=1)
-        os.replace(tmp, a.out)
+        harness.write_json(a.out, summary)
 
 
 if __name__ == "__main__":

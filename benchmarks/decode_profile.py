@@ -69,6 +69,31 @@ def model_args(p: argparse.ArgumentParser, steps: int) -> argparse.ArgumentParse
     return p
 
 
+def prefilled(args, batch: int, more_steps: int):
+    """The model of ``args`` (:func:`build`) and its generator, ``batch`` prompts of ``args.prompt`` random
+    token ids (seed 0, printed) prefilled into caches with room for ``more_steps`` + 8 decode steps, then 4
+    decode steps to compile and warm up; shared with decode_call_overhead.py and decode_gemv_rows_ab.py.
+    Returns (generator, next tokens (batch,), caches, pads, buffer, next slot)."""
+    import numpy as np
+
+    from msllm.generation.decode import generator_for
+    from msllm.generation.passes import round_up
+
+    net, mc = build(args)
+    gen = generator_for(net, mc)
+    rng = np.random.default_rng(0)
+    print(f"seed 0; {batch} prompt(s) of {args.prompt} random token ids", flush=True)
+    prompts = [rng.integers(1, min(mc.vocab_size, 30000), args.prompt).tolist() for _ in range(batch)]
+    buffer = round_up(args.prompt + more_steps + 8)
+    logits, caches, pads = gen.prefill(prompts, args.prompt, buffer, 0)
+    tok = logits.argmax(-1)
+    slot = args.prompt
+    for _ in range(4):   # compile and warm up
+        logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
+        slot += 1
+    return gen, tok, caches, pads, buffer, slot
+
+
 def main(argv=None):
     p = model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
     a = p.parse_args(argv)

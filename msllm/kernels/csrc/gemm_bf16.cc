@@ -20,6 +20,7 @@
 
 #include <map>
 #include <tuple>
+#include <type_traits>
 
 using namespace msllm;
 
@@ -184,24 +185,21 @@ inline float round_bf16(float x) {
   return x;
 }
 
-// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16
-void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, float *dst) {
-  msllm::parallel_rows(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = round_bf16(src[r * ld + j]);
-  });
-}
-
-// dst (rows, cols) contiguous = the bfloat16 bits of src (rows, cols with leading dimension ld), rounded
-// as round_bf16
-void bf16_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, uint16_t *dst) {
+// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16 (round_bf16):
+// as float32 values (T = float: the emulation's inputs) or as their bfloat16 bits (T = uint16_t: oneDNN's)
+template <class T>
+void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, T *dst) {
   msllm::parallel_rows(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < cols; ++j) {
         const float x = round_bf16(src[r * ld + j]);
-        uint32_t u;
-        std::memcpy(&u, &x, 4);
-        dst[r * cols + j] = static_cast<uint16_t>(u >> 16);
+        if constexpr (std::is_same_v<T, float>) {
+          dst[r * cols + j] = x;
+        } else {
+          uint32_t u;
+          std::memcpy(&u, &x, 4);
+          dst[r * cols + j] = static_cast<uint16_t>(u >> 16);
+        }
       }
   });
 }
@@ -218,18 +216,19 @@ void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A
     return;
   }
   Dnnl &d = Dnnl::get();
+  // A and B as stored: (ar, ac) and (br, bc) with leading dimensions lda / ldb
+  const int64_t ar = ta == 'N' ? M : K, ac = ta == 'N' ? K : M;
+  const int64_t br = tb == 'N' ? K : N, bc = tb == 'N' ? N : K;
   const char *force = std::getenv("MSLLM_GEMM_BF16");   // "emulate": the tests' switch (read per call)
   if (d.ok && !(force && std::strcmp(force, "emulate") == 0)) {
     std::lock_guard<std::mutex> lock(d.mu);   // one MindSpore actor thread calls kernels, but be safe
     Matmul *m = d.matmul(ta, tb, M, N, K, lda, ldb, ldc);
     if (m && m->bf16) {
       if (m->bf16_inputs) {   // contiguous bfloat16 copies of A and B (scratch slots 0 and 1)
-        const int64_t ar = ta == 'N' ? M : K, ac = ta == 'N' ? K : M;
-        const int64_t br = tb == 'N' ? K : N, bc = tb == 'N' ? N : K;
         uint16_t *a = reinterpret_cast<uint16_t *>(scratch(0, (ar * ac + 1) / 2));
         uint16_t *b = reinterpret_cast<uint16_t *>(scratch(1, (br * bc + 1) / 2));
-        bf16_copy(A, lda, ar, ac, a);
-        bf16_copy(B, ldb, br, bc, b);
+        rounded_copy(A, lda, ar, ac, a);
+        rounded_copy(B, ldb, br, bc, b);
         dnnl_memory_set_data_handle(m->a, a);
         dnnl_memory_set_data_handle(m->b, b);
       } else {
@@ -242,8 +241,6 @@ void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A
     }
   }
   // emulation: the inputs rounded to bfloat16 values (float32 storage), then the float32 GEMM
-  const int64_t ar = ta == 'N' ? M : K, ac = ta == 'N' ? K : M;
-  const int64_t br = tb == 'N' ? K : N, bc = tb == 'N' ? N : K;
   float *a = scratch(0, ar * ac), *b = scratch(1, br * bc);
   rounded_copy(A, lda, ar, ac, a);
   rounded_copy(B, ldb, br, bc, b);
