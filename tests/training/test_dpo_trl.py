@@ -18,8 +18,11 @@ graph mode is tests/training/test_dpo_run.py). Seeds: TRL's ``seed`` 0 (its data
 batch holds every pair and the losses are means).
 
 Tolerances (``TOL`` 1e-4): the summed log-probs of 13-35 completion tokens differ by up to ~5e-5 between the
-two float32 implementations (SmolLM2's logits reach |38|; tests/lora/test_real_model_finetune.py measures the
-logit noise floor at ~1.3e-4); the weight updates compared are >= 100x the tolerance.
+two float32 implementations on the Intel Xeon and by up to 1.03e-4 on an AMD EPYC Zen 4 (a 35-token sum of
+-92.27: 1.1e-6 relative; each side's float32 GEMMs sum in their own order, SmolLM2's logits reach |38| and
+tests/lora/test_real_model_finetune.py measures the logit noise floor at ~1.3e-4), so the sums themselves are
+compared within ``LOGPS_TOL`` 2e-4; the loss, rewards (beta 0.1 times differences of those sums) and
+accuracies within ``TOL``; the weight updates compared are >= 100x the tolerance.
 """
 
 import json
@@ -35,6 +38,7 @@ from dpo_trl_worker import LOSS_TYPES, N_PAIRS
 pytestmark = pytest.mark.slow
 
 TOL = 1e-4
+LOGPS_TOL = 2e-4   # summed float32 log-probs of up to 35 tokens (module doc)
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dpo_trl_worker.py")
 
 
@@ -82,16 +86,16 @@ def test_rows_are_trls_tokenization(full):
 def _same_metrics(mine: dict, ref: dict):
     for lt in LOSS_TYPES:
         print(lt, mine[lt], {k: ref[lt][k] for k in mine[lt]})
-        for k, v in mine[lt].items():
-            assert abs(v - ref[lt][k]) <= TOL, (lt, k, v, ref[lt][k])
+        for k, v in mine[lt].items():   # logps/*: batch means of the summed log-probs
+            assert abs(v - ref[lt][k]) <= (LOGPS_TOL if k.startswith("logps/") else TOL), (lt, k, v, ref[lt][k])
 
 
 def test_first_step_logps_loss_and_metrics_equal_trl(full):
     lc, lr, rc, rr, nc, nr = (np.array(x) for x in full["msllm"]["logps"])
     trl_c, trl_r = (np.array(x) for x in full["trl"]["logps"])
     print("msllm logps chosen", lc, "rejected", lr, "TRL", trl_c, trl_r)
-    np.testing.assert_allclose(lc, trl_c, atol=TOL, rtol=0)
-    np.testing.assert_allclose(lr, trl_r, atol=TOL, rtol=0)
+    np.testing.assert_allclose(lc, trl_c, atol=LOGPS_TOL, rtol=0)
+    np.testing.assert_allclose(lr, trl_r, atol=LOGPS_TOL, rtol=0)
     np.testing.assert_array_equal(lc, rc)          # policy = reference at the start
     _same_metrics(full["msllm"]["first"], full["trl"]["first"])
 
