@@ -223,18 +223,6 @@ def bf16_gemm_peak(peak: CpuPeak, flags: set, native: bool) -> tuple[float, str]
                              f"float32 peak {peak.describe()}")
 
 
-def cpu_flags() -> set:
-    """The ``flags`` of the first processor in ``/proc/cpuinfo`` (empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
 def ascend_soc_name() -> Optional[str]:
     """The Ascend chip name (e.g. ``Ascend910B2``) from pyACL's ``acl.get_soc_name()`` (CANN),
     or None where pyACL is not installed."""
@@ -284,6 +272,8 @@ def device_peak_tflops(device_target: str, override: Optional[float] = None, asc
         peak = host_cpu_peak(fma_loop)
         tflops, how = peak.tflops, f"CPU peak {peak.describe()}"
         if bf16_gemms is not None:
+            from msllm.kernels.toolchain import cpu_flags   # this CPU's /proc/cpuinfo flags
+
             tflops, how = bf16_gemm_peak(peak, cpu_flags(), bf16_gemms)
             how = f"CPU {how}"
         share = tflops / max(1, ranks_on_host)
@@ -459,6 +449,6 @@ def throughput_for_run(run_config, peak_tflops: Optional[float], frozen_params: 
                       recompute, idle)
 
 
-__all__ = ["ASCEND_PEAK_TFLOPS", "AMX_BF16_FLOPS_PER_CYCLE", "CpuPeak", "bf16_gemm_peak", "cpu_flags", "cpu_peak",
+__all__ = ["ASCEND_PEAK_TFLOPS", "AMX_BF16_FLOPS_PER_CYCLE", "CpuPeak", "bf16_gemm_peak", "cpu_peak",
            "host_cpu_peak", "ascend_soc_name", "device_peak_tflops",
            "measure_cpu_peak_tflops", "Throughput", "throughput_for_run", "causal_block_fraction", "flash_block_rows"]

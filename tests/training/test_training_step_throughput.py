@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from msllm.config import load_config
-from msllm.training.throughput import (CpuPeak, Throughput, bf16_gemm_peak, cpu_flags, cpu_peak, device_peak_tflops, host_cpu_peak,
+from msllm.training.throughput import (CpuPeak, Throughput, bf16_gemm_peak, cpu_peak, device_peak_tflops, host_cpu_peak,
                                        measure_cpu_peak_tflops, throughput_for_run, with_measured_clock)
 
 
@@ -286,6 +286,7 @@ def test_bf16_gemm_peak_is_the_unit_the_gemms_run_on():
     assert emulated == pytest.approx(0.256) and "emulated" in how
     # on this machine: the ratio to the float32 peak follows the CPU's flags and oneDNN's choice
     from msllm import kernels
+    from msllm.kernels.toolchain import cpu_flags
 
     f32, _ = device_peak_tflops("CPU", ranks_on_host=1)
     bf16, how = device_peak_tflops("CPU", ranks_on_host=1, bf16_gemms=kernels.gemm_bf16_native())
