@@ -7,6 +7,10 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
 
 * ``--var MSLLM_GEMV_ROWS --values 2 8`` (default): the weight-streaming products reading 2 or 8 weight
   rows at once (``stream_rows_at_once`` in ``msllm/kernels/csrc/common.h``; tests/kernels/test_kernels_gemv_rows.py);
+* ``--var MSLLM_DECODE_STACK --values 0 1 --at build``: the decode step's decoder layers as two fused
+  operators each or as one operator for the whole stack (``LlamaModel.decode_layers``); read when the model
+  is built, so ``--at build`` builds two models (same weights, each its own caches and compiled graph)
+  and alternates between them;
 * ``--var MSLLM_DECODE_VALUES --values axpy group``: a trial, not kept (2026-11-28, AMD EPYC Zen 4,
   ``decode_values_ab_{float32,int8}_amd_zen4.json``: 1.00x / 1.08x the step): decode attention's value
   sums per slot and head through memory (axpy, ``csrc/decode.cc``) or each kv head's query group held
@@ -38,17 +42,27 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--var", default="MSLLM_GEMV_ROWS")
     p.add_argument("--values", nargs=2, default=["2", "8"], metavar=("A", "B"))
+    p.add_argument("--at", choices=["call", "build"], default="call",
+                   help="when the variable is read: at each kernel call (one model) or when the model is "
+                        "built (two models)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     os.environ["MSLLM_KERNEL_PROFILE"] = "0"
     common.use_repo()
     import numpy as np
 
-    gen, tok, caches, pads, buffer, slot = decode_profile.prefilled(a, 1, a.rounds * 2 * a.steps)
+    runs = {}   # setting -> [generator, next tokens, caches, pads, buffer, next slot]
+    for value in a.values if a.at == "build" else a.values[:1]:
+        os.environ[a.var] = value
+        runs[value] = list(decode_profile.prefilled(a, 1, a.rounds * a.steps * (1 if a.at == "build" else 2)))
+    if a.at == "call":
+        runs[a.values[1]] = runs[a.values[0]]
     blocks = []
     for r in range(a.rounds):
         for value in a.values if r % 2 == 0 else a.values[::-1]:
             os.environ[a.var] = value
+            run = runs[value]
+            gen, tok, caches, pads, buffer, slot = run
             walls = []
             for _ in range(a.steps):
                 t0 = time.perf_counter()
@@ -56,6 +70,7 @@ def main(argv=None):
                 tok = logits.argmax(-1)
                 walls.append(time.perf_counter() - t0)
                 slot += 1
+            run[1:] = [tok, caches, pads, buffer, slot]
             b = {"round": r, a.var: value, "step_ms": round(float(np.median(walls)) * 1e3, 3)}
             print(json.dumps(b), flush=True)
             blocks.append(b)
@@ -65,7 +80,7 @@ def main(argv=None):
         ratios.append(second / first)
     med = lambda v: round(float(np.median([b["step_ms"] for b in blocks if b[a.var] == v])), 3)  # noqa: E731
     summary = {"dtype": a.dtype, "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
-               "machine": common.machine(), "command": " ".join(sys.argv), "var": a.var, "values": a.values,
+               "machine": common.machine(), "command": " ".join(sys.argv), "var": a.var, "values": a.values, "at": a.at,
                "a_step_ms": med(a.values[0]), "b_step_ms": med(a.values[1]), "b_over_a": [round(x, 3) for x in ratios],
                "b_over_a_median": round(float(np.median(ratios)), 3), "blocks": blocks}
     print("DECODE_KERNEL_AB " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))

@@ -122,7 +122,7 @@ def main() -> None:
             st = ratios.paired_stats(runs, m, t, "tokens_per_s")
             table[m]["speed_vs_trl"] = st
             # like for like: TRL's training_step plus its clipping and AdamW step (msllm's step has both)
-            whole = ratios.paired_stats(runs, m, t, lambda r: r.get("tokens_per_s_with_update") or r["tokens_per_s"])
+            whole = ratios.paired_stats(runs, m, t, lambda r: r.get("tokens_per_s_with_update") or r.get("tokens_per_s"))
             if any(r.get("tokens_per_s_with_update") for r in runs if r.get("name") == t):
                 table[m]["speed_vs_trl_with_update"] = whole
             table[m]["rss_vs_trl"] = table[m]["peak_rss_mib"] / table[t]["peak_rss_mib"]

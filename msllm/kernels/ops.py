@@ -11,6 +11,7 @@ Every operator takes and returns float32 tensors; shapes are in :class:`CpuKerne
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -48,6 +49,9 @@ class CpuKernels:
     decode_front(H, K, D)(...) / decode_back(...): one decoder layer's decode step (T = 1) in two
         operators, the cache writes between them (csrc/decode_fused.cc; :meth:`decode_front`,
         ``DecoderLayer.decode_fused`` in msllm/models/llama/model.py); inference only
+    decode_stack(x (B,1,C), cos, sin (B,1,1,D), scale (1,), mask (B or 1,1,1,S), index (1,B) int32, then
+        per layer its front's and back's weights with its k / v caches) -> (B,1,C): every layer's
+        decode step in one operator, the caches written in place (``LlamaModel.decode_layers``)
     linear_int8(x (..., in) float32, q (out, in) int8, scale (out, G) float32, group (1,) float32)
         -> x (q * scale)^T (..., out) float32: weight-only int8 (inference, no gradient); scale[o, g]
         covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
@@ -184,6 +188,8 @@ class CpuKernels:
         # front's output shapes need the head counts: decode_front(heads, kv_heads, head_dim)
         self._prim = prim
         self.decode_back = prim("decode_back", lambda x, *rest: x, lambda x, *rest: ms.float32)
+        # the whole decoder stack's decode step in one operator (the same code per layer, one launch)
+        self.decode_stack = prim("decode_stack", lambda x, *rest: x, lambda x, *rest: ms.float32)
 
     @functools.lru_cache(maxsize=None)
     def decode_front(self, heads: int, kv_heads: int, head_dim: int):
@@ -198,6 +204,14 @@ class CpuKernels:
             return [b, heads, 1, head_dim], [1, b, kv_heads, head_dim], [1, b, kv_heads, head_dim]
 
         return self._prim("decode_front", shapes, lambda *d: (ms.float32, ms.float32, ms.float32))
+
+    @staticmethod
+    def decode_stack_enabled() -> bool:
+        """Whether a model built now runs its decode step's decoder layers as one operator
+        (:attr:`decode_stack`, csrc/decode_fused.cc) where every layer can: yes unless the
+        environment says ``MSLLM_DECODE_STACK=0`` (two operators per layer then, the same bits;
+        for benchmarks/decode_stack_ab.py and the tests that compare the two)."""
+        return os.environ.get("MSLLM_DECODE_STACK", "1") != "0"
 
     @staticmethod
     def window_tensor(window) -> Tensor:

@@ -282,6 +282,50 @@ def test_fused_front_writes_the_new_keys_and_values_into_the_cache_rows(kernels,
     np.testing.assert_array_equal(kc.asnumpy(), before)
 
 
+@pytest.mark.parametrize("b", [1, 3])
+def test_decode_stack_is_two_fused_layers_bit_for_bit_and_the_float64_layers(kernels, pynative, b):
+    """``decode_stack`` with two layers (mixed weight kinds; the second layer's input is the first's
+    output, cos / sin / mask shared) equals the per-layer fused operators chained bit for bit and the
+    float64 layers chained within the usual tolerance; it writes both layers' caches at rows
+    ``rows[0, b]``; a row outside the caches is an error before anything is written."""
+    p1 = layer(kernels, KINDS[3], b, seed=90 + b)
+    p2 = layer(kernels, KINDS[3][::-1], b, seed=95 + b)
+    for key in ("cos", "sin", "mask"):
+        p2[key] = p1[key]
+    eps = kernels.eps_tensor(EPS)
+    scale = Tensor(np.array([1 / np.sqrt(D)], np.float32))
+    rows = Tensor(((S - 1) * b + np.arange(b, dtype=np.int32))[None])      # slot S - 1 of every row
+    caches = [ms.Parameter(Tensor(p[c]), name=f"{c}{i}", requires_grad=False)
+              for i, p in enumerate((p1, p2)) for c in ("kc", "vc")]
+
+    def inputs(p, kc, vc):
+        wq, wk, wv, wo, wg, wu, wd = p["ws"]
+        return (Tensor(p["n1"]), eps, *wq.args, *wk.args, *wv.args, kc, vc, *wo.args, Tensor(p["n2"]), eps,
+                *wg.args, *wu.args, *wd.args)
+
+    args = (Tensor(p1["x"]), Tensor(p1["cos"]), Tensor(p1["sin"]), scale, Tensor(p1["mask"]), rows,
+            *inputs(p1, *caches[:2]), *inputs(p2, *caches[2:]))
+    before = [c.asnumpy().copy() for c in caches]
+    with pytest.raises(RuntimeError):
+        bad = args[:5] + (Tensor(np.array([[S * b] * b], np.int32)),) + args[6:]
+        kernels.decode_stack(*bad).asnumpy()
+    for c, old in zip(caches, before):
+        np.testing.assert_array_equal(c.asnumpy(), old)
+    out = kernels.decode_stack(*args).asnumpy()
+    # the per-layer fused operators, chained
+    *_, out1, kc1, vc1 = fused(kernels, p1)
+    *_, out2, kc2, vc2 = fused(kernels, dict(p2, x=out1))
+    np.testing.assert_array_equal(out, out2)
+    for c, want in zip(caches, (kc1, vc1, kc2, vc2)):
+        np.testing.assert_array_equal(c.asnumpy(), want)
+    # float64
+    *_, r1, rk1, rv1 = reference(p1)
+    *_, r2, rk2, rv2 = reference(dict(p2, x=r1))
+    close(out, r2)
+    for c, want in zip(caches, (rk1, rv1, rk2, rv2)):
+        close(c.asnumpy(), want)
+
+
 # ---- the whole library compiled as for an AVX2-only machine --------------------------------------
 def numpy_args(w: W):
     """A weight's kernel inputs as numpy arrays (bfloat16 as its uint16 bits)."""

@@ -1,6 +1,7 @@
-"""The fused decode step in the model (``DecoderLayer.decode_fused``, msllm/kernels/csrc/decode_fused.cc):
-generation's logits are the operator-by-operator path's bit for bit (float32, bfloat16 and int8
-weights, per channel, per group, with a layer kept in float32; batch 1 and a left-padded batch of 3),
+"""The fused decode step in the model (``DecoderLayer.decode_fused``, msllm/kernels/csrc/decode_fused.cc)
+and the whole stack in one operator (``LlamaModel.decode_layers``): generation's logits and caches are
+the operator-by-operator path's bit for bit (float32, bfloat16 and int8 weights, per channel, per group,
+with a layer kept in float32; batch 1 and a left-padded batch of 3),
 and the family members the fused operators do not cover keep the old path (one condition:
 ``DecoderLayer.fused_decode_ok``): q/k norms, biases, Gemma's norm offset and GeGLU, experts, LoRA.
 """
@@ -42,20 +43,24 @@ def run(net, cfg, prompts, steps=5):
     return np.stack(out), np.stack([c.asnumpy() for c in caches])
 
 
-def pair(cfg, quant=None):
-    """Two models with the same weights: the fused decode step, and with it switched off."""
+def trio(cfg, quant=None):
+    """Three models with the same weights: the decode step's layers in one operator (the default),
+    in two fused operators per layer, and operator by operator."""
     from msllm.models.llama.int8_model import quantize_model
 
     ms.set_seed(SEED)
-    nets = [LlamaForCausalLM(cfg, fast_paths=True) for _ in range(2)]
+    nets = [LlamaForCausalLM(cfg, fast_paths=True) for _ in range(3)]
     weights = {p.name: p.asnumpy() if p.dtype != ms.bfloat16 else p.astype(ms.float32).asnumpy()
                for p in nets[0].get_parameters()}
-    for p in nets[1].get_parameters():
-        p.set_data(ms.Tensor(weights[p.name], p.dtype))
+    for net in nets[1:]:
+        for p in net.get_parameters():
+            p.set_data(ms.Tensor(weights[p.name], p.dtype))
     if quant is not None:
         for net in nets:
             quantize_model(net, quant, net.kernels.cpu)
-    for layer in nets[1].model.layers:
+    for net in nets[1:]:
+        net.model.decode_stack = None
+    for layer in nets[2].model.layers:
         layer.decode_front = layer.decode_back = None
     return nets
 
@@ -74,7 +79,8 @@ def test_fused_decode_gives_the_unfused_logits_bit_for_bit(graph_mode, dtype, qu
         qc = QuantizationConfig(quant_method="rtn", weight_quant_granularity="per_group" if group else "per_channel",
                                 group_size=group, modules_to_not_convert=keep)
     cfg = tiny(param_init_type=dtype, quantization_config=qc)
-    fused, plain = pair(cfg, qc)
+    stack, fused, plain = trio(cfg, qc)
+    assert stack.model.decode_layers_ok() and not fused.model.decode_layers_ok()
     assert all(layer.fused_decode_ok() for layer in fused.model.layers)
     assert not any(layer.fused_decode_ok() for layer in plain.model.layers)
     prompts = np.random.default_rng(SEED).integers(3, 101, (rows, 9)).tolist()
@@ -82,8 +88,11 @@ def test_fused_decode_gives_the_unfused_logits_bit_for_bit(graph_mode, dtype, qu
         prompts[1] = prompts[1][:5]                                       # left padding in the batch
     want, want_caches = run(plain, cfg, prompts)
     got, got_caches = run(fused, cfg, prompts)
+    one, one_caches = run(stack, cfg, prompts)
     assert np.abs(want).std() > 0.5                                       # logits carry signal
     np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(one, want)
+    np.testing.assert_array_equal(one_caches, want_caches)
     # the fused front writes the decode steps' keys and values itself (no ScatterUpdate): the
     # caches, read back on the host, hold what MindSpore's ScatterUpdate wrote on the plain path
     slots = want_caches.reshape(want_caches.shape[0], BUFFER, rows, -1)  # (2L, S, B, K*D)
@@ -107,10 +116,18 @@ def test_experts_and_lora_keep_the_old_path():
 
     moe = LlamaForCausalLM(tiny(moe_config=MoeConfig(expert_num=4, num_experts_chosen=2)), fast_paths=True)
     assert not any(layer.fused_decode_ok() for layer in moe.model.layers)
+    assert not moe.model.decode_layers_ok()
     net = LlamaForCausalLM(tiny(), fast_paths=True)
-    assert all(layer.fused_decode_ok() for layer in net.model.layers)
+    assert all(layer.fused_decode_ok() for layer in net.model.layers) and net.model.decode_layers_ok()
     apply_lora(net, PetConfig(lora_rank=4, lora_alpha=8.0, target_modules=".*q_proj"), dropout=0.0)
     assert not any(layer.fused_decode_ok() for layer in net.model.layers)
+    assert not net.model.decode_layers_ok()
     # without msllm's kernels (cpu_kernels false) nothing is fused
     off = LlamaForCausalLM(dataclasses.replace(tiny(), cpu_kernels=False), fast_paths=True)
-    assert not any(layer.fused_decode_ok() for layer in off.model.layers)
+    assert not any(layer.fused_decode_ok() for layer in off.model.layers) and not off.model.decode_layers_ok()
+
+
+def test_the_environment_switches_the_one_operator_stack_off(monkeypatch):
+    monkeypatch.setenv("MSLLM_DECODE_STACK", "0")
+    net = LlamaForCausalLM(tiny(), fast_paths=True)
+    assert net.model.decode_stack is None and all(layer.fused_decode_ok() for layer in net.model.layers)

@@ -85,9 +85,125 @@ const float *norm_weight(void *p, const char *dtype, int64_t c, std::vector<floa
 
 // Per-thread scratch of the fused step (MindSpore may run two kernels at once on two threads).
 std::vector<float> &buffer(int slot, size_t n) {
-  static thread_local std::vector<float> bufs[8];
+  static thread_local std::vector<float> bufs[12];
   if (bufs[slot].size() < n) bufs[slot].resize(n);
   return bufs[slot];
+}
+
+// One layer's front weights: the input norm's weight (C,) float32 / bfloat16 and eps, Wq, Wk, Wv.
+struct FrontWeights {
+  void *norm = nullptr;
+  const char *norm_dtype = nullptr;
+  float eps = 0.f;
+  Weight wq, wk, wv;
+};
+
+// One layer's back weights: Wo, the post-attention norm's weight and eps, Wgate, Wup, Wdown.
+struct BackWeights {
+  Weight wo;
+  void *norm = nullptr;
+  const char *norm_dtype = nullptr;
+  float eps = 0.f;
+  Weight wg, wu, wd;
+};
+
+// A norm weight (C,) and its eps (1,) float32 at params[i], params[i + 1]; moves i past them.
+bool read_norm(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t c,
+               void *&w, const char *&dtype, float &eps) {
+  if (i + 2 > inputs || !(f32(dtypes[i]) || is(dtypes[i], "bfloat16")) || !f32(dtypes[i + 1])) return false;
+  if (ndims[i] != 1 || shapes[i][0] != c) return false;
+  w = params[i];
+  dtype = dtypes[i];
+  eps = *static_cast<const float *>(params[i + 1]);
+  i += 2;
+  return true;
+}
+
+// The geometry of a decode step: m rows, width c, h query heads and kv key/value heads of d.
+struct Geometry {
+  int64_t m, c, h, kv, d;
+};
+
+// q (m, h, d) rotated and scaled, k (m, kv, d) rotated, v (m, kv, d) from the layer input x (m, c);
+// with kcache / vcache (R, kv, d) k and v also copied into cache rows rows[b] (checked in range).
+void front_step(const Geometry &g, const FrontWeights &fw, const float *x, const float *cs, const float *sn,
+                float scale, float *q, float *k, float *v, float *kcache, float *vcache, const int32_t *rows) {
+  const int64_t m = g.m, c = g.c, h = g.h, kv = g.kv, d = g.d;
+  std::vector<float> &nw = buffer(0, 0);
+  const float *w = norm_weight(fw.norm, fw.norm_dtype, c, nw);
+  float *y = buffer(1, m * c).data(), *rstd = buffer(2, m).data();
+  float *qr = buffer(3, m * h * d).data(), *kr = buffer(4, m * kv * d).data();
+  rms_norm_forward(x, w, fw.eps, c, m, y, rstd);
+  fw.wq.apply(y, qr, m);
+  fw.wk.apply(y, kr, m);
+  fw.wv.apply(y, v, m);
+  rope_forward(qr, cs, sn, q, m, h, d);
+  rope_forward(kr, cs, sn, k, m, kv, d);
+  for (int64_t j = 0; j < m * h * d; ++j) q[j] *= scale;  // after the rotation, as decode_one's Mul
+  if (kcache) {
+    const int64_t row = kv * d;                               // one cache row: (K, D)
+    for (int64_t b = 0; b < m; ++b) {
+      std::memcpy(kcache + rows[b] * row, k + b * row, row * sizeof(float));
+      std::memcpy(vcache + rows[b] * row, v + b * row, row * sizeof(float));
+    }
+  }
+}
+
+// out (m, c) = h + down(silu(gate(n)) * up(n)), h = x + o(attention(q over the caches (s * m, kv, d),
+// mask (mask_rows, 1, 1, s))), n = rmsnorm(h). ``out`` may be ``x``: x is read (by the residual
+// add) before out is written.
+void back_step(const Geometry &g, const BackWeights &bw, const float *x, const float *q, const float *kcache,
+               const float *vcache, const float *mask, int64_t mask_rows, int64_t s, float *out) {
+  const int64_t m = g.m, c = g.c, h = g.h, kv = g.kv, d = g.d, f = bw.wg.out;
+  std::vector<float> &nw = buffer(0, 0);
+  const float *w = norm_weight(bw.norm, bw.norm_dtype, c, nw);
+  float *attn = buffer(1, m * h * d).data(), *o = buffer(2, m * c).data(), *hs = buffer(3, m * c).data();
+  float *n = buffer(4, m * c).data(), *rstd = buffer(5, m).data();
+  float *gt = buffer(6, m * f).data(), *u = buffer(7, m * f).data();
+  decode_attention_forward(q, kcache, vcache, mask, attn, m, h, 1, d, s, kv, mask_rows);
+  bw.wo.apply(attn, o, m);
+  add_rms_norm_forward(x, o, w, bw.eps, c, m, hs, n, rstd);
+  bw.wg.apply(n, gt, m);
+  bw.wu.apply(n, u, m);
+  swiglu_forward(gt, u, gt, m * f);   // in place: each element read before it is written
+  bw.wd.apply(gt, o, m);
+  for (int64_t j = 0; j < m * c; ++j) out[j] = hs[j] + o[j];
+}
+
+// The front weights at params[i..] (norm, eps, Wq, Wk, Wv) for width c; false if one does not fit.
+bool read_front(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t c,
+                FrontWeights &fw) {
+  return read_norm(i, inputs, params, ndims, shapes, dtypes, c, fw.norm, fw.norm_dtype, fw.eps) &&
+         read_weight(i, inputs, params, ndims, shapes, dtypes, fw.wq) &&
+         read_weight(i, inputs, params, ndims, shapes, dtypes, fw.wk) &&
+         read_weight(i, inputs, params, ndims, shapes, dtypes, fw.wv);
+}
+
+// The back weights at params[i..] (Wo, norm, eps, Wgate, Wup, Wdown); false if one does not fit.
+bool read_back(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t c,
+               BackWeights &bw) {
+  return read_weight(i, inputs, params, ndims, shapes, dtypes, bw.wo) &&
+         read_norm(i, inputs, params, ndims, shapes, dtypes, c, bw.norm, bw.norm_dtype, bw.eps) &&
+         read_weight(i, inputs, params, ndims, shapes, dtypes, bw.wg) &&
+         read_weight(i, inputs, params, ndims, shapes, dtypes, bw.wu) &&
+         read_weight(i, inputs, params, ndims, shapes, dtypes, bw.wd);
+}
+
+bool front_fits(const Geometry &g, const FrontWeights &fw) {
+  const Weight &q = fw.wq, &k = fw.wk, &v = fw.wv;
+  return q.in == g.c && k.in == g.c && v.in == g.c && q.out == g.h * g.d && k.out == g.kv * g.d && v.out == k.out;
+}
+
+bool back_fits(const Geometry &g, const BackWeights &bw) {
+  const int64_t f = bw.wg.out;
+  return bw.wo.in == g.h * g.d && bw.wo.out == g.c && bw.wg.in == g.c && bw.wu.in == g.c && bw.wu.out == f &&
+         bw.wd.in == f && bw.wd.out == g.c;
+}
+
+// A (R, kv, d) float32 cache at params[i] for geometry g: its row count, or -1.
+int64_t cache_rows_of(int i, int *ndims, int64_t **shapes, const char **dtypes, const Geometry &g) {
+  if (!f32(dtypes[i]) || ndims[i] != 3 || shapes[i][1] != g.kv || shapes[i][2] != g.d) return -1;
+  return shapes[i][0];
 }
 
 }  // namespace
@@ -103,30 +219,25 @@ MSLLM_AOT(msllm_decode_front) {
   // the three cache inputs are there when the last input is the int32 row index
   const bool write = all >= 12 && is(dtypes[all - 1], "int32");
   const int inputs = write ? all - 3 : all;
-  if (!f32(dtypes[0]) || !f32(dtypes[2])) return 1;
+  if (!f32(dtypes[0])) return 1;
   const int64_t c = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(c, 1);
-  if (!f32(dtypes[1]) && !is(dtypes[1], "bfloat16")) return 1;
-  if (ndims[1] != 1 || shapes[1][0] != c) return 2;
-  Weight wq, wk, wv;
-  int i = 3;
-  auto next = [&](Weight &wt) { return read_weight(i, inputs, params, ndims, shapes, dtypes, wt); };
-  if (!next(wq) || !next(wk) || !next(wv)) return 1;
+  FrontWeights fw;
+  int i = 1;
+  if (!read_front(i, inputs, params, ndims, shapes, dtypes, c, fw)) return 1;
   if (i + 3 != inputs || !f32(dtypes[i]) || !f32(dtypes[i + 1]) || !f32(dtypes[i + 2])) return 1;
   const int64_t d = shapes[i][ndims[i] - 1];
   if (d <= 0 || d % 2 || numel(ndims[i], shapes[i]) != m * d || numel(ndims[i + 1], shapes[i + 1]) != m * d) return 2;
-  if (wq.in != c || wk.in != c || wv.in != c || wq.out % d || wk.out % d || wk.out != wv.out) return 2;
-  const int64_t h = wq.out / d, kv = wk.out / d;
+  if (fw.wq.out % d || fw.wk.out % d) return 2;
+  const Geometry g{m, c, fw.wq.out / d, fw.wk.out / d, d};
+  if (!front_fits(g, fw)) return 2;
   for (int o = 0; o < 3; ++o)
-    if (!f32(dtypes[all + o]) || numel(ndims[all + o], shapes[all + o]) != m * (o ? kv : h) * d) return 2;
+    if (!f32(dtypes[all + o]) || numel(ndims[all + o], shapes[all + o]) != m * (o ? g.kv : g.h) * d) return 2;
   float *kcache = nullptr, *vcache = nullptr;
   const int32_t *rows = nullptr;
-  int64_t cache_rows = 0;
   if (write) {
     const int kc = inputs, vc = inputs + 1, ix = inputs + 2;
-    if (!f32(dtypes[kc]) || !f32(dtypes[vc]) || ndims[kc] != 3 || ndims[vc] != 3) return 1;
-    cache_rows = shapes[kc][0];
-    for (int c : {kc, vc})
-      if (shapes[c][0] != cache_rows || shapes[c][1] != kv || shapes[c][2] != d) return 2;
+    const int64_t cache_rows = cache_rows_of(kc, ndims, shapes, dtypes, g);
+    if (cache_rows < 0 || cache_rows_of(vc, ndims, shapes, dtypes, g) != cache_rows) return 2;
     if (numel(ndims[ix], shapes[ix]) != m) return 2;
     kcache = static_cast<float *>(params[kc]);
     vcache = static_cast<float *>(params[vc]);
@@ -134,31 +245,11 @@ MSLLM_AOT(msllm_decode_front) {
     for (int64_t b = 0; b < m; ++b)
       if (rows[b] < 0 || rows[b] >= cache_rows) return 2;     // checked before anything is written
   }
-  const float *x = static_cast<const float *>(params[0]);
-  const float *cs = static_cast<const float *>(params[i]), *sn = static_cast<const float *>(params[i + 1]);
-  const float scale = *static_cast<const float *>(params[i + 2]);
-  float *q = static_cast<float *>(params[all]), *k = static_cast<float *>(params[all + 1]);
-  float *v = static_cast<float *>(params[all + 2]);
   if (m <= 0) return 0;
-
-  std::vector<float> &nw = buffer(0, 0);
-  const float *w = norm_weight(params[1], dtypes[1], c, nw);
-  float *y = buffer(1, m * c).data(), *rstd = buffer(2, m).data();
-  float *qr = buffer(3, m * h * d).data(), *kr = buffer(4, m * kv * d).data();
-  rms_norm_forward(x, w, *static_cast<const float *>(params[2]), c, m, y, rstd);
-  wq.apply(y, qr, m);
-  wk.apply(y, kr, m);
-  wv.apply(y, v, m);
-  rope_forward(qr, cs, sn, q, m, h, d);
-  rope_forward(kr, cs, sn, k, m, kv, d);
-  for (int64_t j = 0; j < m * h * d; ++j) q[j] *= scale;  // after the rotation, as decode_one's Mul
-  if (write) {
-    const int64_t row = kv * d;                               // one cache row: (K, D)
-    for (int64_t b = 0; b < m; ++b) {
-      std::memcpy(kcache + rows[b] * row, k + b * row, row * sizeof(float));
-      std::memcpy(vcache + rows[b] * row, v + b * row, row * sizeof(float));
-    }
-  }
+  front_step(g, fw, static_cast<const float *>(params[0]), static_cast<const float *>(params[i]),
+             static_cast<const float *>(params[i + 1]), *static_cast<const float *>(params[i + 2]),
+             static_cast<float *>(params[all]), static_cast<float *>(params[all + 1]),
+             static_cast<float *>(params[all + 2]), kcache, vcache, rows);
   return 0;
 }
 
@@ -174,41 +265,81 @@ MSLLM_AOT(msllm_decode_back) {
     if (!f32(dtypes[j])) return 1;
   if (ndims[1] != 4 || ndims[2] != 3 || ndims[3] != 3 || ndims[4] != 4) return 2;
   const int64_t c = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(c, 1);
-  const int64_t h = shapes[1][1], d = shapes[1][3], kv = shapes[2][1];
+  const Geometry g{m, c, shapes[1][1], shapes[2][1], shapes[1][3]};
   if (shapes[1][0] != m || shapes[1][2] != 1 || m <= 0 || shapes[2][0] % m) return 2;
   const int64_t s = shapes[2][0] / m;
-  if (shapes[2][2] != d || kv <= 0 || h % kv || shapes[3][0] != s * m || shapes[3][1] != kv || shapes[3][2] != d ||
-      shapes[4][3] != s || shapes[4][2] != 1 || (shapes[4][0] != m && shapes[4][0] != 1))
+  if (shapes[2][2] != g.d || g.kv <= 0 || g.h % g.kv || shapes[3][0] != s * m || shapes[3][1] != g.kv ||
+      shapes[3][2] != g.d || shapes[4][3] != s || shapes[4][2] != 1 || (shapes[4][0] != m && shapes[4][0] != 1))
     return 2;
-  Weight wo, wg, wu, wd;
+  BackWeights bw;
   int i = 5;
-  auto next = [&](Weight &wt) { return read_weight(i, inputs, params, ndims, shapes, dtypes, wt); };
-  if (!next(wo)) return 1;
-  if (i + 2 > inputs || !(f32(dtypes[i]) || is(dtypes[i], "bfloat16")) || !f32(dtypes[i + 1])) return 1;
-  if (ndims[i] != 1 || shapes[i][0] != c) return 2;
-  const int norm_at = i;
-  i += 2;
-  if (!next(wg) || !next(wu) || !next(wd) || i != inputs) return 1;
-  const int64_t f = wg.out;
-  if (wo.in != h * d || wo.out != c || wg.in != c || wu.in != c || wu.out != f || wd.in != f || wd.out != c) return 2;
+  if (!read_back(i, inputs, params, ndims, shapes, dtypes, c, bw) || i != inputs) return 1;
+  if (!back_fits(g, bw)) return 2;
   if (!f32(dtypes[inputs]) || numel(ndims[inputs], shapes[inputs]) != m * c) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  float *out = static_cast<float *>(params[inputs]);
+  back_step(g, bw, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+            static_cast<const float *>(params[2]), static_cast<const float *>(params[3]),
+            static_cast<const float *>(params[4]), shapes[4][0], s, static_cast<float *>(params[inputs]));
+  return 0;
+}
 
-  std::vector<float> &nw = buffer(0, 0);
-  const float *w = norm_weight(params[norm_at], dtypes[norm_at], c, nw);
-  float *attn = buffer(1, m * h * d).data(), *o = buffer(2, m * c).data(), *hs = buffer(3, m * c).data();
-  float *n = buffer(4, m * c).data(), *rstd = buffer(5, m).data();
-  float *g = buffer(6, m * f).data(), *u = buffer(7, m * f).data();
-  decode_attention_forward(static_cast<const float *>(params[1]), static_cast<const float *>(params[2]),
-                           static_cast<const float *>(params[3]), static_cast<const float *>(params[4]), attn, m, h,
-                           1, d, s, kv, shapes[4][0]);
-  wo.apply(attn, o, m);
-  add_rms_norm_forward(x, o, w, *static_cast<const float *>(params[norm_at + 1]), c, m, hs, n, rstd);
-  wg.apply(n, g, m);
-  wu.apply(n, u, m);
-  swiglu_forward(g, u, g, m * f);   // in place: each element read before it is written
-  wd.apply(g, o, m);
-  for (int64_t j = 0; j < m * c; ++j) out[j] = hs[j] + o[j];
+// The whole decoder stack's decode step in one operator: MindSpore launches 2 operators per layer
+// above (60 for SmolLM2, each launch costing tens of microseconds: benchmarks/decode_profile.py
+// --tiny), this one per step. Each layer runs front_step then back_step, the code of the two
+// operators above in the same order, so the result and the caches are bit for bit those of the
+// per-layer operators (tests/models/test_llama_decode_fused.py).
+// Inputs: x (B, 1, C) float32, cos, sin (B, .., D) float32, scale (1,), mask (B or 1, 1, 1, S) additive
+// (one for every layer: no per-layer window), index (1, B) int32 (row b's cache row), then per layer:
+// norm weight, eps, Wq, Wk, Wv, k cache, v cache (S * B, K, D) float32, Wo, norm weight, eps, Wgate,
+// Wup, Wdown (each weight one input, or three for int8). Output: (B, 1, C) the last layer's output.
+// The caches are written in place, as decode_front writes them.
+MSLLM_AOT(msllm_decode_stack) {
+  const int inputs = nparam - 1;
+  if (inputs < 6) return 1;
+  for (int j = 0; j < 5; ++j)
+    if (!f32(dtypes[j])) return 1;
+  if (!is(dtypes[5], "int32") || ndims[4] != 4) return 1;
+  const int64_t c = shapes[0][ndims[0] - 1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(c, 1);
+  const int64_t d = shapes[1][ndims[1] - 1];
+  if (m <= 0 || d <= 0 || d % 2 || numel(ndims[1], shapes[1]) != m * d || numel(ndims[2], shapes[2]) != m * d)
+    return 2;
+  if (numel(ndims[5], shapes[5]) != m || (shapes[4][0] != m && shapes[4][0] != 1) || shapes[4][2] != 1) return 2;
+  const int64_t s = shapes[4][3], cache_rows = s * m;
+  if (!f32(dtypes[inputs]) || numel(ndims[inputs], shapes[inputs]) != m * c) return 2;
+  const int32_t *rows = static_cast<const int32_t *>(params[5]);
+  for (int64_t b = 0; b < m; ++b)
+    if (rows[b] < 0 || rows[b] >= cache_rows) return 2;
+  // every layer's inputs are read and checked before anything is computed or written
+  struct Layer {
+    FrontWeights fw;
+    BackWeights bw;
+    float *kcache, *vcache;
+  };
+  std::vector<Layer> layers;
+  Geometry g{m, c, 0, 0, d};
+  for (int i = 6; i < inputs;) {
+    Layer l;
+    if (!read_front(i, inputs, params, ndims, shapes, dtypes, c, l.fw) || i + 2 > inputs) return 1;
+    if (l.fw.wq.out % d || l.fw.wk.out % d) return 2;
+    if (layers.empty()) g = Geometry{m, c, l.fw.wq.out / d, l.fw.wk.out / d, d};
+    if (g.kv <= 0 || g.h % g.kv || !front_fits(g, l.fw)) return 2;
+    if (cache_rows_of(i, ndims, shapes, dtypes, g) != cache_rows || cache_rows_of(i + 1, ndims, shapes, dtypes, g) != cache_rows)
+      return 2;
+    l.kcache = static_cast<float *>(params[i]);
+    l.vcache = static_cast<float *>(params[i + 1]);
+    i += 2;
+    if (!read_back(i, inputs, params, ndims, shapes, dtypes, c, l.bw)) return 1;
+    if (!back_fits(g, l.bw)) return 2;
+    layers.push_back(l);
+  }
+  if (layers.empty()) return 1;
+  const float *cs = static_cast<const float *>(params[1]), *sn = static_cast<const float *>(params[2]);
+  const float scale = *static_cast<const float *>(params[3]), *mask = static_cast<const float *>(params[4]);
+  float *x = static_cast<float *>(params[inputs]);            // the running hidden state, (B, 1, C)
+  std::memcpy(x, params[0], m * c * sizeof(float));
+  float *q = buffer(8, m * g.h * d).data(), *k = buffer(9, m * g.kv * d).data(), *v = buffer(10, m * g.kv * d).data();
+  for (const Layer &l : layers) {
+    front_step(g, l.fw, x, cs, sn, scale, q, k, v, l.kcache, l.vcache, rows);
+    back_step(g, l.bw, x, q, l.kcache, l.vcache, mask, shapes[4][0], s, x);
+  }
   return 0;
 }

@@ -613,6 +613,17 @@ class DecoderLayer(nn.Cell):
         return (a.q_proj.fusable and a.k_proj.fusable and a.v_proj.fusable and a.o_proj.fusable
                 and m.gate_proj.fusable and m.up_proj.fusable and m.down_proj.fusable)
 
+    def decode_inputs(self, k_cache, v_cache):
+        """This layer's part of :meth:`LlamaModel.decode_layers`' one operator (csrc/decode_fused.cc
+        ``msllm_decode_stack``): input norm weight and eps, the q / k / v weights, the caches, the
+        o weight, post-attention norm weight and eps, the gate / up / down weights."""
+        a, m = self.self_attn, self.mlp
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        return ((n1.weight, n1.eps_tensor) + a.q_proj.decode_weights() + a.k_proj.decode_weights()
+                + a.v_proj.decode_weights() + (k_cache, v_cache) + a.o_proj.decode_weights()
+                + (n2.weight, n2.eps_tensor) + m.gate_proj.decode_weights() + m.up_proj.decode_weights()
+                + m.down_proj.decode_weights())
+
     def decode_fused(self, x, cos, sin, mask, k_cache, v_cache, index):
         """One new token per row, x (B, 1, C) -> (B, 1, C), in msllm's two fused operators, the
         front writing the new keys and values into the caches' rows in place (csrc/decode_fused.cc
@@ -701,6 +712,14 @@ class LlamaModel(nn.Cell):
         self.windows = tuple(dict.fromkeys(windows))
         self.mask_of = tuple(self.windows.index(w) for w in windows)
         # Gemma's embedding scale, rounded to the weights' dtype first as HF does
+        # a decode step's decoder layers as one of msllm's operators (csrc/decode_fused.cc
+        # msllm_decode_stack) when every layer has the fused two and all share one mask: one launch
+        # instead of two per layer (decode_layers)
+        self.decode_stack = None
+        if (choice.cpu is not None and choice.cpu.decode_stack_enabled() and len(self.windows) == 1
+                and all(layer.decode_front is not None for layer in self.layers)):
+            self.decode_stack = choice.cpu.decode_stack
+            self.attn_scale = self.layers[0].attn_scale
         self.embed_scale = Tensor(config.embedding_multiplier, embed_dtype)
         self.scale_embed = config.embedding_multiplier != 1.0
         self.mul_embed = ops.Mul()
@@ -811,12 +830,36 @@ class LlamaModel(nn.Cell):
         start = None
         if fresh:  # left padding: a row's last slot holds position n - 1, so its first real slot is T - n
             start = self.cast(t - 1 - positions[:, t - 1], ms.float32)              # (B,)
+        if t == 1 and not fresh and self.decode_layers_ok():
+            return self.norm(self.decode_layers(x, cos, sin, masks[0], caches, index))
         i = 0
         for layer in self.layers:
             x = layer.construct_cached(x, cos, sin, masks[self.mask_of[i]], caches[2 * i], caches[2 * i + 1],
                                        index, fresh, start)
             i += 1
         return self.norm(x)
+
+    def decode_layers_ok(self):
+        """True when :meth:`decode_layers` serves a decode step: its operator is built and every
+        layer's projections are plain :class:`Linear` (``DecoderLayer.fused_decode_ok``)."""
+        if self.decode_stack is None:
+            return False
+        for layer in self.layers:
+            if not layer.fused_decode_ok():
+                return False
+        return True
+
+    def decode_layers(self, x, cos, sin, mask, caches, index):
+        """One new token per row through every decoder layer in one operator: x (B, 1, C) -> (B, 1,
+        C), each layer's new keys and values written into its caches in place; the same code and
+        bits as the layers' :meth:`DecoderLayer.decode_fused` one after another (cos / sin (B, 1, 1,
+        D), mask (B, 1, 1, S), caches and index as :meth:`forward_cached`)."""
+        args = (x, cos, sin, self.attn_scale, mask, index)
+        i = 0
+        for layer in self.layers:
+            args = args + layer.decode_inputs(caches[2 * i], caches[2 * i + 1])
+            i += 1
+        return self.decode_stack(*args)                                         # (B, 1, C)
 
 
 class LlamaForCausalLM(nn.Cell):
