@@ -7,7 +7,8 @@ launch of every operator.
 
 ``--tiny``: the same 30-layer graph with hidden 64, 1 / 1 heads of 64, FFN 64, vocab 512
 (random weights): every operator is launched as for SmolLM2 but does almost no work, so its step
-is close to the launch cost of the graph.
+is close to the launch cost of the graph; ``--layers N`` gives it N layers instead (how that cost
+grows with the layers: their operators and their inputs).
 
     nice -n 19 .venv/bin/python benchmarks/decode_profile.py --dtype float32 --steps 40
     nice -n 19 .venv/bin/python benchmarks/decode_profile.py --tiny --steps 40
@@ -41,9 +42,9 @@ def build(args):
     if args.tiny:
         from msllm.convert.verify import write_random_hf_dir
 
-        d = os.path.join(HERE, ".cache", "profile_tiny30")
+        d = os.path.join(HERE, ".cache", f"profile_tiny{args.layers}")
         if not os.path.exists(os.path.join(d, "config.json")):
-            write_random_hf_dir(d, vocab_size=512, hidden_size=64, num_hidden_layers=30, num_attention_heads=1,
+            write_random_hf_dir(d, vocab_size=512, hidden_size=64, num_hidden_layers=args.layers, num_attention_heads=1,
                                 num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True,
                                 max_position_embeddings=2048)
         path = d
@@ -63,6 +64,7 @@ def model_args(p: argparse.ArgumentParser, steps: int) -> argparse.ArgumentParse
     ``--prompt`` / ``--steps``; shared with decode_call_overhead.py."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--layers", type=int, default=30, help="--tiny: decoder layers")
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--threads", type=int, default=2)
@@ -96,6 +98,7 @@ def prefilled(args, batch: int, more_steps: int):
 
 def main(argv=None):
     p = model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
+    p.add_argument("--out", default=None, help="append this run's row to this JSON list")
     a = p.parse_args(argv)
     common.use_repo()
     import numpy as np
@@ -127,12 +130,18 @@ def main(argv=None):
         tok = np.array([int(logits[0].argmax())])
     walls, kern = np.array(walls[3:]) * 1e3, np.array(kern[3:]) * 1e3
     n = len(walls)
-    print("DECODE_PROFILE " + json.dumps({
-        "dtype": a.dtype, "tiny": a.tiny, "prompt": a.prompt, "steps": n,
-        "step_ms_median": round(float(np.median(walls)), 3), "kernel_ms_median": round(float(np.median(kern)), 3),
-        "other_ms_median": round(float(np.median(walls - kern)), 3),
-        "kernels": {k: {"calls_per_step": c / n, "ms_per_step": round(s * 1e3 / n, 3)}
-                    for k, (c, s) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])}}))
+    row = {"dtype": a.dtype, "tiny": a.tiny, "layers": a.layers if a.tiny else None,
+           "decode_stack": os.environ.get("MSLLM_DECODE_STACK", "1") != "0", "prompt": a.prompt, "steps": n,
+           "step_ms_median": round(float(np.median(walls)), 3), "kernel_ms_median": round(float(np.median(kern)), 3),
+           "other_ms_median": round(float(np.median(walls - kern)), 3),
+           "kernels": {k: {"calls_per_step": c / n, "ms_per_step": round(s * 1e3 / n, 3)}
+                       for k, (c, s) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])}}
+    print("DECODE_PROFILE " + json.dumps(row))
+    if a.out:   # one more row in a JSON list (several runs: layer counts, the stack on and off)
+        import harness
+
+        rows = json.load(open(a.out)) if os.path.exists(a.out) else []
+        harness.write_json(a.out, rows + [dict(row, machine=common.machine(), command=" ".join(sys.argv))])
 
 
 if __name__ == "__main__":
