@@ -8,6 +8,8 @@ Invoked exactly like ``run_msllm.py`` (``--config C --run_mode M [extra]``) by
 * ``--fail_rank R``: the worker whose ``RANK_ID`` is R exits with status 3 before joining,
   after ``--fail_delay`` seconds (default 0; the other ranks are then inside ``init()``).
 * ``--env_only``: write the environment and exit without touching MindSpore.
+* ``--destroy``: leave the cluster with ``mindspore.mint.distributed.destroy_process_group()`` after the
+  AllReduce (benchmarks/cluster_teardown_crash.py: whether that avoids MindSpore's crash at exit).
 * ``--gather_bytes N``: after the AllReduce, each rank all-gathers ``N + 7 * rank`` pseudo-random
   bytes (seeded by its rank) with :func:`msllm.cluster.gather.all_gather_bytes` and records the
   length and SHA-256 of every blob it received.
@@ -31,6 +33,7 @@ def main() -> int:
     parser.add_argument("--fail_delay", type=float, default=0.0)
     parser.add_argument("--env_only", action="store_true")
     parser.add_argument("--gather_bytes", type=int, default=0)
+    parser.add_argument("--destroy", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to stay alive after the AllReduce")
     args = parser.parse_args()
 
@@ -77,6 +80,11 @@ def main() -> int:
     _write(os.path.join(args.result_dir, f"rank_{rank}.json"), info)
     time.sleep(args.sleep)
     print(f"rank {rank} allreduce {info['allreduce']}", flush=True)
+    if args.destroy:
+        from mindspore.mint.distributed import destroy_process_group
+
+        destroy_process_group()
+        print(f"rank {rank} left the cluster", flush=True)
     return 0
 
 
