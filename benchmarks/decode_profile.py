@@ -140,7 +140,10 @@ def main(argv=None):
     if a.out:   # one more row in a JSON list (several runs: layer counts, the stack on and off)
         import harness
 
-        rows = json.load(open(a.out)) if os.path.exists(a.out) else []
+        rows = []
+        if os.path.exists(a.out):
+            with open(a.out) as fh:
+                rows = json.load(fh)
         harness.write_json(a.out, rows + [dict(row, machine=common.machine(), command=" ".join(sys.argv))])
 
 

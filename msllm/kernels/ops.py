@@ -210,7 +210,8 @@ class CpuKernels:
         """Whether a model built now runs its decode step's decoder layers as one operator
         (:attr:`decode_stack`, csrc/decode_fused.cc) where every layer can: yes unless the
         environment says ``MSLLM_DECODE_STACK=0`` (two operators per layer then, the same bits;
-        for benchmarks/decode_stack_ab.py and the tests that compare the two)."""
+        for ``benchmarks/decode_gemv_rows_ab.py --var MSLLM_DECODE_STACK --at build`` and the tests that
+        compare the two)."""
         return os.environ.get("MSLLM_DECODE_STACK", "1") != "0"
 
     @staticmethod

@@ -322,8 +322,8 @@ MSLLM_AOT(msllm_decode_stack) {
     if (l.fw.wq.out % d || l.fw.wk.out % d) return 2;
     if (layers.empty()) g = Geometry{m, c, l.fw.wq.out / d, l.fw.wk.out / d, d};
     if (g.kv <= 0 || g.h % g.kv || !front_fits(g, l.fw)) return 2;
-    if (cache_rows_of(i, ndims, shapes, dtypes, g) != cache_rows || cache_rows_of(i + 1, ndims, shapes, dtypes, g) != cache_rows)
-      return 2;
+    for (int cache : {i, i + 1})
+      if (cache_rows_of(cache, ndims, shapes, dtypes, g) != cache_rows) return 2;
     l.kcache = static_cast<float *>(params[i]);
     l.vcache = static_cast<float *>(params[i + 1]);
     i += 2;

@@ -613,16 +613,24 @@ class DecoderLayer(nn.Cell):
         return (a.q_proj.fusable and a.k_proj.fusable and a.v_proj.fusable and a.o_proj.fusable
                 and m.gate_proj.fusable and m.up_proj.fusable and m.down_proj.fusable)
 
+    def front_weights(self):
+        """The fused front's weights as csrc/decode_fused.cc reads them: input norm weight and eps,
+        then the q / k / v weights (each ``Linear.decode_weights()``)."""
+        a, n1 = self.self_attn, self.input_layernorm
+        return ((n1.weight, n1.eps_tensor) + a.q_proj.decode_weights() + a.k_proj.decode_weights()
+                + a.v_proj.decode_weights())
+
+    def back_weights(self):
+        """The fused back's weights as csrc/decode_fused.cc reads them: the o weight, post-attention
+        norm weight and eps, then the gate / up / down weights."""
+        m, n2 = self.mlp, self.post_attention_layernorm
+        return (self.self_attn.o_proj.decode_weights() + (n2.weight, n2.eps_tensor) + m.gate_proj.decode_weights()
+                + m.up_proj.decode_weights() + m.down_proj.decode_weights())
+
     def decode_inputs(self, k_cache, v_cache):
         """This layer's part of :meth:`LlamaModel.decode_layers`' one operator (csrc/decode_fused.cc
-        ``msllm_decode_stack``): input norm weight and eps, the q / k / v weights, the caches, the
-        o weight, post-attention norm weight and eps, the gate / up / down weights."""
-        a, m = self.self_attn, self.mlp
-        n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        return ((n1.weight, n1.eps_tensor) + a.q_proj.decode_weights() + a.k_proj.decode_weights()
-                + a.v_proj.decode_weights() + (k_cache, v_cache) + a.o_proj.decode_weights()
-                + (n2.weight, n2.eps_tensor) + m.gate_proj.decode_weights() + m.up_proj.decode_weights()
-                + m.down_proj.decode_weights())
+        ``msllm_decode_stack``): the front's weights, the caches, the back's weights."""
+        return self.front_weights() + (k_cache, v_cache) + self.back_weights()
 
     def decode_fused(self, x, cos, sin, mask, k_cache, v_cache, index):
         """One new token per row, x (B, 1, C) -> (B, 1, C), in msllm's two fused operators, the
@@ -630,14 +638,9 @@ class DecoderLayer(nn.Cell):
         says why that is safe); the same arithmetic and cache contents as
         :meth:`Attention.decode_one` + :meth:`feed_forward` (cos / sin (B, 1, 1, D), mask
         (B, 1, 1, S) float32, caches (S * B, K, D) float32, index (1, B) int32)."""
-        a, m = self.self_attn, self.mlp
-        n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        front = ((x, n1.weight, n1.eps_tensor) + a.q_proj.decode_weights() + a.k_proj.decode_weights()
-                 + a.v_proj.decode_weights() + (cos, sin, self.attn_scale, k_cache, v_cache, index))
+        front = (x,) + self.front_weights() + (cos, sin, self.attn_scale, k_cache, v_cache, index)
         q, _, _ = self.decode_front(*front)                  # (B, H, 1, D); k, v written at rows index[0, b]
-        back = ((x, q, k_cache, v_cache, mask) + a.o_proj.decode_weights() + (n2.weight, n2.eps_tensor)
-                + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
-        return self.decode_back(*back)                       # (B, 1, C)
+        return self.decode_back(*((x, q, k_cache, v_cache, mask) + self.back_weights()))   # (B, 1, C)
 
     def feed_forward(self, x, a):
         """x (B, T, C) and the attention output a (B, T, C) -> h + mlp(norm(h)) with h = x + a."""
@@ -711,7 +714,6 @@ class LlamaModel(nn.Cell):
         windows = [config.layer_window(i) for i in range(config.num_layers)]
         self.windows = tuple(dict.fromkeys(windows))
         self.mask_of = tuple(self.windows.index(w) for w in windows)
-        # Gemma's embedding scale, rounded to the weights' dtype first as HF does
         # a decode step's decoder layers as one of msllm's operators (csrc/decode_fused.cc
         # msllm_decode_stack) when every layer has the fused two and all share one mask: one launch
         # instead of two per layer (decode_layers)
@@ -720,6 +722,7 @@ class LlamaModel(nn.Cell):
                 and all(layer.decode_front is not None for layer in self.layers)):
             self.decode_stack = choice.cpu.decode_stack
             self.attn_scale = self.layers[0].attn_scale
+        # Gemma's embedding scale, rounded to the weights' dtype first as HF does
         self.embed_scale = Tensor(config.embedding_multiplier, embed_dtype)
         self.scale_embed = config.embedding_multiplier != 1.0
         self.mul_embed = ops.Mul()
