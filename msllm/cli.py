@@ -58,6 +58,18 @@ def show(cfg) -> None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    """``run_msllm.py``: the run mode of the config (train, finetune, predict, eval, a dry-run, the
+    strategy files); 0 on success, after which a process started by the launcher marks its work done
+    (:func:`msllm.cluster.rank_done.mark_done`)."""
+    code = _run(argv)
+    if code == 0:
+        from msllm.cluster.rank_done import mark_done
+
+        mark_done()
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     args, overrides = parse_entry_args(argv)
     check_use_parallel(args.use_parallel)
     cfg = load_config(args.config, overrides)

@@ -7,7 +7,9 @@ launch is refused while processes of the previous one (its pids file) still run.
 ``OUTPUT/log/pids_{START}_{END}.txt`` lists ``role rank pid log`` per process (scheduler
 rank is ``-``). If a process exits non-zero, :func:`wait_all` names it, its exit code and log
 (with the log's last lines), sends SIGTERM to the others of this invocation, SIGKILL after the
-kill timeout (``MSLLM_KILL_TIMEOUT``, default 30 s), and returns 1; SIGINT/SIGTERM to the launcher
+kill timeout (``MSLLM_KILL_TIMEOUT``, default 30 s), and returns 1; except a process killed by
+SIGSEGV after it marked its work done (``MSLLM_RANK_DONE_FILE``, :mod:`msllm.cluster.rank_done`:
+MindSpore's crash at interpreter exit), which is named in a warning while the others go on; SIGINT/SIGTERM to the launcher
 are forwarded the same way (128+signal: 130/143); 0 only if every process exited 0. MindFormers'
 ``scripts/run_distribute.sh`` starts the ranks in the background and returns at once; the msllm
 launcher waits by default (``MSLLM_NO_WAIT=1`` returns at once, see :mod:`msllm.cluster.launch`).
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from msllm.cluster.launch_plan import LaunchPlan, ProcessSpec
+from msllm.cluster.rank_done import DONE_ENV, DONE_NAME, crashed_after_done
 from msllm.fileio import atomic_open
 
 DEFAULT_KILL_TIMEOUT = 30.0
@@ -37,6 +40,16 @@ class Running:
 
     spec: ProcessSpec
     popen: subprocess.Popen
+
+    @property
+    def done_path(self) -> str:
+        """Where the process marks its work done (:mod:`msllm.cluster.rank_done`): beside its log."""
+        return done_path_of(self.spec)
+
+
+def done_path_of(spec: ProcessSpec) -> str:
+    """The ``MSLLM_RANK_DONE_FILE`` of a process: ``done`` in the directory of its log."""
+    return os.path.join(os.path.dirname(spec.log_path), DONE_NAME)
 
 
 class SignalRecorder:
@@ -104,8 +117,12 @@ def start_processes(plan: LaunchPlan, cwd: str, die_with_launcher: bool = True) 
     try:
         for spec in plan.processes:
             os.makedirs(os.path.dirname(spec.log_path), exist_ok=True)
+            done = done_path_of(spec)
+            if os.path.exists(done):   # an earlier launch's marker must not vouch for this one
+                os.remove(done)
             with open(spec.log_path, "wb") as log:
-                popen = subprocess.Popen(plan.command, cwd=cwd, env=spec.env, stdin=subprocess.DEVNULL,
+                popen = subprocess.Popen(plan.command, cwd=cwd, env=dict(spec.env, **{DONE_ENV: done}),
+                                         stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                          preexec_fn=_die_with_parent if die_with_launcher else None)
             running.append(Running(spec, popen))
@@ -204,6 +221,12 @@ def wait_all(running: Sequence[Running], kill_timeout: float, poll: float = 0.2)
                 pending.remove(r)
                 if code == 0:
                     print(f"{r.spec.label} finished (exit code 0)", flush=True)
+                    continue
+                if crashed_after_done(r.done_path, r.popen.pid, code):
+                    print(f"warning: {r.spec.label} (pid {r.popen.pid}) marked its work done ({r.done_path}) and "
+                          f"then was {describe_exit(code)} while exiting: MindSpore 2.10's crash at interpreter "
+                          f"exit (msllm/cluster/rank_done.py), counted as finished; log: {r.spec.log_path}",
+                          file=sys.stderr, flush=True)
                     continue
                 err = sys.stderr
                 print(f"error: {r.spec.label} (pid {r.popen.pid}) failed: {describe_exit(code)}; "

@@ -10,6 +10,10 @@ Invoked exactly like ``run_msllm.py`` (``--config C --run_mode M [extra]``) by
 * ``--env_only``: write the environment and exit without touching MindSpore.
 * ``--destroy``: leave the cluster with ``mindspore.mint.distributed.destroy_process_group()`` after the
   AllReduce (benchmarks/cluster_teardown_crash.py: whether that avoids MindSpore's crash at exit).
+* ``--crash_after_done R``: the worker whose ``RANK_ID`` is R marks its work done
+  (:func:`msllm.cluster.rank_done.mark_done`) and then kills itself with SIGSEGV while the interpreter
+  exits (an ``atexit`` handler), as MindSpore 2.10 sometimes does on its own: the launcher must count it
+  as finished if the other processes end well.
 * ``--gather_bytes N``: after the AllReduce, each rank all-gathers ``N + 7 * rank`` pseudo-random
   bytes (seeded by its rank) with :func:`msllm.cluster.gather.all_gather_bytes` and records the
   length and SHA-256 of every blob it received.
@@ -34,6 +38,7 @@ def main() -> int:
     parser.add_argument("--env_only", action="store_true")
     parser.add_argument("--gather_bytes", type=int, default=0)
     parser.add_argument("--destroy", action="store_true")
+    parser.add_argument("--crash_after_done", type=int, default=-1)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to stay alive after the AllReduce")
     args = parser.parse_args()
 
@@ -85,6 +90,12 @@ def main() -> int:
 
         destroy_process_group()
         print(f"rank {rank} left the cluster", flush=True)
+    if rank == args.crash_after_done:
+        import atexit
+        import signal
+
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))
+        print(f"rank {rank} will crash while exiting", flush=True)
     return 0
 
 
@@ -98,4 +109,10 @@ def _write(path: str, obj: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 0:   # as run_msllm.py does (msllm/cli.py)
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        from msllm.cluster.rank_done import mark_done
+
+        mark_done()
+    sys.exit(code)
