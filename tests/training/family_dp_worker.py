@@ -92,4 +92,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 0:   # the last step, as run_msllm.py's (msllm/cluster/rank_done.py)
+        from msllm.cluster.rank_done import mark_done
+
+        mark_done()
+    sys.exit(code)
