@@ -11,6 +11,10 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
   operators each or as one operator for the whole stack (``LlamaModel.decode_layers``); read when the model
   is built, so ``--at build`` builds two models (same weights, each its own caches and compiled graph)
   and alternates between them;
+* ``--var MSLLM_BF16_PAIRS --values 0 1``: a trial, not kept (2026-11-28, AMD EPYC Zen 4,
+  ``decode_bf16_pairs_ab_bfloat16_amd_zen4.json``: 0.99x the step): bfloat16 weights widened 32 per load in lane
+  (a shift for the even ones, a mask for the odd ones, x split into even and odd inputs) instead of 16 per
+  zero-extend; the kernels no longer read that variable.
 * ``--var MSLLM_DECODE_VALUES --values axpy group``: a trial, not kept (2026-11-28, AMD EPYC Zen 4,
   ``decode_values_ab_{float32,int8}_amd_zen4.json``: 1.00x / 1.08x the step): decode attention's value
   sums per slot and head through memory (axpy, ``csrc/decode.cc``) or each kv head's query group held
