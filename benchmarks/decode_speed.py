@@ -11,7 +11,8 @@ Prompts: real text (the bundled Alpaca records, LLaMA tokenizer), ``[bos]`` + 12
 different windows; batch 1 uses the first. 128 new tokens, greedy, no EOS stop.
 
 Runs alternate (msllm, torch, torch with ``OMP_WAIT_POLICY=PASSIVE``, msllm-nocache, and with
-``--frameworks``: msllm-composed, msllm-bf16 = weights kept in bfloat16, msllm-int8 = weight-only int8
+``--frameworks``: msllm-composed, msllm-bf16 = weights kept in bfloat16, msllm-bf16c = the same with
+``compute_dtype: bfloat16`` (GEMM activations rounded to bfloat16), msllm-int8 = weight-only int8
 per output channel) per shape
 and batch size, round after round, so the machine's background load hits them alike
 (msllm-nocache only at ``--nocache_batches``, default 1). Per run: one cold ``generate``
@@ -62,6 +63,12 @@ WORKERS = {"msllm": ("decode_msllm.py", {"use_past": True}, {}),
            # weights kept in bfloat16 (param_init_type), float32 arithmetic: half the bytes per token
            "msllm-bf16": ("decode_msllm.py", {"use_past": True,
                                               "overrides": ["--model.model_config.param_init_type=bfloat16"]}, {}),
+           # bfloat16 weights and compute_dtype bfloat16 (inference): the GEMMs take the weights as stored
+           # and round the activations to bfloat16 (llama.cpp's bf16 arithmetic); decode steps' fused
+           # layers keep float32 activations
+           "msllm-bf16c": ("decode_msllm.py", {"use_past": True,
+                                               "overrides": ["--model.model_config.param_init_type=bfloat16",
+                                                             "--model.model_config.compute_dtype=bfloat16"]}, {}),
            # weight-only int8 (issue #32: param_init_type int8 = RTN per output channel, the head too),
            # float32 arithmetic: about a quarter of float32's bytes per token
            "msllm-int8": ("decode_msllm.py", {"use_past": True,

@@ -67,11 +67,12 @@ def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
     and says so in the start-up line of :func:`msllm.settings.log_settings`.)
     CPU: no expert_parallel / model_parallel / pipeline_stage > 1, no semi/auto parallel mode, no bf16/fp16 compute
     (bf16 kernels are missing on CPU; fp16 runs but only slower than fp32, so it is refused too
-    rather than silently slow), except training with ``compute_dtype`` bfloat16 and float32
-    parameters on the fast path: msllm's CPU kernels round the linear GEMMs' inputs to bfloat16
-    (:mod:`msllm.kernels.select` says what else it needs). ``inference`` (predict, chat, serve, evaluate): parameters may be
+    rather than silently slow), except ``compute_dtype`` bfloat16 on the fast path: msllm's CPU kernels
+    round the linear GEMMs' inputs to bfloat16 (:mod:`msllm.kernels.select` says what else it needs),
+    with float32 parameters for training. ``inference`` (predict, chat, serve, evaluate): parameters may be
     stored in bfloat16 (``param_init_type`` / ``embedding_init_type``) with float32 compute on the
-    CPU fast path, whose linear kernel reads bf16 weights (``msllm/kernels/csrc/linear.cc``).
+    CPU fast path, whose linear kernel reads bf16 weights (``msllm/kernels/csrc/linear.cc``), or with
+    ``compute_dtype`` bfloat16 (the GEMMs take the bf16 weights as stored and round the activations).
     """
     check_quantization(cfg, inference)
     if cfg.context.device_target != "CPU":
@@ -98,9 +99,10 @@ def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
     mc = cfg.model_config
     stored = {mc.param_init_type, mc.embedding_init_type or mc.param_init_type}
     bf16_inference = inference and stored <= {"float32", "bfloat16"} and cfg.fast_paths
-    # training with bf16-input GEMMs on msllm's CPU kernels (whether they are built: choose())
-    if not inference and mc.compute_dtype == "bfloat16" and cfg.fast_paths:
-        check_bf16_compute(mc)
+    # bf16-input GEMMs on msllm's CPU kernels (whether they are built: choose()); bfloat16
+    # weights for inference only
+    if mc.compute_dtype == "bfloat16" and cfg.fast_paths:
+        check_bf16_compute(mc, inference=inference)
         return
     if mc.compute_dtype != "float32" or (stored != {"float32"} and not bf16_inference):
         raise MsllmError(
@@ -109,7 +111,8 @@ def check_device_support(cfg: RunConfig, inference: bool = False) -> None:
             "has no bf16 kernels (MatMul, Softmax ...) and fp16 only runs slower; use float32 on CPU (training "
             "and fine-tuning also take compute_dtype bfloat16 with float32 parameters: msllm's CPU kernels round "
             "the GEMMs' inputs to bfloat16; for predict / chat / serve / evaluate, param_init_type bfloat16 with "
-            "compute_dtype float32 keeps the weights in bfloat16 for msllm's CPU kernels, float32 arithmetic)")
+            "compute_dtype float32 keeps the weights in bfloat16 for msllm's CPU kernels, float32 arithmetic, "
+            "and with compute_dtype bfloat16 rounds the GEMMs' activations too)")
 
 
 def check_quantization(cfg: RunConfig, inference: bool) -> None:

@@ -81,6 +81,23 @@ def test_linear_and_gradients_are_float32_sums_of_bf16_products(bf16_kernels, py
         check(f32, bf16(x2), bf16(w).T)
 
 
+@pytest.mark.parametrize("rows,inp,out", [(3, 576, 192), (512, 576, 1537), (9, 37, 5)], ids=["decode", "prefill", "odd"])
+def test_bfloat16_weights_are_taken_as_stored(bf16_kernels, pynative, gemm_path, rows, inp, out):
+    """Inference with ``param_init_type`` and ``compute_dtype: bfloat16``: the weight arrives in
+    bfloat16 (csrc/gemm_bf16.cc ``gemm_bf16_weights``); x is rounded, W's values used as they are.
+    Within the bound of the reference, and the same as the float32-weight entry on W's values."""
+    import mindspore as ms
+
+    r = seeded_rng(SEED + 2)
+    x = r.standard_normal((rows, inp)).astype(np.float32)
+    w16 = Tensor((r.standard_normal((out, inp)) * 0.1).astype(np.float32), ms.bfloat16)
+    wv = w16.astype(ms.float32).asnumpy()
+    y = bf16_kernels.linear(Tensor(x), w16).asnumpy()
+    check(y, bf16(x), wv.astype(np.float64).T)
+    same = bf16_kernels.linear(Tensor(x), Tensor(wv)).asnumpy()
+    np.testing.assert_allclose(y, same, rtol=0, atol=BOUND * float(np.abs(bf16(x)) .max() * np.abs(wv).sum(1).max()))
+
+
 def test_rows_known_only_at_run_time(bf16_kernels, graph_mode, gemm_path):
     """The output head under the compact loss (``linear_dynamic_rows``: C++ shape inference of the
     bf16 entry points, csrc/gemm_bf16.cc) in a compiled graph, rows picked by nonzero()."""

@@ -84,9 +84,11 @@ def test_cpu_fast_path_selection(kernels, copied_build):
     assert "GEMM inputs rounded to bfloat16, float32 sums" in bf.describe() and not chosen.bf16_gemms
     for keys, message in (({"cpu_kernels": False}, "but cpu_kernels is False"),
                           ({"layernorm_compute_type": "bfloat16"}, "needs layernorm_compute_type"),
-                          ({"param_init_type": "bfloat16"}, "float32 parameters")):
+                          ({"param_init_type": "float16"}, "float32 or bfloat16 parameters")):
         with pytest.raises(MsllmError, match=message):
             select.choose(with_keys(small(compute_dtype="bfloat16"), **keys), True, "CPU")
+    # bfloat16 weights build (inference); training refuses them earlier (tests/models/test_llama_bf16_compute.py)
+    assert select.choose(with_keys(small(compute_dtype="bfloat16"), param_init_type="bfloat16"), True, "CPU").bf16_gemms
     # not built: the default falls back and says why; asking for the kernels is refused
     os.unlink(copied_build / build.LIB_NAME)
     fallback = select.choose(small(), True, "CPU")

@@ -148,15 +148,18 @@ def test_bf16_compute_loss_and_gradient_follow_float32(smollm2_pair):
     assert cos > 0.999
 
 
-def test_bf16_compute_for_inference_is_refused_on_cpu():
-    """predict / chat / serve / evaluate keep float32 arithmetic on CPU (the bf16-weight path is
-    param_init_type bfloat16): compute_dtype bfloat16 there is one clear error."""
+def test_bf16_compute_with_bf16_weights_is_for_inference_only_on_cpu():
+    """predict / chat / serve / evaluate take compute_dtype bfloat16 with float32 or bfloat16 weights;
+    training takes it with float32 parameters only: one clear error otherwise."""
     from msllm.cluster.context import check_device_support
     from msllm.config import load_config
 
-    cfg = load_config(os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml"),
-                      ["--model.model_config.compute_dtype=bfloat16"])
+    path = os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml")
+    cfg = load_config(path, ["--model.model_config.compute_dtype=bfloat16"])
     check_device_support(cfg, inference=False)   # training: accepted
-    with pytest.raises(MsllmError, match="compute_dtype='bfloat16'"):
-        check_device_support(cfg, inference=True)
+    check_device_support(cfg, inference=True)
+    cfg = load_config(path, ["--model.model_config.compute_dtype=bfloat16", "--model.model_config.param_init_type=bfloat16"])
+    check_device_support(cfg, inference=True)
+    with pytest.raises(MsllmError, match="float32 parameters for training"):
+        check_device_support(cfg, inference=False)
 

@@ -74,5 +74,37 @@ def test_bf16_parameters_are_for_inference_only_on_cpu():
     with pytest.raises(MsllmError, match="param_init_type='bfloat16'.*use float32 on CPU"):
         check_device_support(cfg)                                     # training
     cfg.model_config.compute_dtype = "bfloat16"
-    with pytest.raises(MsllmError, match="compute_dtype='bfloat16'"):
-        check_device_support(cfg, inference=True)                     # the arithmetic stays float32
+    check_device_support(cfg, inference=True)                         # bf16 GEMM inputs, weights as stored
+    with pytest.raises(MsllmError, match="float32 parameters for training"):
+        check_device_support(cfg)
+
+
+def test_bf16_weights_with_bf16_compute_give_the_logits_of_float32_weights_with_bf16_compute(graph_mode):
+    """``compute_dtype: bfloat16`` with ``param_init_type: bfloat16`` (inference): the GEMMs take the
+    stored bfloat16 weights as they are (``gemm_bf16_weights``) and round the activations, so the
+    logits are those of bf16 compute over float32 weights holding the same values, bit for bit
+    (the prefill's GEMMs; a decode step's fused layers keep float32 activations in both). Against
+    float32 compute on the same weights they differ (the activations' rounding, 2^-9 relative),
+    within 3% of the logits' range on this random model, and the check can fail: at least one
+    logit differs."""
+    import dataclasses
+
+    print("seed", SEED)
+    ms.set_seed(SEED)
+    f32 = LlamaForCausalLM(tiny("float32", True), fast_paths=True)
+    weights = rounded_weights(f32)
+    nets = {}
+    for name, stored, compute in (("f32w_f32c", "float32", "float32"), ("f32w_bf16c", "float32", "bfloat16"),
+                                  ("bf16w_bf16c", "bfloat16", "bfloat16")):
+        cfg = dataclasses.replace(tiny(stored, True), compute_dtype=compute)
+        net = LlamaForCausalLM(cfg, fast_paths=True)
+        for p in net.get_parameters():
+            p.set_data(ms.Tensor(weights[p.name], ms.bfloat16 if stored == "bfloat16" else ms.float32))
+        nets[name] = (net, cfg)
+    prompts = np.random.default_rng(SEED).integers(3, 101, (3, 9)).tolist()
+    out = {k: run(net, cfg, prompts, steps=3) for k, (net, cfg) in nets.items()}
+    np.testing.assert_array_equal(out["bf16w_bf16c"][0], out["f32w_bf16c"][0])
+    want, got = out["f32w_f32c"][0], out["bf16w_bf16c"][0]
+    assert np.abs(want).std() > 0.5
+    diff = np.abs(got[0] - want[0])                                    # the prefill's logits
+    assert 0 < diff.max() <= 0.03 * (want.max() - want.min()), diff.max()

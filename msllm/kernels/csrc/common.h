@@ -465,6 +465,11 @@ inline void parallel_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, fl
 void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                int64_t ldb, float *C, int64_t ldc);
 
+// y (M, N) = round_bf16(x) w^T with x (M, K) float32 and w (N, K) already bfloat16 (its bits): the same
+// arithmetic as gemm_bf16('N', 'T', ...) on w's values, without a rounded copy of w where oneDNN takes
+// bfloat16 inputs (gemm_bf16.cc: inference with param_init_type and compute_dtype bfloat16).
+void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const uint16_t *w, float *y);
+
 // Split [0, n) into the pool's threads: fn(begin, end) per chunk (chunks of `grain` multiples).
 template <class F>
 inline void parallel_rows(int64_t n, int64_t grain, F &&fn) {

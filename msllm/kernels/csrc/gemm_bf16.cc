@@ -247,6 +247,39 @@ void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A
   parallel_sgemm(ta, tb, M, N, K, 1.f, a, ac, b, bc, 0.f, C, ldc);
 }
 
+void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const uint16_t *w, float *y) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    std::fill(y, y + M * N, 0.f);
+    return;
+  }
+  Dnnl &d = Dnnl::get();
+  const char *force = std::getenv("MSLLM_GEMM_BF16");
+  if (d.ok && !(force && std::strcmp(force, "emulate") == 0)) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    Matmul *m = d.matmul('N', 'T', M, N, K, K, K, N);
+    if (m && m->bf16 && m->bf16_inputs) {   // x rounded into a bfloat16 copy; w as it is
+      uint16_t *a = reinterpret_cast<uint16_t *>(scratch(0, (M * K + 1) / 2));
+      rounded_copy(x, K, M, K, a);
+      dnnl_memory_set_data_handle(m->a, a);
+      dnnl_memory_set_data_handle(m->b, const_cast<uint16_t *>(w));
+      dnnl_memory_set_data_handle(m->c, y);
+      const dnnl_exec_arg_t args[3] = {{kArgSrc, m->a}, {kArgWeights, m->b}, {kArgDst, m->c}};
+      if (dnnl_primitive_execute(m->prim, d.stream, 3, args) == 0 && dnnl_stream_wait(d.stream) == 0) return;
+    }
+  }
+  // oneDNN's float32-input kernels (AMX: fpmath mode bf16) and the emulation take float32 inputs:
+  // w widened (exact) in slabs of at most 2^24 weights, then gemm_bf16 on each (which rounds x, and
+  // leaves w's values as they are)
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 24) / K));
+  float *slab = scratch(3, rows * K);
+  for (int64_t o0 = 0; o0 < N; o0 += rows) {
+    const int64_t n = std::min(rows, N - o0);
+    msllm::parallel_rows(n * K, 1 << 14, [&](int64_t i0, int64_t i1) { widen_bf16(w + o0 * K + i0, slab + i0, i1 - i0); });
+    gemm_bf16('N', 'T', M, n, K, x, K, slab, K, y + o0, N);   // columns o0.. of y
+  }
+}
+
 }  // namespace msllm
 
 // 1 when oneDNN runs a bfloat16-input GEMM of a training shape (512 x 512 x 512) with bfloat16

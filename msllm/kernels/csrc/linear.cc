@@ -237,12 +237,20 @@ MSLLM_AOT(msllm_linear_dw) { return linear_dw(false, nparam, params, ndims, shap
 
 // compute_dtype bfloat16 (training): the same three operators with bfloat16-input GEMMs, all
 // tensors float32 (no streaming path: every row count takes the GEMM, so the rounding is the same)
+// w float32, or bfloat16 for inference (param_init_type and compute_dtype bfloat16): the same
+// arithmetic on w's values (gemm_bf16_weights: no rounded copy of w where oneDNN takes bfloat16)
 MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..., out)
   int64_t m, in, out;
-  if (nparam != 3 || !all_f32(nparam, dtypes)) return 1;
+  if (nparam != 3 || !all_f32(1, dtypes) || !all_f32(1, dtypes + 2)) return 1;
+  const bool bf16w = std::strcmp(dtypes[1], "bfloat16") == 0;
+  if (!bf16w && !all_f32(1, dtypes + 1)) return 1;
   if (!forward_dims(ndims, shapes, &m, &in, &out)) return 2;
-  gemm_bf16('N', 'T', m, out, in, static_cast<const float *>(params[0]), in, static_cast<const float *>(params[1]),
-            in, static_cast<float *>(params[2]), out);
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[2]);
+  if (bf16w)
+    gemm_bf16_weights(m, out, in, x, static_cast<const uint16_t *>(params[1]), y);
+  else
+    gemm_bf16('N', 'T', m, out, in, x, in, static_cast<const float *>(params[1]), in, y, out);
   return 0;
 }
 MSLLM_AOT(msllm_linear_dx_bf16math) { return linear_dx(true, nparam, params, ndims, shapes, dtypes); }
