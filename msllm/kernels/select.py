@@ -79,7 +79,8 @@ class KernelChoice:
                 how = ("this CPU's bf16 arithmetic via oneDNN" if gemm_bf16_native() else
                        "emulated: this CPU has no bf16 arithmetic, slower than float32")
                 linear += (f", compute_dtype bfloat16: GEMM inputs rounded to bfloat16, float32 sums ({how}); "
-                           "activations, norms, attention, softmax and loss float32")
+                           "activations, norms, attention, softmax and loss float32; a decode step's fused "
+                           "layers keep float32 GEMM inputs")
         else:
             linear = "MindSpore MatMul"
         text = f"model kernels: linear/SwiGLU/rotary: {linear}; attention: {self.attention}; RMSNorm: {self.norm}"
