@@ -11,6 +11,8 @@ This script launches ``--runs`` 2-rank jobs of tests/cluster/cluster_allreduce_w
 through scripts/run_distribute.sh, an AllReduce, exit), ``--parallel`` jobs at a time (the test suite runs two
 pytest workers), and counts the jobs whose launcher exited non-zero and the ranks killed by a signal.
 ``--destroy``: every rank calls ``mindspore.mint.distributed.destroy_process_group()`` before exiting.
+Since the launcher forgives a SIGSEGV after a process marked its work done (``msllm/cluster/rank_done.py``),
+such jobs succeed; they are counted apart ("forgiven"), from the launcher's warning.
 
     .venv/bin/python benchmarks/cluster_teardown_crash.py --runs 20 --parallel 2 [--destroy] --out RESULT.json
 """
@@ -58,6 +60,8 @@ def one_job(i: int, destroy: bool) -> dict:
     said = r.stdout + r.stderr
     return {"job": i, "dir": d, "exit": r.returncode, "seconds": round(time.time() - t0, 1),
             "killed": re.findall(r"(rank \d+|scheduler) \(pid \d+\) failed: killed by signal (\w+)", said),
+            # a crash after the process marked its work done, which the launcher forgives (msllm/cluster/rank_done.py)
+            "forgiven": re.findall(r"warning: (rank \d+|scheduler) \(pid \d+\) marked its work done", said),
             "results_written": sorted(os.listdir(f"{d}/res")) if os.path.isdir(f"{d}/res") else []}
 
 
@@ -72,11 +76,16 @@ def main(argv=None):
     with ThreadPoolExecutor(a.parallel) as pool:
         jobs = list(pool.map(lambda i: one_job(i, a.destroy), range(a.runs)))
     failed = [j for j in jobs if j["exit"] != 0]
+    forgiven = [j for j in jobs if j["forgiven"]]
+    for j in forgiven:
+        print(f"job {j['job']}: exit {j['exit']}, a crash after the work forgiven: {j['forgiven']}, {j['dir']}")
     for j in failed:
         print(f"job {j['job']}: exit {j['exit']}, killed {j['killed']}, results {j['results_written']}, {j['dir']}")
     summary = {"runs": a.runs, "parallel": a.parallel, "destroy": a.destroy, "failed": len(failed),
+               "forgiven": len(forgiven),
                "machine": common.machine(), "command": " ".join(sys.argv), "jobs": jobs}
-    print(f"{len(failed)} of {a.runs} jobs failed (destroy_process_group: {a.destroy})")
+    print(f"{len(failed)} of {a.runs} jobs failed, {len(forgiven)} had a crash after the work forgiven "
+          f"(destroy_process_group: {a.destroy})")
     if a.out:
         harness.write_json(a.out, summary)
 
