@@ -81,9 +81,10 @@ def test_bf16_parameters_are_for_inference_only_on_cpu():
 
 def test_bf16_weights_with_bf16_compute_give_the_logits_of_float32_weights_with_bf16_compute(graph_mode):
     """``compute_dtype: bfloat16`` with ``param_init_type: bfloat16`` (inference): the GEMMs take the
-    stored bfloat16 weights as they are (``gemm_bf16_weights``) and round the activations, so the
-    logits are those of bf16 compute over float32 weights holding the same values, bit for bit
-    (the prefill's GEMMs; a decode step's fused layers keep float32 activations in both). Against
+    stored bfloat16 weights as they are (``gemm_bf16_weights``; up to 8 rows the weight-streaming
+    product on rounded x) and round the activations, so the logits are those of bf16 compute over
+    float32 weights holding the same values, up to float32 summation order (1e-5 relative; a decode
+    step's fused layers keep float32 activations in both). Against
     float32 compute on the same weights they differ (the activations' rounding, 2^-9 relative),
     within 3% of the logits' range on this random model, and the check can fail: at least one
     logit differs."""
@@ -103,7 +104,8 @@ def test_bf16_weights_with_bf16_compute_give_the_logits_of_float32_weights_with_
         nets[name] = (net, cfg)
     prompts = np.random.default_rng(SEED).integers(3, 101, (3, 9)).tolist()
     out = {k: run(net, cfg, prompts, steps=3) for k, (net, cfg) in nets.items()}
-    np.testing.assert_array_equal(out["bf16w_bf16c"][0], out["f32w_bf16c"][0])
+    same = out["f32w_bf16c"][0]
+    np.testing.assert_allclose(out["bf16w_bf16c"][0], same, rtol=0, atol=1e-5 * np.abs(same).max())
     want, got = out["f32w_f32c"][0], out["bf16w_bf16c"][0]
     assert np.abs(want).std() > 0.5
     diff = np.abs(got[0] - want[0])                                    # the prefill's logits

@@ -465,10 +465,25 @@ inline void parallel_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, fl
 void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                int64_t ldb, float *C, int64_t ldc);
 
-// y (M, N) = round_bf16(x) w^T with x (M, K) float32 and w (N, K) already bfloat16 (its bits): the same
+// y (M, N) = round_to_bf16(x) w^T with x (M, K) float32 and w (N, K) already bfloat16 (its bits): the same
 // arithmetic as gemm_bf16('N', 'T', ...) on w's values, without a rounded copy of w where oneDNN takes
 // bfloat16 inputs (gemm_bf16.cc: inference with param_init_type and compute_dtype bfloat16).
 void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const uint16_t *w, float *y);
+
+// float32 -> the nearest bfloat16 value (ties to even), held in a float32 (low 16 bits zero): the
+// rounding of vcvtneps2bf16; NaN stays NaN.
+inline float round_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u |= 0x00400000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 
 // Split [0, n) into the pool's threads: fn(begin, end) per chunk (chunks of `grain` multiples).
 template <class F>

@@ -170,29 +170,14 @@ struct Dnnl {
   }
 };
 
-// float32 -> the nearest bfloat16 value (ties to even), held in a float32 (low 16 bits zero): the
-// rounding of vcvtneps2bf16; NaN stays NaN.
-inline float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    u |= 0x00400000u;
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-  }
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16 (round_bf16):
+// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16 (round_to_bf16, common.h):
 // as float32 values (T = float: the emulation's inputs) or as their bfloat16 bits (T = uint16_t: oneDNN's)
 template <class T>
 void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, T *dst) {
   msllm::parallel_rows(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < cols; ++j) {
-        const float x = round_bf16(src[r * ld + j]);
+        const float x = round_to_bf16(src[r * ld + j]);
         if constexpr (std::is_same_v<T, float>) {
           dst[r * cols + j] = x;
         } else {

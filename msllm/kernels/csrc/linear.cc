@@ -247,9 +247,15 @@ MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..
   if (!forward_dims(ndims, shapes, &m, &in, &out)) return 2;
   const float *x = static_cast<const float *>(params[0]);
   float *y = static_cast<float *>(params[2]);
-  if (bf16w)
+  if (bf16w && m >= 1 && m <= 8 && in > 0) {
+    // a few rows (decoding outside the fused step, e.g. with LoRA): x rounded, then the weight-streaming
+    // product on W's bits; products of two bfloat16 values are exact, so the same arithmetic as the GEMM
+    float *xr = scratch(2, m * in);
+    for (int64_t i = 0; i < m * in; ++i) xr[i] = round_to_bf16(x[i]);
+    linear_forward(xr, params[1], true, y, m, in, out);
+  } else if (bf16w) {
     gemm_bf16_weights(m, out, in, x, static_cast<const uint16_t *>(params[1]), y);
-  else
+  } else
     gemm_bf16('N', 'T', m, out, in, x, in, static_cast<const float *>(params[1]), in, y, out);
   return 0;
 }
