@@ -465,25 +465,11 @@ inline void parallel_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, fl
 void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                int64_t ldb, float *C, int64_t ldc);
 
-// y (M, N) = round_to_bf16(x) w^T with x (M, K) float32 and w (N, K) already bfloat16 (its bits): the same
-// arithmetic as gemm_bf16('N', 'T', ...) on w's values, without a rounded copy of w where oneDNN takes
-// bfloat16 inputs (gemm_bf16.cc: inference with param_init_type and compute_dtype bfloat16).
+// y (M, N) = x w^T with x (M, K) float32, rounded to bfloat16, and w (N, K) already bfloat16 (its bits):
+// the same arithmetic as gemm_bf16('N', 'T', ...) on w's values, without a rounded copy of w where
+// oneDNN takes bfloat16 inputs, up to 8 rows on the weight-streaming product (gemm_bf16.cc: inference
+// with param_init_type and compute_dtype bfloat16).
 void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const uint16_t *w, float *y);
-
-// float32 -> the nearest bfloat16 value (ties to even), held in a float32 (low 16 bits zero): the
-// rounding of vcvtneps2bf16; NaN stays NaN.
-inline float round_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    u |= 0x00400000u;
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-  }
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 // Split [0, n) into the pool's threads: fn(begin, end) per chunk (chunks of `grain` multiples).
 template <class F>
@@ -500,6 +486,22 @@ inline void parallel_rows(int64_t n, int64_t grain, F &&fn) {
     int64_t b = i * step, e = std::min(n, b + step);
     if (e > b) fn(b, e);
   });
+}
+
+// fn(slab, o0, n) for consecutive slabs of the rows of w (out, in) bfloat16: rows o0 .. o0 + n - 1
+// widened to float32 (exact) in slab (n, in), at most 2^24 weights (64 MiB) per slab, each widened by
+// all threads (scratch slot 3). For the float32 GEMMs over bfloat16 weights (linear.cc bf16_sgemm,
+// gemm_bf16.cc gemm_bf16_weights).
+template <class F>
+inline void for_widened_bf16_slabs(const uint16_t *w, int64_t out, int64_t in, F &&fn) {
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(out, (int64_t(1) << 24) / std::max<int64_t>(in, 1)));
+  float *slab = scratch(3, rows * in);
+  for (int64_t o0 = 0; o0 < out; o0 += rows) {
+    const int64_t n = std::min(rows, out - o0);
+    const uint16_t *src = w + o0 * in;
+    parallel_rows(n * in, 1 << 14, [&](int64_t i0, int64_t i1) { widen_bf16(src + i0, slab + i0, i1 - i0); });
+    fn(static_cast<const float *>(slab), o0, n);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 // are linear.cc's (msllm_linear_bf16math and its gradients). On SmolLM2's training shapes with AMX:
 // 2.46x less GEMM time per step than float32 (benchmarks/gemm_bf16_speed.py, BENCHMARKS.md).
 #include "common.h"
+#include "parts.h"
 
 #include <map>
 #include <tuple>
@@ -170,14 +171,29 @@ struct Dnnl {
   }
 };
 
-// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16 (round_to_bf16, common.h):
+// float32 -> the nearest bfloat16 value (ties to even), held in a float32 (low 16 bits zero): the
+// rounding of vcvtneps2bf16; NaN stays NaN.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u |= 0x00400000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// dst (rows, cols) contiguous = src (rows, cols with leading dimension ld) rounded to bfloat16 (round_bf16):
 // as float32 values (T = float: the emulation's inputs) or as their bfloat16 bits (T = uint16_t: oneDNN's)
 template <class T>
 void rounded_copy(const float *src, int64_t ld, int64_t rows, int64_t cols, T *dst) {
   msllm::parallel_rows(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < cols; ++j) {
-        const float x = round_to_bf16(src[r * ld + j]);
+        const float x = round_bf16(src[r * ld + j]);
         if constexpr (std::is_same_v<T, float>) {
           dst[r * cols + j] = x;
         } else {
@@ -238,6 +254,15 @@ void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const ui
     std::fill(y, y + M * N, 0.f);
     return;
   }
+  if (M <= 8) {
+    // a few rows (the prompt's last-token head; decoding outside the fused step, e.g. with LoRA): x
+    // rounded, then linear.cc's weight-streaming product on w's bits (a product of two bfloat16
+    // values is exact in float32, so the same arithmetic up to summation order)
+    float *xr = scratch(0, M * K);
+    rounded_copy(x, K, M, K, xr);
+    linear_forward(xr, w, true, y, M, K, N);
+    return;
+  }
   Dnnl &d = Dnnl::get();
   const char *force = std::getenv("MSLLM_GEMM_BF16");
   if (d.ok && !(force && std::strcmp(force, "emulate") == 0)) {
@@ -254,15 +279,11 @@ void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const ui
     }
   }
   // oneDNN's float32-input kernels (AMX: fpmath mode bf16) and the emulation take float32 inputs:
-  // w widened (exact) in slabs of at most 2^24 weights, then gemm_bf16 on each (which rounds x, and
-  // leaves w's values as they are)
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 24) / K));
-  float *slab = scratch(3, rows * K);
-  for (int64_t o0 = 0; o0 < N; o0 += rows) {
-    const int64_t n = std::min(rows, N - o0);
-    msllm::parallel_rows(n * K, 1 << 14, [&](int64_t i0, int64_t i1) { widen_bf16(w + o0 * K + i0, slab + i0, i1 - i0); });
-    gemm_bf16('N', 'T', M, n, K, x, K, slab, K, y + o0, N);   // columns o0.. of y
-  }
+  // w widened (exact) slab by slab, then gemm_bf16 on each (which rounds x and leaves w's values as
+  // they are) into columns o0.. of y
+  for_widened_bf16_slabs(w, N, K, [&](const float *slab, int64_t o0, int64_t n) {
+    gemm_bf16('N', 'T', M, n, K, x, K, slab, K, y + o0, N);
+  });
 }
 
 }  // namespace msllm

@@ -139,14 +139,9 @@ bool gemv(const float *x, const W *w, float *y, int64_t m, int64_t in, int64_t o
 // widening pass over W per call, small beside the m x out x in product (measured on SmolLM2's
 // 512-token prefill: per-slab single-thread sgemm instead cost 15% over float32 weights).
 void bf16_sgemm(const float *x, const uint16_t *w, float *y, int64_t m, int64_t in, int64_t out) {
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(out, (int64_t(1) << 24) / std::max<int64_t>(in, 1)));
-  float *slab = scratch(3, rows * in);
-  for (int64_t o0 = 0; o0 < out; o0 += rows) {
-    const int64_t n = std::min(rows, out - o0);
-    const uint16_t *src = w + o0 * in;
-    parallel_rows(n * in, 1 << 14, [&](int64_t i0, int64_t i1) { widen_bf16(src + i0, slab + i0, i1 - i0); });
+  for_widened_bf16_slabs(w, out, in, [&](const float *slab, int64_t o0, int64_t n) {
     parallel_sgemm('N', 'T', m, n, in, 1.f, x, in, slab, in, 0.f, y + o0, out);  // columns o0.. of y
-  }
+  });
 }
 
 }  // namespace
@@ -235,10 +230,10 @@ MSLLM_AOT(msllm_linear) {
 MSLLM_AOT(msllm_linear_dx) { return linear_dx(false, nparam, params, ndims, shapes, dtypes); }
 MSLLM_AOT(msllm_linear_dw) { return linear_dw(false, nparam, params, ndims, shapes, dtypes); }
 
-// compute_dtype bfloat16 (training): the same three operators with bfloat16-input GEMMs, all
-// tensors float32 (no streaming path: every row count takes the GEMM, so the rounding is the same)
-// w float32, or bfloat16 for inference (param_init_type and compute_dtype bfloat16): the same
-// arithmetic on w's values (gemm_bf16_weights: no rounded copy of w where oneDNN takes bfloat16)
+// compute_dtype bfloat16: the same three operators with bfloat16-input GEMMs, float32 tensors (no
+// streaming path for float32 w: every row count takes the GEMM, so the rounding is the same); the
+// forward also takes bfloat16 w for inference (param_init_type and compute_dtype bfloat16): the same
+// arithmetic on w's values (gemm_bf16_weights: w as stored, x rounded; up to 8 rows streamed)
 MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..., out)
   int64_t m, in, out;
   if (nparam != 3 || !all_f32(1, dtypes) || !all_f32(1, dtypes + 2)) return 1;
@@ -247,15 +242,9 @@ MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..
   if (!forward_dims(ndims, shapes, &m, &in, &out)) return 2;
   const float *x = static_cast<const float *>(params[0]);
   float *y = static_cast<float *>(params[2]);
-  if (bf16w && m >= 1 && m <= 8 && in > 0) {
-    // a few rows (decoding outside the fused step, e.g. with LoRA): x rounded, then the weight-streaming
-    // product on W's bits; products of two bfloat16 values are exact, so the same arithmetic as the GEMM
-    float *xr = scratch(2, m * in);
-    for (int64_t i = 0; i < m * in; ++i) xr[i] = round_to_bf16(x[i]);
-    linear_forward(xr, params[1], true, y, m, in, out);
-  } else if (bf16w) {
+  if (bf16w)
     gemm_bf16_weights(m, out, in, x, static_cast<const uint16_t *>(params[1]), y);
-  } else
+  else
     gemm_bf16('N', 'T', m, out, in, x, in, static_cast<const float *>(params[1]), in, y, out);
   return 0;
 }
