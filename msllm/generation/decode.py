@@ -110,9 +110,10 @@ class Generator:
         from msllm.models.llama.model import ms_dtype
 
         c = self.config
-        # the dtype the layers compute in: float32 under compute_dtype bfloat16 on msllm's CPU kernels
-        # (their GEMMs round the inputs; LlamaForCausalLM builds its layers with float32 compute then)
-        compute = getattr(getattr(getattr(self.net, "model", None), "config", None), "compute_dtype", c.compute_dtype)
+        # in the dtype the layers compute in, their model's config: float32 under compute_dtype
+        # bfloat16 on msllm's CPU kernels (their GEMMs round the inputs; LlamaForCausalLM builds its
+        # layers with float32 compute then)
+        compute = self.net.model.config.compute_dtype
         return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(compute))
 
     def run(self, kind: str, ids, positions, kpos, slots, caches, beam_idx=None):
