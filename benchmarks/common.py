@@ -65,6 +65,19 @@ REAL_SHAPES = {
 }
 
 
+def build_cached(source: str, output: str, compile_cmd: list[str]) -> str:
+    """``benchmarks/<source>`` compiled by ``compile_cmd + [source, "-o", tmp]`` into
+    ``benchmarks/.cache/<output>`` (temp name, then rename), again only when the source is newer; the
+    output's path. For the benchmarks' small C/C++ helpers."""
+    src = os.path.join(HERE, source)
+    os.makedirs(CACHE, exist_ok=True)
+    out = os.path.join(CACHE, output)
+    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
+        subprocess.run(list(compile_cmd) + [src, "-o", out + ".tmp"], check=True)
+        os.replace(out + ".tmp", out)
+    return out
+
+
 def shape(name: str) -> dict:
     return dict(SHAPES[name] if name in SHAPES else REAL_SHAPES[name])
 

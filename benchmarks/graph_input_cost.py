@@ -76,14 +76,7 @@ print("US", float(np.median(ts[calls // 10:])) * 1e6)
 
 def build() -> str:
     """graph_input_noop.c -> benchmarks/.cache/libgraph_input_noop.so (rebuilt when the source is newer)."""
-    src = os.path.join(HERE, "graph_input_noop.c")
-    out_dir = os.path.join(HERE, ".cache")
-    os.makedirs(out_dir, exist_ok=True)
-    lib = os.path.join(out_dir, "libgraph_input_noop.so")
-    if not os.path.exists(lib) or os.path.getmtime(lib) < os.path.getmtime(src):
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", src, "-o", lib + ".tmp"], check=True)
-        os.replace(lib + ".tmp", lib)
-    return lib
+    return common.build_cached("graph_input_noop.c", "libgraph_input_noop.so", ["gcc", "-O2", "-shared", "-fPIC"])
 
 
 def main(argv=None) -> int:

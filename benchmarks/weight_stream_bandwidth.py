@@ -40,14 +40,8 @@ VARIANTS = [  # (split, rows, barrier, pages)
 
 
 def build() -> str:
-    src = os.path.join(HERE, "weight_stream_bandwidth.cc")
-    out_dir = os.path.join(HERE, ".cache")
-    os.makedirs(out_dir, exist_ok=True)
-    exe = os.path.join(out_dir, "weight_stream_bandwidth")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-        subprocess.run(["g++", "-O3", "-march=native", "-std=c++20", "-pthread", src, "-o", exe + ".tmp"], check=True)
-        os.replace(exe + ".tmp", exe)
-    return exe
+    return common.build_cached("weight_stream_bandwidth.cc", "weight_stream_bandwidth",
+                               ["g++", "-O3", "-march=native", "-std=c++20", "-pthread"])
 
 
 def main(argv=None) -> int:
