@@ -57,6 +57,10 @@ class CpuKernels:
         covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
+    adamw(p, m, v, g (any shape, N elements), hyper (8,)) -> (1,) 0: MindSpore's AdamWeightDecay rule on
+        g * coef, p / m / v written in place; hyper = [lr, beta1, beta2, eps, weight_decay, coef, skip, 0],
+        skip != 0 writes nothing (csrc/optim.cc; :class:`msllm.training.adamw.AdamW`); no gradient
+    sum_squares(x (...)) -> (1,): sum of x^2 (float32 per chunk, chunks summed in order); no gradient
 
     ``gemm_dtype``: ``"float32"``, or ``"bfloat16"`` for ``compute_dtype: bfloat16`` in training:
     ``linear`` / ``linear_dynamic_rows`` and their gradients then round each GEMM's two inputs to
@@ -190,6 +194,10 @@ class CpuKernels:
         self.decode_back = prim("decode_back", lambda x, *rest: x, lambda x, *rest: ms.float32)
         # the whole decoder stack's decode step in one operator (the same code per layer, one launch)
         self.decode_stack = prim("decode_stack", lambda x, *rest: x, lambda x, *rest: ms.float32)
+        # the train step's end (csrc/optim.cc): AdamW's update of one parameter, written in place,
+        # and a gradient's sum of squares; no gradient
+        self.adamw = prim("adamw", lambda p, m, v, g, hyper: [1], lambda *d: ms.float32)
+        self.sum_squares = prim("sum_squares", lambda x: [1])
 
     @functools.lru_cache(maxsize=None)
     def decode_front(self, heads: int, kv_heads: int, head_dim: int):

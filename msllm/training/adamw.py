@@ -1,4 +1,5 @@
-"""msllm's AdamW: MindSpore's ``nn.AdamWeightDecay`` with two additions a train step on Ascend needs.
+"""msllm's AdamW: MindSpore's ``nn.AdamWeightDecay`` with two additions a train step on Ascend needs,
+and a one-pass update on msllm's CPU kernels (3. below).
 
 1. **float32 moment states for low-precision parameters** (``state_dtype=float32``): MindFormers'
    ``FP32StateAdamWeightDecay`` (mindformers/core/optim/optim.py: an ``nn.AdamWeightDecay`` whose
@@ -15,6 +16,17 @@
    ``Can not build a sub graph which contains ConditionSwitch or ConditionSwitch by kbk``
    (``graph_scheduler.cc BuildKernelActor``; see docs/dryrun.md).
 
+3. **the CPU update** (:meth:`AdamW.cpu_update`, when built with ``cpu_kernels``): the same rule by
+   msllm's ``adamw`` kernel (csrc/optim.cc), one pass per parameter over g, p, m, v with the train
+   step's unscale-and-clip factor folded in, parameter and moments written in place. MindSpore's
+   AdamWeightDecay kernels and the separate clipping multiplies took 384 ms per step on SmolLM2's
+   135M parameters, this 157 ms (benchmarks/optimizer_step.py,
+   benchmarks/results/optimizer_step_intel_xeon.json). MindSpore does not know the kernel writes its
+   inputs, so nothing but data dependencies orders the writes after the step's reads of the
+   parameters: the factor it takes depends on the loss and on every gradient (TrainStep builds it).
+   ``tests/training/test_adamw.py`` and ``test_training_step_numerics.py`` compare it with
+   ``nn.AdamWeightDecay`` step by step (the same losses, so no write overtook a read).
+
 How the skip is exact: AdamWeightDecay's rule (MindSpore ``nn.AdamWeightDecay`` docstring) is
 ``m' = b1 m + (1 - b1) g``, ``v' = b2 v + (1 - b2) g^2``, ``p' = p - lr (m' / (sqrt(v') + eps) + wd p)``.
 On a skipped step the optimizer is fed ``b1 = b2 = 1``, ``lr = 0`` and ``g = 0`` (the gradients are
@@ -27,12 +39,21 @@ fused kernel and for the composed update.
 
 from __future__ import annotations
 
+import numpy as np
+
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 from mindspore.nn.optim.adam import _adam_opt, _fused_adam_weight_decay
 
 _zero_if = ops.MultitypeFuncGraph("zero_if")
+_cpu_adamw = ops.MultitypeFuncGraph("cpu_adamw")
+
+
+@_cpu_adamw.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _cpu_adamw_one(kernel, param, m, v, grad, hyper):
+    """One parameter's in-place update by msllm's ``adamw`` kernel; its (1,) result."""
+    return kernel(param, m, v, grad, hyper)
 
 
 @_zero_if.register("Tensor", "Tensor")
@@ -82,7 +103,7 @@ class AdamW(nn.AdamWeightDecay):
     """
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0,
-                 state_dtype=None):
+                 state_dtype=None, cpu_kernels=None):
         super().__init__(params, learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps,
                          weight_decay=weight_decay)
         if state_dtype not in (None, ms.float32):
@@ -94,6 +115,58 @@ class AdamW(nn.AdamWeightDecay):
         self.use_fused_opt = not low
         self.state_dtype = state_dtype
         self._one = Tensor([1.0], ms.float32)
+        self.cpu_kernels = None
+        why = self._cpu_update_refused(cpu_kernels, low)
+        if why is None:
+            self._use_cpu_update(cpu_kernels, beta1, beta2, eps)
+        self.cpu_update_note = why   # None: the one-pass CPU update runs (msllm.training.setup logs which)
+
+    def _cpu_update_refused(self, kernels, low: bool):
+        """None when :meth:`cpu_update` can run, else why not (one phrase, for the start-up log)."""
+        if kernels is None:
+            return "msllm's CPU kernels are off or not built"
+        if low:
+            return "the parameters are not all float32"
+        if self.use_parallel or not all(self.optim_filter):
+            return "optimizer sharding"
+        if self.is_group_lr or self.dynamic_weight_decay:
+            return "per-group learning rates or a weight-decay schedule"
+        return None
+
+    def _use_cpu_update(self, kernels, beta1, beta2, eps):
+        """Set up :meth:`cpu_update`: per parameter the weight decay it gets (``nn.AdamWeightDecay``:
+        the group's value where its decay flag is set, else 0) as an index into the distinct values."""
+        wds = self.weight_decay if self.is_group else (self.weight_decay,) * len(self._parameters)
+        per_param = [float(w.asnumpy()) if isinstance(w, Tensor) else float(w) for w in wds]
+        per_param = [w if flag else 0.0 for w, flag in zip(per_param, self.decay_flags)]
+        distinct = sorted(set(per_param))
+        self._wd_index = tuple(distinct.index(w) for w in per_param)
+        # hyper = base + lr e0 + coef e5 + skip e6 (csrc/optim.cc's layout)
+        self._hyper_base = tuple(Tensor(np.array([0, beta1, beta2, eps, w, 0, 0, 0], np.float32)) for w in distinct)
+        self._e_lr, self._e_coef, self._e_skip = (Tensor(np.eye(8, dtype=np.float32)[i]) for i in (0, 5, 6))
+        self.cpu_kernels = kernels
+
+    def cpu_update(self, gradients, skip, coef):
+        """The update in one pass per parameter on msllm's CPU kernel (csrc/optim.cc): the rule of
+        the module docstring on ``coef * g``, parameter and moments written in place, nothing
+        written when ``skip``; bit-exact no-op on a skipped step as :meth:`construct`.
+
+        Args: gradients, one (any float32 shape) per parameter in ``self.parameters`` order; skip:
+        bool scalar Tensor; coef: float32 scalar Tensor multiplying every gradient (the train step's
+        unscale-and-clip factor). It must depend on every value of the step that reads a parameter
+        (the loss, the gradients' norm): the kernel writes the Parameters MindSpore knows nothing
+        about, so this data dependency is what orders the writes after the reads
+        (:class:`msllm.training.step.TrainStep` builds it). Returns the tuple of (1,) float32
+        results to depend on."""
+        lr = ops.cast(self.get_lr(), ms.float32).reshape(())   # this step's: read before the count moves
+        keep = ops.logical_not(skip)
+        self.assignadd(self.global_step, self.global_step_increase_tensor * ops.cast(keep, ms.int32))
+        dyn = self._e_lr * lr + self._e_coef * ops.cast(coef, ms.float32).reshape(()) + \
+            self._e_skip * ops.cast(skip, ms.float32)
+        hypers = tuple([base + dyn for base in self._hyper_base])
+        per_param = tuple([hypers[i] for i in self._wd_index])
+        return self.hyper_map(ops.partial(_cpu_adamw, self.cpu_kernels.adamw), self._parameters, self.moments1,
+                              self.moments2, gradients, per_param)
 
     def construct(self, gradients, skip=None):
         weight_decay = self.get_weight_decay()

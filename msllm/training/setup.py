@@ -34,7 +34,10 @@ def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
     over ``network``'s trainable parameters; decay on matrices only (ndim >= 2).
     ``optimizer.type: FP32StateAdamWeightDecay`` keeps the moments in float32 whatever the
     parameters' dtype (MindFormers' class of that name); ``AdamW`` / ``AdamWeightDecay`` keep them in
-    the parameters' dtype (MindSpore's ``nn.AdamWeightDecay``). ``lr_per_step``: (steps,) float32."""
+    the parameters' dtype (MindSpore's ``nn.AdamWeightDecay``). ``lr_per_step``: (steps,) float32.
+    When the model runs on msllm's CPU kernels, the update does too (``AdamW.cpu_update``: the same
+    rule in one pass per parameter with the clip factor folded in, csrc/optim.cc); which update runs
+    is logged."""
     import mindspore as ms
     from mindspore import Tensor
 
@@ -45,10 +48,28 @@ def build_optimizer(network, cfg: RunConfig, lr_per_step: np.ndarray):
     no_decay = [p for p in params if p.ndim < 2]
     o = cfg.optimizer
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return AdamW(
+    optimizer = AdamW(
         [g for g in groups if g["params"]],  # MindSpore refuses an empty group (LoRA: matrices only)
         learning_rate=Tensor(lr_per_step), beta1=float(o.betas[0]), beta2=float(o.betas[1]), eps=o.eps,
-        state_dtype=ms.float32 if o.type == "FP32StateAdamWeightDecay" else None)
+        state_dtype=ms.float32 if o.type == "FP32StateAdamWeightDecay" else None,
+        cpu_kernels=model_cpu_kernels(network))
+    log.info("optimizer: %s", "AdamW update and gradient norms on msllm's CPU kernels (one pass per parameter)"
+             if optimizer.cpu_kernels is not None else
+             f"MindSpore's AdamWeightDecay ({optimizer.cpu_update_note})")
+    return optimizer
+
+
+def model_cpu_kernels(network):
+    """The CPU kernels (:class:`msllm.kernels.ops.CpuKernels`) the LLaMA model inside ``network``
+    (the model itself, or a LoRA / DPO / pipeline wrapper around it) was built with, or None:
+    the optimizer uses them when the model does (config key ``cpu_kernels``)."""
+    from msllm.kernels.select import KernelChoice
+
+    for _, cell in network.cells_and_names():
+        choice = getattr(cell, "kernels", None)
+        if isinstance(choice, KernelChoice):
+            return choice.cpu
+    return None
 
 
 def build_train_step(network, optimizer, cfg: RunConfig, rt: Runtime, packed: bool = False):

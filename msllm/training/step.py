@@ -97,6 +97,11 @@ class TrainStep(nn.Cell):
         self.zero_stats = Tensor(np.zeros(max(self.n_stats, 1), np.float32))
         self.hyper_map = ops.HyperMap()
         self.reduce_sum = ops.ReduceSum()
+        # the optimizer's one-pass CPU update (msllm.training.adamw.AdamW.cpu_update) and the
+        # gradients' sums of squares on the same kernels; it skips an overflowed step without a branch
+        self.cpu_update = getattr(optimizer, "cpu_kernels", None) is not None
+        if self.cpu_update:
+            self.sum_squares = optimizer.cpu_kernels.sum_squares
 
     def _loss_and_grads(self, ids, lab, sens, seqs=None):
         """(loss, stats or None, gradients) of one (micro) batch; ``seqs``: packed rows' document
@@ -154,7 +159,10 @@ class TrainStep(nn.Cell):
         # overflow check: the sum of squares is inf/NaN exactly when a gradient is (or when the
         # norm itself exceeds fp32, > ~1e19 * S, which is an overflow too). One pass over the
         # gradients instead of an isfinite pass, an unscale pass and a squaring pass.
-        sq = ops.stack([self._sum_of_squares(g) for g in grads]).sum()
+        if self.cpu_update:   # msllm's one-pass kernel per gradient (csrc/optim.cc)
+            sq = ops.concat([self.sum_squares(g) for g in grads]).sum()
+        else:
+            sq = ops.stack([self._sum_of_squares(g) for g in grads]).sum()
         grad_norm = ops.sqrt(sq) * inv_scale
         overflow = ops.logical_not(ops.isfinite(grad_norm))
         if self.dynamic:
@@ -165,12 +173,22 @@ class TrainStep(nn.Cell):
         coef = inv_scale
         if self.max_grad_norm is not None:
             coef = coef * ops.minimum(self.max_grad_norm / (grad_norm + 1e-6), 1.0)
-        if self.use_scale or self.max_grad_norm is not None:
-            grads = tuple([g * ops.cast(coef, g.dtype) for g in grads])
-        if self.branch_free_skip:  # the optimizer turns an overflowed step into an exact no-op itself
-            loss = ops.depend(loss, self.optimizer(grads, overflow))
-        elif not overflow:
-            loss = ops.depend(loss, self.optimizer(grads))
+        if self.cpu_update:
+            # the kernel multiplies by coef itself and writes the Parameters in place behind
+            # MindSpore's back: coef then carries a data dependency on every value of the step that
+            # reads a parameter (the loss and stats; the gradients through the norm), so every
+            # write follows every read (AdamW.cpu_update); an overflowed step writes nothing
+            coef = ops.depend(ops.depend(ops.cast(coef, ms.float32), grad_norm), loss)
+            if self.n_stats:
+                coef = ops.depend(coef, stats)
+            loss = ops.depend(loss, self.optimizer.cpu_update(grads, overflow, coef))
+        else:
+            if self.use_scale or self.max_grad_norm is not None:
+                grads = tuple([g * ops.cast(coef, g.dtype) for g in grads])
+            if self.branch_free_skip:  # the optimizer turns an overflowed step into an exact no-op itself
+                loss = ops.depend(loss, self.optimizer(grads, overflow))
+            elif not overflow:
+                loss = ops.depend(loss, self.optimizer(grads))
         if self.n_stats:
             return loss, overflow, scale, grad_norm, stats
         return loss, overflow, scale, grad_norm

@@ -49,8 +49,8 @@ class Poisoned(nn.Cell):
         return self.net(input_ids, labels) * self.poison
 
 
-def network(weights):
-    net = LlamaForCausalLM(CFG)
+def network(weights, fast_paths=False):
+    net = LlamaForCausalLM(CFG, fast_paths=fast_paths)
     for p in net.trainable_params():
         p.set_data(Tensor(weights[p.name]))
     return net
@@ -88,20 +88,23 @@ def test_accumulation_over_k_micro_batches_equals_one_step_on_the_batch(init, k)
 PLAN = [1.0, float("inf"), 1.0, 1.0, 1.0, 1.0, 1.0, float("inf")]  # poison per step: inf = overflow
 
 
-def poisoned_step(weights, branch_free_skip):
-    """(poisoned network, TrainStep with the trainer's AdamW and a dynamic scale 1024 / 2 / 3)."""
-    poisoned = Poisoned(network(weights))
+def poisoned_step(weights, branch_free_skip, fast_paths=False):
+    """(poisoned network, TrainStep with the trainer's AdamW and a dynamic scale 1024 / 2 / 3);
+    ``fast_paths``: the CPU model on msllm's kernels, whose AdamW then runs the one-pass CPU update."""
+    poisoned = Poisoned(network(weights, fast_paths))
     opt = build_optimizer(poisoned.net, RunConfig(), np.full(16, 1e-3, np.float32))  # the trainer's AdamW
+    assert (opt.cpu_kernels is not None) == (fast_paths and kernels_built())
     step = TrainStep(poisoned, opt, loss_scale="dynamic", scale_sense=1024.0, scale_factor=2.0, scale_window=3,
                      max_grad_norm=1.0, branch_free_skip=branch_free_skip)
     step.set_train()
     return poisoned, step
 
 
-@pytest.mark.parametrize("branch_free_skip", [False, True])
-def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_window(init, branch_free_skip):
+@pytest.mark.parametrize("branch_free_skip,fast_paths", [(False, False), (True, False), (False, True)])
+def test_overflow_skips_the_update_and_halves_the_scale_then_it_grows_after_the_window(init, branch_free_skip,
+                                                                                       fast_paths):
     weights, batches = init
-    poisoned, step = poisoned_step(weights, branch_free_skip)
+    poisoned, step = poisoned_step(weights, branch_free_skip, fast_paths)
 
     scale_state = ("loss_scale", "current_iterator_step", "last_overflow_iterator_step", "poison")
 
@@ -185,6 +188,49 @@ def test_clipping_equals_torch_clip_grad_norm(init, loss_scale):
         if max_norm < total:
             clipped_norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in got.values()))
             assert abs(clipped_norm - max_norm) < 1e-4 * max_norm
+
+
+def kernels_built() -> bool:
+    from msllm import kernels
+
+    return kernels.available()
+
+
+@pytest.mark.skipif(not kernels_built(), reason="msllm's CPU kernels are not built (make install builds them)")
+def test_the_cpu_update_takes_the_steps_mindspore_adamweightdecay_takes(init, monkeypatch):
+    """The CPU model with the one-pass update (AdamW.cpu_update: the kernel writes the Parameters in
+    place, ordered by data dependencies alone) against the same model with MindSpore's
+    AdamWeightDecay and the clipping multiply: over 5 steps at lr 2e-2 with clipping active, the same
+    losses (each computed from the weights before its step's update: a write that overtook a read
+    would show as the next step's loss) and the same weights and moments to float32 rounding."""
+    import msllm.training.setup as setup
+
+    weights, batches = init
+    runs = {}
+    for cpu in (False, True):
+        net = network(weights, fast_paths=True)
+        if not cpu:
+            monkeypatch.setattr(setup, "model_cpu_kernels", lambda network: None)
+        opt = build_optimizer(net, RunConfig(), np.full(5, 2e-2, np.float32))
+        monkeypatch.undo()
+        assert (opt.cpu_kernels is not None) == cpu
+        step = TrainStep(net, opt, loss_scale="dynamic", scale_sense=1024.0, max_grad_norm=0.5)
+        step.set_train()
+        losses, after = [], []
+        for b in batches[:5]:
+            loss, overflow, _, norm = step(Tensor(b), Tensor(b))
+            assert not bool(overflow.asnumpy()) and float(norm.asnumpy()) > 0.5   # clipping active
+            losses.append(float(loss.asnumpy()))
+            after.append(float(net(Tensor(b), Tensor(b)).asnumpy()))   # the same batch on the updated weights
+        runs[cpu] = losses, {p.name: p.asnumpy().copy() for p in step.get_parameters()}
+        print(f"cpu update {cpu}: losses {losses}; the same batches after each update {after}")
+    (l0, s0), (l1, s1) = runs[False], runs[True]
+    np.testing.assert_allclose(l1, l0, rtol=2e-6)
+    # a loss computed after its step's update (a write overtaking a read) would be this far off
+    assert min(abs(a - b) / b for a, b in zip(after, l1)) > 1e-3
+    assert s0.keys() == s1.keys() and any(k.startswith("adam_v.") for k in s0)
+    for k in s0:
+        np.testing.assert_allclose(s1[k], s0[k], atol=2e-6, rtol=1e-5, err_msg=k)
 
 
 def test_both_model_paths_take_the_same_training_steps(init):
