@@ -127,8 +127,18 @@ def hf_float64(path):
 
 
 def test_bf16_compute_loss_and_gradient_follow_float32(smollm2_pair):
-    """One training row: the loss agrees with float32's to 1e-3 and the whole gradient has cosine
-    similarity above 0.999 with float32's (parameters float32 on both)."""
+    """One training row: the loss agrees with float32's to 3e-3 and the whole gradient has cosine
+    similarity above 0.999 with float32's (parameters float32 on both).
+
+    Why 3e-3 and not tighter: through 30 layers, activations that sit near a bfloat16 rounding
+    boundary round to neighbours 2^-8 apart depending on the float32 summation order, and the mean
+    loss of a 47-token row moves with them. Measured on this row (Intel Xeon with AMX, 2026-11-28):
+    float32 4.649901; bf16 compute on oneDNN's bf16 kernels 4.644065, on the emulation (rounded
+    inputs, float32 sgemm: the same products, another summation order) 4.645981; transformers in
+    float64 with every linear layer on rounded inputs 4.651255; every GEMM of the model's shapes
+    agrees with float64 on rounded inputs to 1e-7 of the sum of |products| on both paths. The
+    relative gap to float32 was 1.3e-3 here (2e-4 before the bf16-copy path of 7b563f0 changed which
+    kernel ran some shapes)."""
     from mindspore import ops
 
     net, bf, _, rows = smollm2_pair
@@ -144,7 +154,7 @@ def test_bf16_compute_loss_and_gradient_follow_float32(smollm2_pair):
     (l32, g32), (l16, g16) = out
     cos = float(g32 @ g16 / np.linalg.norm(g32) / np.linalg.norm(g16))
     print(f"loss float32 {l32:.6f} bf16 compute {l16:.6f}; gradient cosine {cos:.6f}")
-    assert abs(l16 - l32) <= 1e-3 * abs(l32) and l16 != l32
+    assert abs(l16 - l32) <= 3e-3 * abs(l32) and l16 != l32
     assert cos > 0.999
 
 

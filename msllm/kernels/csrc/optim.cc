@@ -5,7 +5,7 @@
 // runs it (per gradient a squaring Mul and ReduceSum, a clipping Mul, then AdamWeightDecay's kernel)
 // took 384 ms; these two kernels take 157 ms, 27 GB/s of memory traffic (read g twice, p, m, v;
 // write p, m, v: 32 bytes per parameter). benchmarks/optimizer_step.py,
-// benchmarks/results/optimizer_step_intel_xeon.json; a full DPO step went from ~3.0 s to ~2.5 s.
+// benchmarks/results/optimizer_step_intel_xeon.json (a full DPO step: benchmarks/profile_dpo_step.py).
 //
 // The update is MindSpore's ``nn.AdamWeightDecay`` rule (its docstring; no bias correction),
 // on the gradient times ``coef`` (the train step's 1 / loss scale * clip factor):
