@@ -55,6 +55,20 @@ PAIRS = (("msllm-full", "trl-full"), ("msllm-lora", "trl-lora"), ("msllm-full-pr
          ("msllm-full-bf16", "trl-full-bf16"), ("msllm-lora-bf16", "trl-lora-bf16"))
 
 
+def msllm_overrides(hf_dir: str, data: str, seq: int, batch: int, steps: int, out: str, lora: bool = False,
+                    precompute_ref: bool = False, bf16: bool = False) -> list[str]:
+    """The command-line overrides of ``CONFIG`` for msllm's DPO run on the benchmark's pairs (the
+    worker's and benchmarks/profile_dpo_step.py's): SmolLM2 from ``hf_dir``, batches in file order,
+    beta 0.1, ``steps`` steps; LoRA r 8, alpha 16 on q/k/v/o without dropout when ``lora``."""
+    pet = ["--pet_config.pet_type=lora", "--pet_config.lora_rank=8", "--pet_config.lora_alpha=16",
+           "--pet_config.lora_dropout=0.0", "--pet_config.target_modules=.*wq|.*wk|.*wv|.*wo"] if lora else []
+    return ["--run_mode=finetune", f"--load_checkpoint={hf_dir}", f"--train_dataset.dataset_dir={data}",
+            f"--model.model_config.seq_length={seq}", f"--runner_config.batch_size={batch}",
+            f"--runner_config.train_steps={steps}", "--train_dataset.shuffle=False", "--dpo.beta=0.1",
+            f"--dpo.precompute_ref={bool(precompute_ref)}", f"--output_dir={out}",
+            f"--model.model_config.compute_dtype={'bfloat16' if bf16 else 'float32'}", *pet]
+
+
 def prepare(model_dir: str, tmp: str, pairs: int, seq: int) -> tuple[str, str]:
     """The benchmark's pairs as TRL records (``train.jsonl``) and msllm's MindRecord of them."""
     common.use_repo()

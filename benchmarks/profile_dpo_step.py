@@ -14,7 +14,6 @@ change can be profiled before and after on one machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,18 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
-
-
-def op_type_totals(directory: str) -> dict:
-    """{op type: total ms} from the newest MindSpore CPU profile under ``directory``."""
-    import csv
-    import glob
-
-    files = sorted(glob.glob(os.path.join(directory, "*", "FRAMEWORK", "cpu_op_type_info_*.csv")), key=os.path.getmtime)
-    if not files:
-        return {}
-    with open(files[-1]) as fh:
-        return {r["op_type"]: float(r["total_compute_time"]) for r in csv.DictReader(fh)}
+import profile_step  # noqa: E402  (its op_type_totals; importing it imports no msllm module)
 
 
 def main(argv=None) -> int:
@@ -65,10 +53,8 @@ def main(argv=None) -> int:
     model_dir = common.hf_dir("smollm2")   # after msllm's import: it imports this checkout's msllm
     tmp = tempfile.mkdtemp(prefix="profile_dpo_")
     _, data = dpo_speed.prepare(model_dir, tmp, 12, 256)
-    cfg = load_config(os.path.join(common.ROOT, dpo_speed.CONFIG), [
-        "--run_mode=finetune", f"--load_checkpoint={model_dir}", f"--train_dataset.dataset_dir={data}",
-        "--model.model_config.seq_length=256", "--runner_config.batch_size=2", "--runner_config.train_steps=16",
-        "--train_dataset.shuffle=False", "--dpo.beta=0.1", f"--output_dir={tmp}/out"])
+    cfg = load_config(os.path.join(common.ROOT, dpo_speed.CONFIG),
+                      dpo_speed.msllm_overrides(model_dir, data, 256, 2, 16, os.path.join(tmp, "out")))
     run = prepare(cfg)
     load_start(run)
     batches = [cut_pair_batch(b, cfg.model_config.ignore_token_id, run.agree)
@@ -94,7 +80,7 @@ def main(argv=None) -> int:
         run.step_cell(*b)[0].asnumpy()
     prof.stop()
     prof.analyse()
-    ops_ms = {k: v / 2 for k, v in sorted(op_type_totals(prof_dir).items(), key=lambda kv: -kv[1])}
+    ops_ms = {k: t / 2 for k, (t, _) in profile_step.op_type_totals(prof_dir).items()}
     print("MindSpore profiler, ms per step by operator type:")
     for k, v in list(ops_ms.items())[:12]:
         print(f"  {k:28s} {v:8.1f}")

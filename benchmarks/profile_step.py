@@ -42,26 +42,32 @@ def timed(fn, repeats):
     return first, common.median(walls), common.median(cpus)
 
 
-def summarize_profile(directory: str, steps: int, top: int = 25) -> None:
-    """Print MindSpore's CPU profiler totals by operator type (ms per step), from the newest
-    ``*/FRAMEWORK/cpu_op_type_info_0.csv`` under ``directory``."""
+def op_type_totals(directory: str) -> dict:
+    """{operator type: (total ms, calls)} from the newest MindSpore CPU profile under ``directory``
+    (``*/FRAMEWORK/cpu_op_type_info_*.csv``), largest first; {} when there is none."""
     import csv
     import glob
 
     files = sorted(glob.glob(os.path.join(directory, "*", "FRAMEWORK", "cpu_op_type_info_*.csv")),
                    key=os.path.getmtime)
     if not files:
-        print("no cpu_op_type_info csv found")
-        return
+        return {}
     with open(files[-1]) as fh:
         rows = list(csv.DictReader(fh))
     rows.sort(key=lambda r: -float(r["total_compute_time"]))
-    total = sum(float(r["total_compute_time"]) for r in rows)
+    return {r["op_type"]: (float(r["total_compute_time"]), int(r["type_occurrences"])) for r in rows}
+
+
+def summarize_profile(directory: str, steps: int, top: int = 25) -> None:
+    """Print MindSpore's CPU profiler totals by operator type (ms per step) from :func:`op_type_totals`."""
+    totals = op_type_totals(directory)
+    if not totals:
+        print("no cpu_op_type_info csv found")
+        return
+    total = sum(t for t, _ in totals.values())
     print(f"kernel time by operator type, ms per step ({total / steps:.0f} ms in total):")
-    for r in rows[:top]:
-        t = float(r["total_compute_time"])
-        print(f"  {r['op_type']:28s} {t / steps:9.1f} ms  {100 * t / total:5.1f}%  "
-              f"({int(r['type_occurrences']) // steps} calls)")
+    for op, (t, calls) in list(totals.items())[:top]:
+        print(f"  {op:28s} {t / steps:9.1f} ms  {100 * t / total:5.1f}%  ({calls // steps} calls)")
 
 
 def main(argv=None):

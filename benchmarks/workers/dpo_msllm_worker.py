@@ -39,15 +39,12 @@ def main():
     from msllm.training.dpo import cut_pair_batch
     from msllm.training.setup import load_start, prepare
 
-    pet = ["--pet_config.pet_type=lora", "--pet_config.lora_rank=8", "--pet_config.lora_alpha=16",
-           "--pet_config.lora_dropout=0.0", "--pet_config.target_modules=.*wq|.*wk|.*wv|.*wo"] if args["lora"] else []
-    out = os.path.join(os.getcwd(), "out")
-    cfg = load_config(args["config"], [
-        "--run_mode=finetune", f"--load_checkpoint={args['hf_dir']}", f"--train_dataset.dataset_dir={args['data']}",
-        f"--model.model_config.seq_length={args['seq']}", f"--runner_config.batch_size={args['batch']}",
-        f"--runner_config.train_steps={args['steps'] + args['warmup']}", "--train_dataset.shuffle=False",
-        "--dpo.beta=0.1", f"--dpo.precompute_ref={bool(args.get('precompute_ref'))}", f"--output_dir={out}",
-        f"--model.model_config.compute_dtype={'bfloat16' if args.get('bf16') else 'float32'}", *pet])
+    import dpo_speed   # benchmarks/dpo_speed.py: the run's overrides (it imports no msllm module)
+
+    cfg = load_config(args["config"], dpo_speed.msllm_overrides(
+        args["hf_dir"], args["data"], args["seq"], args["batch"], args["steps"] + args["warmup"],
+        os.path.join(os.getcwd(), "out"), lora=args["lora"], precompute_ref=args.get("precompute_ref"),
+        bf16=args.get("bf16")))
     t0 = time.perf_counter()
     run = prepare(cfg)
     load_start(run)   # starting weights (and the precomputed reference, if asked)
