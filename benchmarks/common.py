@@ -28,6 +28,41 @@ MF_VENV = os.environ.get("MF_VENV", os.path.join(HERE, ".venv-mindformers"))
 MF_PY = os.path.join(MF_VENV, "bin", "python")
 EXAMPLES = os.path.join(ROOT, "examples", "data")
 
+# A CPU without AVX-512 (AMD Zen 3), measured on any AVX2 machine: msllm's kernels compiled for haswell (AVX2 +
+# FMA: every vector helper in 8 lanes), its run-time-selected linears on their AVX2 paths, and oneDNN's JIT
+# capped at AVX2 (ONEDNN_MAX_CPU_ISA, oneDNN's documented switch; the sgemm msllm's kernels and MindSpore's
+# MatMul call). MindSpore's own nnacl kernels still pick their ISA from the CPU. The clock and memory stay
+# this machine's.
+AVX2_ENV = {"MSLLM_KERNELS_MARCH": "haswell", "MSLLM_GEMV_ISA": "avx2", "MSLLM_INT8_ISA": "avx2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def isa_env(isa: str) -> dict:
+    """The environment an msllm worker gets for ``isa``: ``native`` (none) or ``avx2`` (:data:`AVX2_ENV` and a
+    kernel library of its own in ``benchmarks/.cache/kernels-haswell``, built here first if missing or stale)."""
+    if isa == "native":
+        return {}
+    if isa != "avx2":
+        raise ValueError(f"isa {isa!r}: expected native or avx2")
+    env = dict(AVX2_ENV, MSLLM_KERNELS_DIR=os.path.join(CACHE, "kernels-haswell"))
+    r = subprocess.run([MAIN_PY, "-m", "msllm.kernels.build"], capture_output=True, text=True,
+                       env=dict(os.environ, **env), cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"building msllm's kernels with {env}:\n{r.stderr[-3000:]}")
+    return env
+
+
+def kernel_build(env: dict) -> dict:
+    """Flags, instruction sets and digest of the kernel library a worker with ``env`` loads (build_info.json)."""
+    d = env.get("MSLLM_KERNELS_DIR") or os.environ.get("MSLLM_KERNELS_DIR") or os.path.join(ROOT, "msllm", "kernels", "_build")
+    try:
+        with open(os.path.join(d, "build_info.json")) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return {k: info.get(k) for k in ("flags", "isa", "digest")}
+
+
 # tiny and medium: the shapes of issue #6 ("tiny" = the reference shape of shared NOTES.md);
 # large: issue #14 (hidden 1024, 12 layers, 16 heads, FFN 2816, seq 1024, batch 2).
 SHAPES = {

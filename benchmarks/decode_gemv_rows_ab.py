@@ -1,4 +1,4 @@
-"""Batch-1 decode with two settings of a kernel switch that the kernels read per call, alternated in
+"""Decode (batch 1, or ``--batch``) with two settings of a kernel switch that the kernels read per call, alternated in
 blocks of ``--steps`` decode steps in one process, ``--rounds`` rounds (the order flips every round):
 the real SmolLM2-135M-Instruct at ``--dtype`` weights prefilled with a ``--prompt``-token prompt, then
 steps through the generator. One process, one compiled graph, the same caches: what differs between
@@ -7,6 +7,9 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
 
 * ``--var MSLLM_GEMV_ROWS --values 2 8`` (default): the weight-streaming products reading 2 or 8 weight
   rows at once (``stream_rows_at_once`` in ``msllm/kernels/csrc/common.h``; tests/kernels/test_kernels_gemv_rows.py);
+* ``--var MSLLM_GEMV_MAX_ROWS --values 4 8 --batch 8``: float32 products of 5-8 rows streaming W or on
+  oneDNN's sgemm (``gemv_max_rows`` in ``msllm/kernels/csrc/linear.cc``; different summation orders). Run it
+  with ``common.AVX2_ENV`` and ``MSLLM_KERNELS_DIR=benchmarks/.cache/kernels-haswell`` set for the AVX2 path;
 * ``--var MSLLM_DECODE_STACK --values 0 1 --at build``: the decode step's decoder layers as two fused
   operators each or as one operator for the whole stack (``LlamaModel.decode_layers``); read when the model
   is built, so ``--at build`` builds two models (same weights, each its own caches and compiled graph)
@@ -44,6 +47,7 @@ import harness  # noqa: E402
 def main(argv=None):
     p = decode_profile.model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--batch", type=int, default=1, help="prompts decoded at once")
     p.add_argument("--var", default="MSLLM_GEMV_ROWS")
     p.add_argument("--values", nargs=2, default=["2", "8"], metavar=("A", "B"))
     p.add_argument("--at", choices=["call", "build"], default="call",
@@ -58,7 +62,7 @@ def main(argv=None):
     runs = {}   # setting -> [generator, next tokens, caches, pads, buffer, next slot]
     for value in a.values if a.at == "build" else a.values[:1]:
         os.environ[a.var] = value
-        runs[value] = list(decode_profile.prefilled(a, 1, a.rounds * a.steps * (1 if a.at == "build" else 2)))
+        runs[value] = list(decode_profile.prefilled(a, a.batch, a.rounds * a.steps * (1 if a.at == "build" else 2)))
     if a.at == "call":
         runs[a.values[1]] = runs[a.values[0]]
     blocks = []
@@ -83,7 +87,8 @@ def main(argv=None):
         first, second = (next(b["step_ms"] for b in blocks if b["round"] == r and b[a.var] == v) for v in a.values)
         ratios.append(second / first)
     med = lambda v: round(float(np.median([b["step_ms"] for b in blocks if b[a.var] == v])), 3)  # noqa: E731
-    summary = {"dtype": a.dtype, "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
+    summary = {"dtype": a.dtype, "batch": a.batch, "env": {k: v for k, v in os.environ.items() if k in common.AVX2_ENV or k == "MSLLM_KERNELS_DIR"},
+               "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
                "machine": common.machine(), "command": " ".join(sys.argv), "var": a.var, "values": a.values, "at": a.at,
                "a_step_ms": med(a.values[0]), "b_step_ms": med(a.values[1]), "b_over_a": [round(x, 3) for x in ratios],
                "b_over_a_median": round(float(np.median(ratios)), 3), "blocks": blocks}

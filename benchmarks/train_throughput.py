@@ -55,6 +55,10 @@ WORKERS = {
     "msllm-dense-noscale": ("main", "msllm_worker.py", {"variant": "noscale", "compact_loss": False,
                                                         "name": "msllm-dense-noscale"}),
     "mindformers": ("mf", "mf_worker.py", {}),
+    # a CPU without AVX-512, on this machine (common.AVX2_ENV): msllm's kernels built for haswell and oneDNN
+    # capped at AVX2; MindFormers with oneDNN capped at AVX2 (its nnacl kernels choose from the CPU's flags)
+    "msllm-avx2": ("main", "msllm_worker.py", {"variant": "default", "name": "msllm-avx2"}),
+    "mindformers-avx2": ("mf", "mf_worker.py", {"name": "mindformers-avx2"}),
     "torch-eager": ("main", "torch_worker.py", {"compile": False}),
     "torch-compile": ("main", "torch_worker.py", {"compile": True}),
     "torch-lean": ("main", "torch_worker.py", {"compile": False, "model": "lean", "name": "torch-lean"}),
@@ -63,6 +67,17 @@ WORKERS = {
 }
 # the PyTorch peers msllm is compared with (paired ratios in the same round)
 TORCH_PEERS = ("torch-eager", "torch-lean", "torch-compile", "torch-lean-compile")
+# further paired ratios (same round) printed in the result: the AVX2 runs against each other and against native
+OTHER_PEERS = ("mindformers-avx2", "msllm")
+
+
+def worker_env(name: str) -> dict:
+    """Environment of the ``-avx2`` workers (the kernel library built first for msllm's)."""
+    if name == "msllm-avx2":
+        return common.isa_env("avx2")
+    if name == "mindformers-avx2":
+        return {"ONEDNN_MAX_CPU_ISA": common.AVX2_ENV["ONEDNN_MAX_CPU_ISA"]}
+    return {}
 # (measured steps in round 0, in later rounds, warm-up steps): round 0 gives 20 (tiny) / 10
 # (medium) losses per framework for the loss comparison, later rounds only throughput.
 DEFAULT_STEPS = {"tiny": (18, 10, 2), "medium": (6, 4, 2), "large": (4, 3, 2), "medium-qwen2": (6, 4, 2),
@@ -189,7 +204,7 @@ def summarise(shape: str, runs: list[dict], peaks: list[dict], cpu_peak: dict | 
     for n in names:
         if "error" in table.get(n, {}):
             continue
-        for peer in TORCH_PEERS:
+        for peer in TORCH_PEERS + OTHER_PEERS:
             paired = [rd[n]["tokens_per_s"] / rd[peer]["tokens_per_s"]
                       for rd in by_round.values() if n in rd and peer in rd and n != peer]
             if paired:
@@ -302,7 +317,7 @@ def main(argv=None):
     for n in names:
         if n not in WORKERS:
             p.error(f"unknown framework {n!r}; expected some of {', '.join(WORKERS)}")
-    if "mindformers" in names and not os.path.exists(common.MF_PY):
+    if any(n.startswith("mindformers") for n in names) and not os.path.exists(common.MF_PY):
         sys.exit(f"{common.MF_PY} missing: run bash benchmarks/setup_mindformers.sh first")
     s = common.shape(a.shape)
     info = common.machine()
@@ -315,6 +330,7 @@ def main(argv=None):
     peaks = [measure_peaks()]
     print(f"peaks: {peaks[-1]}", flush=True)
     runs = []
+    envs = {n: worker_env(n) for n in names}
     # one torch.compile cache per invocation: round 0 compiles cold, later rounds find the cache
     inductor_cache = tempfile.mkdtemp(prefix="bench_inductor_")
     for rnd in range(a.rounds):
@@ -322,7 +338,7 @@ def main(argv=None):
             if rnd > 0 and n in ONCE[a.shape]:
                 continue
             r = run_worker(n, a.shape, steps if rnd == 0 else steps_later, warmup, a.timeout, extra,
-                           {"TORCHINDUCTOR_CACHE_DIR": inductor_cache})
+                           {"TORCHINDUCTOR_CACHE_DIR": inductor_cache, **envs[n]})
             r["round"], r["warmup"] = rnd, warmup
             harness.log_run(runs, r, f"round {rnd} {n:14s}", lambda r: (
                 f"{r['tokens_per_s']:7.0f} tok/s  step {r['step_s_median']:.2f} s "
@@ -334,7 +350,9 @@ def main(argv=None):
     shutil.rmtree(inductor_cache, ignore_errors=True)
     summary = summarise(a.shape, runs, peaks)
     summary.update(machine=info, command=harness.command_line(), steps=steps, warmup=warmup, rounds=a.rounds,
-                   total_seconds=time.time() - t0, extra=extra, peaks=peaks, runs=runs)
+                   total_seconds=time.time() - t0, extra=extra, peaks=peaks, runs=runs,
+                   worker_env={n: e for n, e in envs.items() if e},
+                   kernel_builds={n: common.kernel_build(e) for n, e in envs.items() if n.startswith("msllm")})
     harness.finish(a.out or os.path.join(HERE, "results", f"train_throughput_{a.shape}.json"), summary,
                   markdown(summary), t0)
 

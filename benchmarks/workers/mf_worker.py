@@ -67,7 +67,7 @@ def main():
     timing = wc.timed_steps(wc.train_batches(s, warmup + steps), lambda ids, lab: (Tensor(ids), Tensor(lab)),
                             one_step, warmup, s["batch_size"] * s["seq_length"], wc.spawn_time(args), phases.rss)
     common.emit({
-        "framework": "mindformers", "shape": args["shape"], "mindspore": ms.__version__,
+        "framework": args.get("name", "mindformers"), "shape": args["shape"], "mindspore": ms.__version__,
         "mindformers": mindformers.__version__, **phases.fields(), **timing,
         "peak_rss_mib": common.peak_rss_mib(),
     })

@@ -63,6 +63,16 @@ def gemm_bf16_native() -> bool:
     return bool(ctypes.CDLL(library_path()).msllm_gemm_bf16_native())
 
 
+def vector_isa() -> str:
+    """The instruction set the library's own vector code (softmax, norms, SwiGLU, loss, attention's
+    dot products; ``csrc/common.h``) was compiled for: ``"AVX-512F"``, ``"AVX2+FMA"`` or ``"plain C++"``.
+    Set when the library is built (``-march=native``, or ``MSLLM_KERNELS_MARCH``); the weight-streaming
+    and int8 linears choose AVX-512 or AVX2 again at run time from the CPU's flags."""
+    import ctypes
+
+    return {2: "AVX-512F", 1: "AVX2+FMA"}.get(ctypes.CDLL(library_path()).msllm_vector_isa(), "plain C++")
+
+
 def kernel_stats(reset: bool = False) -> dict:
     """Calls and wall seconds per kernel since the start (or the last reset), recorded only when
     the process runs with ``MSLLM_KERNEL_PROFILE=1``: ``{"msllm_linear": (calls, seconds), ...}``."""
@@ -96,4 +106,4 @@ def gemm_path() -> str:
 
 
 __all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats", "gemm_path",
-           "gemm_bf16_native"]
+           "gemm_bf16_native", "vector_isa"]

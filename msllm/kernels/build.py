@@ -8,7 +8,8 @@ Needs only what pip and apt provide: ``g++`` 10 or newer (C++20 for ``std::atomi
 Debian/Ubuntu: ``apt-get install g++``) and the ``mindspore`` wheel, whose ``lib/libdnnl.so.3``
 (oneDNN) supplies the GEMM; no MindSpore or oneDNN headers are needed (the one oneDNN function
 used, ``dnnl_sgemm``, is declared in ``csrc/common.h``). The library is compiled for this
-machine's CPU (``-march=native``); ``_build/build_info.json`` records the source digest, the
+machine's CPU (``-march=native``; ``MSLLM_KERNELS_MARCH=haswell`` builds for AVX2 + FMA instead, see
+:func:`msllm.kernels.toolchain.library_cxxflags`); ``_build/build_info.json`` records the source digest, the
 compiler, the flags, the MindSpore version and the instruction sets the code was compiled for,
 and :func:`msllm.kernels.library_path` refuses a build that is stale or made for another CPU.
 
@@ -31,7 +32,7 @@ import tempfile
 
 from msllm.errors import MsllmError, cli_main
 from msllm.fileio import exclusive_lock
-from msllm.kernels.toolchain import CXXFLAGS, ISA_MACROS, MIN_GXX, build_dir, compiler, cpu_flags  # noqa: F401
+from msllm.kernels.toolchain import ISA_MACROS, MIN_GXX, build_dir, compiler, cpu_flags, library_cxxflags  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
@@ -46,7 +47,7 @@ def sources() -> list[str]:
 
 def source_digest() -> str:
     """SHA-256 over the C++ sources and the compiler flags (a change in either means rebuild)."""
-    h = hashlib.sha256(" ".join(CXXFLAGS).encode())
+    h = hashlib.sha256(" ".join(library_cxxflags()).encode())
     for path in sources():
         h.update(os.path.basename(path).encode())
         with open(path, "rb") as fh:
@@ -68,8 +69,9 @@ def mindspore_lib_dir() -> str:
 
 
 def isa_of_build(cxx: str) -> list[str]:
-    """The /proc/cpuinfo flags whose instruction sets ``-march=native`` enables here."""
-    out = subprocess.run([cxx, "-march=native", "-dM", "-E", "-x", "c++", "-"], input="", capture_output=True,
+    """The /proc/cpuinfo flags whose instruction sets the library's ``-march`` enables here."""
+    march = [f for f in library_cxxflags() if f.startswith("-march=")]
+    out = subprocess.run([cxx, *march, "-dM", "-E", "-x", "c++", "-"], input="", capture_output=True,
                          text=True).stdout
     return sorted(flag for macro, flag in ISA_MACROS.items() if re.search(rf"#define {macro}\b", out))
 
@@ -98,6 +100,12 @@ def problem_with_build(directory: str | None = None) -> str | None:
     if not os.path.exists(lib) or info is None:
         return f"msllm's CPU kernels are not built ({lib} missing): {fix}"
     if info.get("digest") != source_digest():
+        built = [f for f in info.get("flags", []) if f.startswith("-march=")]
+        want = [f for f in library_cxxflags() if f.startswith("-march=")]
+        if built != want:
+            return (f"msllm's CPU kernels in {d} were built with {' '.join(built) or 'other flags'}, this process "
+                    f"asks for {' '.join(want)} (MSLLM_KERNELS_MARCH={os.environ.get('MSLLM_KERNELS_MARCH', '')!r}): "
+                    f"{fix} with the same setting, or set MSLLM_KERNELS_DIR to a directory of its own per setting")
         return f"msllm's CPU kernels in {d} were built from other sources or flags: {fix}"
     if info.get("mindspore") != mindspore_version():
         return (f"msllm's CPU kernels were built against mindspore {info.get('mindspore')}, "
@@ -138,7 +146,8 @@ def _build(d: str, force: bool, verbose: bool) -> str:
     ms_lib = mindspore_lib_dir()
     fd, tmp = tempfile.mkstemp(prefix=".libmsllm_kernels.", suffix=".so", dir=d)
     os.close(fd)
-    cmd = [cxx, *CXXFLAGS, "-I", CSRC, "-o", tmp, *[s for s in sources() if s.endswith(".cc")],
+    flags = library_cxxflags()
+    cmd = [cxx, *flags, "-I", CSRC, "-o", tmp, *[s for s in sources() if s.endswith(".cc")],
            f"-L{ms_lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{ms_lib}"]
     if verbose:
         print("msllm kernels: " + " ".join(cmd), flush=True)
@@ -147,7 +156,7 @@ def _build(d: str, force: bool, verbose: bool) -> str:
         os.unlink(tmp)
         raise MsllmError(f"msllm kernels: compiling {CSRC} failed ({version}):\n{p.stderr[-4000:]}")
     os.replace(tmp, lib)
-    info = {"digest": source_digest(), "compiler": version, "flags": CXXFLAGS, "mindspore": mindspore_version(),
+    info = {"digest": source_digest(), "compiler": version, "flags": flags, "mindspore": mindspore_version(),
             "mindspore_lib": ms_lib, "isa": isa_of_build(cxx), "sources": [os.path.basename(s) for s in sources()]}
     fd, tmp = tempfile.mkstemp(prefix=".build_info.", suffix=".json", dir=d)
     with os.fdopen(fd, "w") as fh:

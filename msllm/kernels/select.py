@@ -72,9 +72,9 @@ class KernelChoice:
 
     def describe(self) -> str:
         if self.cpu is not None:
-            from msllm.kernels import gemm_bf16_native, gemm_path
+            from msllm.kernels import gemm_bf16_native, gemm_path, vector_isa
 
-            linear = f"msllm CPU kernels ({gemm_path()})"
+            linear = f"msllm CPU kernels ({gemm_path()}; vector code {vector_isa()})"
             if self.bf16_gemms:
                 how = ("this CPU's bf16 arithmetic via oneDNN" if gemm_bf16_native() else
                        "emulated: this CPU has no bf16 arithmetic, slower than float32")

@@ -30,8 +30,9 @@ def t(a):
                                          ((300, 96), 160),      # rows cut over the threads
                                          ((40, 64), 3000),      # columns cut (wide output)
                                          ((3, 37), 51),         # decoding's few rows: odd sizes, a tail
-                                         ((1, 4, 576), 1537)],  # decoding's weight-streaming path, threaded
-                         ids=["small-3d", "row-slabs", "column-slabs", "gemv-odd", "gemv-threaded"])
+                                         ((1, 4, 576), 1537),   # decoding's weight-streaming path, threaded
+                                         ((8, 203), 1001)],     # batch 8 streams too (gemv_max_rows), tails
+                         ids=["small-3d", "row-slabs", "column-slabs", "gemv-odd", "gemv-threaded", "gemv-8"])
 def test_linear_matches_matmul(kernels, pynative, x_shape, out):
     r = rng()
     x, w = r.standard_normal(x_shape), r.standard_normal((out, x_shape[-1])) * 0.1

@@ -26,7 +26,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <unordered_set>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__SSE__)
@@ -521,7 +521,17 @@ inline float exp_scalar(float x) {
   return std::ldexp(p, (int)n);
 }
 
+// The vector helpers below have three forms, chosen when the library is compiled (-march=native, or
+// MSLLM_KERNELS_MARCH): AVX-512F (16 lanes, masked tails), AVX2 + FMA (8 lanes, scalar tails: AMD Zen 3,
+// Intel before Skylake-SP) and plain C++. The forms sum in different orders, so results differ by float32
+// rounding between the paths, never within one; msllm_vector_isa() says which one this build has.
 #if defined(__AVX512F__)
+#define MSLLM_VEC_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MSLLM_VEC_AVX2 1
+#endif
+
+#if defined(MSLLM_VEC_AVX512)
 inline __m512 exp512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3365478515625f)), _mm512_set1_ps(88.3762626647949f));
   __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
@@ -538,16 +548,54 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
+#elif defined(MSLLM_VEC_AVX2)
+// 2^n for integral n in [-126, 128] as two factors 2^(n/2) 2^(n - n/2), each a normal float built from
+// its exponent bits (AVX2 has no scalef; one factor 2^128 would overflow where exp(88.37) does not)
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float hmax256(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 #endif
 
 // max over x[0:n)
 inline float row_max(const float *x, int64_t n) {
   int64_t j = 0;
   float m = -INFINITY;
-#if defined(__AVX512F__)
+#if defined(MSLLM_VEC_AVX512)
   __m512 vm = _mm512_set1_ps(-INFINITY);
   for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + j));
   m = _mm512_reduce_max_ps(vm);
+#elif defined(MSLLM_VEC_AVX2)
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + j));
+  m = hmax256(vm);
 #endif
   for (; j < n; ++j) m = std::max(m, x[j]);
   return m;
@@ -557,7 +605,7 @@ inline float row_max(const float *x, int64_t n) {
 inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, float shift) {
   int64_t j = 0;
   float s = 0.f;
-#if defined(__AVX512F__)
+#if defined(MSLLM_VEC_AVX512)
   __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
   for (; j < n; j += 16) {
     __mmask16 k = tail_mask(n - j);
@@ -568,6 +616,15 @@ inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, flo
   }
   s = _mm512_reduce_add_ps(acc);
 #else
+#if defined(MSLLM_VEC_AVX2)
+  __m256 va = _mm256_set1_ps(alpha), vs = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp256(_mm256_fmsub_ps(_mm256_loadu_ps(x + j), va, vs));
+    _mm256_storeu_ps(y + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  s = hsum256(acc);
+#endif
   for (; j < n; ++j) {
     y[j] = exp_scalar(alpha * x[j] - shift);
     s += y[j];
@@ -580,13 +637,51 @@ inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, flo
 inline float dot(const float *a, const float *b, int64_t n) {
   int64_t j = 0;
   float s = 0.f;
-#if defined(__AVX512F__)
+#if defined(MSLLM_VEC_AVX512)
   __m512 acc = _mm512_setzero_ps();
   for (; j + 16 <= n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
   s = _mm512_reduce_add_ps(acc);
+#elif defined(MSLLM_VEC_AVX2)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; j + 16 <= n; j += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 8), _mm256_loadu_ps(b + j + 8), acc1);
+  }
+  if (j + 8 <= n) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc0);
+    j += 8;
+  }
+  s = hsum256(_mm256_add_ps(acc0, acc1));
 #endif
   for (; j < n; ++j) s += a[j] * b[j];
   return s;
+}
+
+// acc[0:d) += p * v[0:d)
+inline void axpy(float *acc, const float *v, float p, int64_t d) {
+  int64_t i = 0;
+#if defined(MSLLM_VEC_AVX512)
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; i < d; i += 16) {
+    const __mmask16 m = tail_mask(d - i);
+    _mm512_mask_storeu_ps(acc + i, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, acc + i)));
+  }
+#elif defined(MSLLM_VEC_AVX2)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+#endif
+  for (; i < d; ++i) acc[i] += p * v[i];
+}
+
+// 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++: the form of the helpers above in this build
+constexpr int vector_isa() {
+#if defined(MSLLM_VEC_AVX512)
+  return 2;
+#elif defined(MSLLM_VEC_AVX2)
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 }  // namespace msllm

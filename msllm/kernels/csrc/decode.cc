@@ -30,20 +30,6 @@ using namespace msllm;
 namespace {
 constexpr float kHidden = -1e8f;  // mask values at or below this hide the key
 
-#if defined(__AVX512F__)
-// acc (D,) += p * v (D,)
-inline void axpy(float *acc, const float *v, float p, int64_t d) {
-  const __m512 pv = _mm512_set1_ps(p);
-  for (int64_t i = 0; i < d; i += 16) {
-    const __mmask16 m = tail_mask(d - i);
-    _mm512_mask_storeu_ps(acc + i, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, acc + i)));
-  }
-}
-#else
-inline void axpy(float *acc, const float *v, float p, int64_t d) {
-  for (int64_t i = 0; i < d; ++i) acc[i] += p * v[i];
-}
-#endif
 }  // namespace
 
 MSLLM_AOT(msllm_decode_attention) {

@@ -12,12 +12,19 @@ inline float sigmoid_scalar(float x) { return 1.f / (1.f + exp_scalar(-x)); }
 // a = silu(g) * u over [i0, i1)
 void swiglu_range(const float *g, const float *u, float *a, int64_t i0, int64_t i1) {
   int64_t i = i0;
-#if defined(__AVX512F__)
+#if defined(MSLLM_VEC_AVX512)
   const __m512 one = _mm512_set1_ps(1.f);
   for (; i + 16 <= i1; i += 16) {
     __m512 gv = _mm512_loadu_ps(g + i);
     __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
     _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
+  }
+#elif defined(MSLLM_VEC_AVX2)
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; i + 8 <= i1; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
   }
 #endif
   for (; i < i1; ++i) a[i] = g[i] * sigmoid_scalar(g[i]) * u[i];
@@ -26,7 +33,7 @@ void swiglu_range(const float *g, const float *u, float *a, int64_t i0, int64_t 
 // dg = da * u * sig * (1 + g * (1 - sig)),  du = da * g * sig
 void swiglu_grad_range(const float *da, const float *g, const float *u, float *dg, float *du, int64_t i0, int64_t i1) {
   int64_t i = i0;
-#if defined(__AVX512F__)
+#if defined(MSLLM_VEC_AVX512)
   const __m512 one = _mm512_set1_ps(1.f);
   for (; i + 16 <= i1; i += 16) {
     __m512 gv = _mm512_loadu_ps(g + i), dav = _mm512_loadu_ps(da + i);
@@ -35,6 +42,16 @@ void swiglu_grad_range(const float *da, const float *g, const float *u, float *d
     _mm512_storeu_ps(du + i, _mm512_mul_ps(dav, silu));
     __m512 dsilu = _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sig), one));
     _mm512_storeu_ps(dg + i, _mm512_mul_ps(_mm512_mul_ps(dav, _mm512_loadu_ps(u + i)), dsilu));
+  }
+#elif defined(MSLLM_VEC_AVX2)
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; i + 8 <= i1; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i), dav = _mm256_loadu_ps(da + i);
+    __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    __m256 silu = _mm256_mul_ps(gv, sig);
+    _mm256_storeu_ps(du + i, _mm256_mul_ps(dav, silu));
+    __m256 dsilu = _mm256_mul_ps(sig, _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sig), one));
+    _mm256_storeu_ps(dg + i, _mm256_mul_ps(_mm256_mul_ps(dav, _mm256_loadu_ps(u + i)), dsilu));
   }
 #endif
   for (; i < i1; ++i) {

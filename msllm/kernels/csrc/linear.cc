@@ -11,7 +11,15 @@ using namespace msllm;
 
 namespace {
 
-constexpr int64_t kGemvRows = 4;   // up to this many rows of x (measured: at 8 rows oneDNN's sgemm is as fast)
+// Up to this many rows of x a float32 product streams W (bfloat16 weights always up to 8): 8, or 4 with
+// MSLLM_GEMV_MAX_ROWS=4 (read per call, for the A/B). SmolLM2's decode step at batch 8 on an Intel Xeon
+// (family 6 model 167), 8 against 4, the two alternated in one process (benchmarks/decode_gemv_rows_ab.py
+// --batch 8 --var MSLLM_GEMV_MAX_ROWS --values 4 8): 0.92x the step on the AVX-512 path, 0.79x on the AVX2
+// path with oneDNN capped at AVX2 (benchmarks/results/decode_gemv_max_rows_ab_float32_b8{,_avx2}_intel_xeon.json).
+inline int64_t gemv_max_rows() {
+  const char *e = std::getenv("MSLLM_GEMV_MAX_ROWS");
+  return e && std::strcmp(e, "4") == 0 ? 4 : 8;
+}
 
 #if defined(__AVX512F__)
 // Weights as float32 or as bfloat16 (the upper 16 bits of a float32: widening is a shift, exact),
@@ -146,7 +154,7 @@ void bf16_sgemm(const float *x, const uint16_t *w, float *y, int64_t m, int64_t 
 
 }  // namespace
 
-// y (m, out) = x (m, in) w^T, w float32 or (bf16) bfloat16 (parts.h). Float32 w: up to kGemvRows rows
+// y (m, out) = x (m, in) w^T, w float32 or (bf16) bfloat16 (parts.h). Float32 w: up to gemv_max_rows() rows
 // of x on the weight-streaming path above (AVX-512, or AVX2 in gemv_avx2.cc: gemv_isa), more on
 // oneDNN's sgemm. Bfloat16 w (inference with param_init_type bfloat16: half the bytes per token): up
 // to 8 rows streamed, more through bf16_sgemm; float32 arithmetic throughout.
@@ -158,7 +166,7 @@ void msllm::linear_forward(const float *x, const void *w, bool bf16, float *y, i
     return;
   }
   const float *wf = static_cast<const float *>(w);
-  if (m >= 1 && m <= kGemvRows && in > 0 && gemv(x, wf, y, m, in, out)) return;
+  if (m >= 1 && m <= gemv_max_rows() && in > 0 && gemv(x, wf, y, m, in, out)) return;
   parallel_sgemm('N', 'T', m, out, in, 1.f, x, in, wf, in, 0.f, y, out);
 }
 
@@ -303,6 +311,9 @@ extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *b
 
 // Which streaming path msllm_linear takes now for 1-8 rows: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = none.
 extern "C" __attribute__((visibility("default"))) int msllm_gemv_isa() { return static_cast<int>(gemv_isa()); }
+// The form of the vector helpers (softmax, norms, SwiGLU, loss, attention's dots) this build was compiled
+// with: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++ (common.h vector_isa).
+extern "C" __attribute__((visibility("default"))) int msllm_vector_isa() { return vector_isa(); }
 // The weight rows the AVX-512 streaming path reads at once at batch 1 and 2 for float32 weights
 // (stream_rows_at_once; 2 in a build without AVX-512).
 extern "C" __attribute__((visibility("default"))) int msllm_gemv_rows() {

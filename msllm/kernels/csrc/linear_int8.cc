@@ -86,15 +86,37 @@ template <int M, int R, bool PerRow>
 MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1) {
   int64_t o = o0;
   for (; o + R <= o1; o += R) {
-    __m256 acc[R][M];
+    __m256 acc[R][M], acc2[R][M];
     float tail[R][M] = {};
     for (int j = 0; j < R; ++j)
-      for (int r = 0; r < M; ++r) acc[j][r] = _mm256_setzero_ps();
+      for (int r = 0; r < M; ++r) acc[j][r] = acc2[j][r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
       const int64_t i0 = g * w.group, i1 = std::min(w.in, i0 + w.group);
       __m256 s[R];
       for (int j = 0; j < R; ++j) s[j] = _mm256_set1_ps(w.s[(o + j) * w.groups + g]);
       int64_t i = i0;
+      // two FMA chains per output where registers allow (as gemv_avx2.cc): 0.95x SmolLM2's int8 decode step
+      // on this path (benchmarks/results/decode_avx2_unroll_ab_int8_intel_xeon.json)
+      if constexpr (M * R <= 4) {
+        for (; i + 16 <= i1; i += 16) {
+          __m256 v[R], u[R];
+          for (int j = 0; j < R; ++j) {
+            v[j] = widen8(w.q + (o + j) * w.in + i);
+            u[j] = widen8(w.q + (o + j) * w.in + i + 8);
+            if (!PerRow) {
+              v[j] = _mm256_mul_ps(v[j], s[j]);
+              u[j] = _mm256_mul_ps(u[j], s[j]);
+            }
+          }
+          for (int r = 0; r < M; ++r) {
+            const __m256 xv = _mm256_loadu_ps(x + r * w.in + i), xu = _mm256_loadu_ps(x + r * w.in + i + 8);
+            for (int j = 0; j < R; ++j) {
+              acc[j][r] = _mm256_fmadd_ps(xv, v[j], acc[j][r]);
+              acc2[j][r] = _mm256_fmadd_ps(xu, u[j], acc2[j][r]);
+            }
+          }
+        }
+      }
       for (; i + 8 <= i1; i += 8) {
         __m256 v[R];
         for (int j = 0; j < R; ++j) {
@@ -115,7 +137,7 @@ MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int
     }
     for (int j = 0; j < R; ++j) {
       const float scale = PerRow ? w.s[o + j] : 1.f;
-      for (int r = 0; r < M; ++r) y[r * w.out + o + j] = (hsum8(acc[j][r]) + tail[j][r]) * scale;
+      for (int r = 0; r < M; ++r) y[r * w.out + o + j] = (hsum8(_mm256_add_ps(acc[j][r], acc2[j][r])) + tail[j][r]) * scale;
     }
   }
   if (o < o1) rows_avx2<M, 1, PerRow>(x, w, y, o, o1);

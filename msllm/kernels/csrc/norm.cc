@@ -15,11 +15,16 @@ namespace {
 inline float dot3(const float *a, const float *b, const float *c, int64_t n) {
   int64_t j = 0;
   float s = 0.f;
-#if defined(__AVX512F__)
+#if defined(MSLLM_VEC_AVX512)
   __m512 acc = _mm512_setzero_ps();
   for (; j + 16 <= n; j += 16)
     acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j)), _mm512_loadu_ps(c + j), acc);
   s = _mm512_reduce_add_ps(acc);
+#elif defined(MSLLM_VEC_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8)
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)), _mm256_loadu_ps(c + j), acc);
+  s = hsum256(acc);
 #endif
   for (; j < n; ++j) s += a[j] * b[j] * c[j];
   return s;
