@@ -29,6 +29,9 @@
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include "avx2.h"   // hsum8
+#endif
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
@@ -570,12 +573,6 @@ inline __m256 exp256(__m256 x) {
   const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
 }
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 inline float hmax256(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -623,7 +620,7 @@ inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, flo
     _mm256_storeu_ps(y + j, e);
     acc = _mm256_add_ps(acc, e);
   }
-  s = hsum256(acc);
+  s = hsum8(acc);
 #endif
   for (; j < n; ++j) {
     y[j] = exp_scalar(alpha * x[j] - shift);
@@ -651,7 +648,7 @@ inline float dot(const float *a, const float *b, int64_t n) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc0);
     j += 8;
   }
-  s = hsum256(_mm256_add_ps(acc0, acc1));
+  s = hsum8(_mm256_add_ps(acc0, acc1));
 #endif
   for (; j < n; ++j) s += a[j] * b[j];
   return s;

@@ -46,7 +46,7 @@ MSLLM_AOT(msllm_cross_entropy) {
 #if defined(MSLLM_VEC_AVX2)
       __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
       for (; j + 8 <= v; j += 8) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm)));
-      s = hsum256(acc);
+      s = hsum8(acc);
 #endif
       for (; j < v; ++j) s += exp_scalar(row[j] - m);
 #endif

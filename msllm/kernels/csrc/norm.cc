@@ -24,7 +24,7 @@ inline float dot3(const float *a, const float *b, const float *c, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   for (; j + 8 <= n; j += 8)
     acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)), _mm256_loadu_ps(c + j), acc);
-  s = hsum256(acc);
+  s = hsum8(acc);
 #endif
   for (; j < n; ++j) s += a[j] * b[j] * c[j];
   return s;
