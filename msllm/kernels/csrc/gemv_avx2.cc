@@ -3,7 +3,7 @@
 // run time from the CPU's flags, or MSLLM_GEMV_ISA=avx2 on any AVX2 machine). Compiled into every build
 // with a GCC target attribute, as linear_int8.cc's AVX2 variant. Each thread streams its share of W's
 // rows, R at a time, against every row of x held in cache; sums per 8 lanes (two sets, even and odd blocks of
-// 8 inputs, where registers allow), then the lanes reduced, the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32 rounding).
+// 8 inputs, at 1-2 rows of x), then the lanes reduced, the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32 rounding).
 #include "common.h"
 #include "avx2.h"
 #include "parts.h"
@@ -40,11 +40,11 @@ MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t o
     for (int j = 0; j < R; ++j)
       for (int r = 0; r < M; ++r) acc[j][r] = _mm256_setzero_ps();
     int64_t i = 0;
-    // with at most 4 accumulators, a second set for the odd 8-input blocks: two FMA chains per output (FMA
+    // at 1-2 rows of x, a second set of accumulators for the odd 8-input blocks: two FMA chains per output (FMA
     // latency 4 cycles), 16 inputs per iteration. SmolLM2's decode step on the AVX2 path, with against without
     // (one process, alternated; benchmarks/results/decode_avx2_unroll_ab_{float32,bfloat16}_intel_xeon.json):
     // 0.96x (f32) and 0.96x (bf16) the step
-    if constexpr (M * R <= 4) {
+    if constexpr (M <= 2) {   // the same order for every row of a product (R = 2 and an odd last row)
       __m256 acc2[R][M];
       for (int j = 0; j < R; ++j)
         for (int r = 0; r < M; ++r) acc2[j][r] = _mm256_setzero_ps();

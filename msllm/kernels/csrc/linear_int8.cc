@@ -95,9 +95,9 @@ MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int
       __m256 s[R];
       for (int j = 0; j < R; ++j) s[j] = _mm256_set1_ps(w.s[(o + j) * w.groups + g]);
       int64_t i = i0;
-      // two FMA chains per output where registers allow (as gemv_avx2.cc): 0.95x SmolLM2's int8 decode step
+      // two FMA chains per output at 1-2 rows of x (as gemv_avx2.cc): 0.95x SmolLM2's int8 decode step
       // on this path (benchmarks/results/decode_avx2_unroll_ab_int8_intel_xeon.json)
-      if constexpr (M * R <= 4) {
+      if constexpr (M <= 2) {   // the same order for every row of a product (R = 2 and an odd last row)
         for (; i + 16 <= i1; i += 16) {
           __m256 v[R], u[R];
           for (int j = 0; j < R; ++j) {
