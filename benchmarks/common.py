@@ -53,13 +53,12 @@ def isa_env(isa: str) -> dict:
 
 
 def kernel_build(env: dict) -> dict:
-    """Flags, instruction sets and digest of the kernel library a worker with ``env`` loads (build_info.json)."""
-    d = env.get("MSLLM_KERNELS_DIR") or os.environ.get("MSLLM_KERNELS_DIR") or os.path.join(ROOT, "msllm", "kernels", "_build")
-    try:
-        with open(os.path.join(d, "build_info.json")) as fh:
-            info = json.load(fh)
-    except (OSError, ValueError):
-        return {}
+    """Flags, instruction sets and digest of the kernel library a worker with ``env`` loads (its
+    build_info.json, read by msllm's own :func:`msllm.kernels.build.read_info`); {} when there is none."""
+    use_repo()
+    from msllm.kernels import build
+
+    info = build.read_info(env.get("MSLLM_KERNELS_DIR") or build.build_dir()) or {}
     return {k: info.get(k) for k in ("flags", "isa", "digest")}
 
 

@@ -32,7 +32,8 @@ import tempfile
 
 from msllm.errors import MsllmError, cli_main
 from msllm.fileio import exclusive_lock
-from msllm.kernels.toolchain import ISA_MACROS, MIN_GXX, build_dir, compiler, cpu_flags, library_cxxflags  # noqa: F401
+from msllm.kernels.toolchain import (ISA_MACROS, MIN_GXX, build_dir, compiler, cpu_flags,  # noqa: F401
+                                     library_cxxflags, library_march)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
@@ -70,8 +71,7 @@ def mindspore_lib_dir() -> str:
 
 def isa_of_build(cxx: str) -> list[str]:
     """The /proc/cpuinfo flags whose instruction sets the library's ``-march`` enables here."""
-    march = [f for f in library_cxxflags() if f.startswith("-march=")]
-    out = subprocess.run([cxx, *march, "-dM", "-E", "-x", "c++", "-"], input="", capture_output=True,
+    out = subprocess.run([cxx, library_march(), "-dM", "-E", "-x", "c++", "-"], input="", capture_output=True,
                          text=True).stdout
     return sorted(flag for macro, flag in ISA_MACROS.items() if re.search(rf"#define {macro}\b", out))
 
@@ -100,11 +100,10 @@ def problem_with_build(directory: str | None = None) -> str | None:
     if not os.path.exists(lib) or info is None:
         return f"msllm's CPU kernels are not built ({lib} missing): {fix}"
     if info.get("digest") != source_digest():
-        built = [f for f in info.get("flags", []) if f.startswith("-march=")]
-        want = [f for f in library_cxxflags() if f.startswith("-march=")]
-        if built != want:
-            return (f"msllm's CPU kernels in {d} were built with {' '.join(built) or 'other flags'}, this process "
-                    f"asks for {' '.join(want)} (MSLLM_KERNELS_MARCH={os.environ.get('MSLLM_KERNELS_MARCH', '')!r}): "
+        built = next((f for f in info.get("flags", []) if f.startswith("-march=")), "other flags")
+        if built != library_march():
+            return (f"msllm's CPU kernels in {d} were built with {built}, this process "
+                    f"asks for {library_march()} (MSLLM_KERNELS_MARCH={os.environ.get('MSLLM_KERNELS_MARCH', '')!r}): "
                     f"{fix} with the same setting, or set MSLLM_KERNELS_DIR to a directory of its own per setting")
         return f"msllm's CPU kernels in {d} were built from other sources or flags: {fix}"
     if info.get("mindspore") != mindspore_version():

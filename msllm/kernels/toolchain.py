@@ -21,19 +21,25 @@ ISA_MACROS = {"__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512DQ_
 MIN_GXX = 10
 
 
-def library_cxxflags() -> list[str]:
-    """The kernel library's compiler flags: :data:`CXXFLAGS` with ``-march=`` taken from the environment
-    variable ``MSLLM_KERNELS_MARCH`` when set (a GCC ``-march`` value: ``haswell`` or ``x86-64-v3`` = AVX2 +
-    FMA without AVX-512, for a library that also runs on AMD Zen 3 or older Intel cores, or to measure the
-    AVX2 code on an AVX-512 machine), else ``-march=native``. The flags are part of the build's digest, so a
-    library built with one value is refused (as stale) by a process running with another. Raises MsllmError
-    for a value that is not a plain -march word."""
+def library_march() -> str:
+    """The kernel library's ``-march=`` flag: from the environment variable ``MSLLM_KERNELS_MARCH`` when set
+    (a GCC ``-march`` value: ``haswell`` or ``x86-64-v3`` = AVX2 + FMA without AVX-512, for a library that also
+    runs on AMD Zen 3 or older Intel cores, or to measure the AVX2 code on an AVX-512 machine), else
+    ``-march=native``. Raises MsllmError for a value that is not a plain -march word."""
     march = os.environ.get("MSLLM_KERNELS_MARCH", "").strip()
     if not march:
-        return list(CXXFLAGS)
+        return "-march=native"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", march):
         raise MsllmError(f"MSLLM_KERNELS_MARCH={march!r}: expected a GCC -march value such as haswell or x86-64-v3")
-    return [f"-march={march}" if f.startswith("-march=") else f for f in CXXFLAGS]
+    return f"-march={march}"
+
+
+def library_cxxflags() -> list[str]:
+    """The kernel library's compiler flags: :data:`CXXFLAGS` with :func:`library_march`. The flags are part of
+    the build's digest, so a library built with one ``-march`` is refused (by name) by a process asking for
+    another."""
+    march = library_march()
+    return [march if f.startswith("-march=") else f for f in CXXFLAGS]
 
 
 def build_dir() -> str:

@@ -53,16 +53,12 @@ def test_the_haswell_build_has_avx2_and_no_avx512(avx2_build):
     assert r.stdout.split() == ["AVX2+FMA", "1", int8]
 
 
-def test_a_build_for_another_march_is_refused_by_name(avx2_build):
+def test_a_build_for_another_march_is_refused_by_name(avx2_build, monkeypatch):
     from msllm.kernels import build
 
     d, _ = avx2_build
-    old = os.environ.pop("MSLLM_KERNELS_MARCH", None)
-    try:
-        why = build.problem_with_build(d)
-    finally:
-        if old is not None:
-            os.environ["MSLLM_KERNELS_MARCH"] = old
+    monkeypatch.delenv("MSLLM_KERNELS_MARCH", raising=False)
+    why = build.problem_with_build(d)
     assert why is not None and "-march=haswell" in why and "-march=native" in why and "MSLLM_KERNELS_DIR" in why
 
 
@@ -77,3 +73,12 @@ def test_the_operator_tests_pass_on_the_avx2_build(avx2_build):
     assert r.returncode == 0, tail
     passed = int(re.search(r"(\d+) passed", tail).group(1))
     assert passed >= 90 and " failed" not in tail and "skipped" not in tail, tail
+
+
+def test_a_march_that_is_not_one_word_is_one_clear_error(monkeypatch):
+    from msllm.errors import MsllmError
+    from msllm.kernels import build
+
+    monkeypatch.setenv("MSLLM_KERNELS_MARCH", "haswell -O0")
+    with pytest.raises(MsllmError, match="MSLLM_KERNELS_MARCH='haswell -O0': expected a GCC -march value"):
+        build.problem_with_build()
