@@ -19,6 +19,7 @@ and tolerances: docs/kernels.md.
 from __future__ import annotations
 
 import os
+import re
 
 from msllm.errors import MsllmError
 
@@ -36,10 +37,23 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def check_environment() -> None:
+    """Raises MsllmError naming a kernel setting of the environment that the library would not
+    understand: ``MSLLM_GEMV_PREFETCH`` (bytes the weight-streaming products prefetch ahead of their
+    reads; 0 = none; unset = 8192, ``stream_prefetch_bytes`` in csrc/common.h) must be a non-negative
+    integer."""
+    v = os.environ.get("MSLLM_GEMV_PREFETCH", "")
+    if v and not re.fullmatch(r"[0-9]+", v):
+        raise MsllmError(f"MSLLM_GEMV_PREFETCH={v!r}: expected a non-negative integer (bytes the weight-streaming "
+                         "products prefetch ahead of their reads; 0 = none; unset: 8192)")
+
+
 def library_path() -> str:
-    """Absolute path of the built library; raises MsllmError saying how to build it."""
+    """Absolute path of the built library; raises MsllmError saying how to build it, or naming a
+    kernel setting of the environment it would not understand (:func:`check_environment`)."""
     from msllm.kernels import build as _build
 
+    check_environment()
     why = unavailable_reason()
     if why:
         raise MsllmError(why)

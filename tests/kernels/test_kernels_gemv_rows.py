@@ -1,7 +1,7 @@
 """The weight-streaming products (decoding's y = x W^T for 1-8 rows of x: float32 / bfloat16 weights in
 ``csrc/linear.cc``, int8 in ``csrc/linear_int8.cc``) stream 8 weight rows at once (float32 weights on
 AMD cores) or 2 (``stream_rows_at_once`` in common.h; MSLLM_GEMV_ROWS forces one for every weight type): both give the same bits and
-float64's product. The library is called through ctypes in a subprocess (no MindSpore), so both paths run on
+float64's product; so does every software prefetch distance (``stream_prefetch_bytes``, MSLLM_GEMV_PREFETCH: 0 = none). The library is called through ctypes in a subprocess (no MindSpore), so both paths run on
 every machine."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from kerneltest_helpers import close, seeded_rng
 
 SEED = 20261128
@@ -38,7 +39,7 @@ for i, (m, n_in, n_out, kind) in enumerate(spec["cases"]):
         assert call_aot(lib, "msllm_linear_int8", [x, w, s, group], [y]) == 0
     else:
         assert call_aot(lib, "msllm_linear", [x, w], [y]) == 0
-    np.save(spec["dir"] + f"/y{{i}}_{{spec['rows']}}.npy", y)
+    np.save(spec["dir"] + f"/y{{i}}_{{spec['tag']}}.npy", y)
 """
 
 
@@ -69,14 +70,31 @@ def test_streaming_eight_or_two_weight_rows_at_once_gives_the_same_bits(tmp_path
             cases.append((m, n_in, n_out, kind))
             refs.append(x.astype(np.float64) @ w_val.astype(np.float64).T)
     child = CHILD.format(here=HERE)
-    for rows in ("2", "8"):
+    # (tag, rows at once, prefetch distance in bytes; None: the library's default)
+    runs = (("2", "2", None), ("8", "8", None), ("8-noprefetch", "8", "0"), ("2-prefetch64", "2", "64"))
+    for tag, rows, prefetch in runs:
         env = dict(os.environ, MSLLM_GEMV_ROWS=rows)
-        env.pop("MSLLM_GEMV_ISA", None)
-        env.pop("MSLLM_NO_GEMV", None)
-        p = subprocess.run([sys.executable, "-c", child, json.dumps({"dir": str(tmp_path), "rows": rows, "cases": cases})],
-                           env=env, capture_output=True, text=True)
+        for var in ("MSLLM_GEMV_ISA", "MSLLM_NO_GEMV", "MSLLM_GEMV_PREFETCH"):
+            env.pop(var, None)
+        if prefetch is not None:
+            env["MSLLM_GEMV_PREFETCH"] = prefetch
+        spec = {"dir": str(tmp_path), "rows": rows, "tag": tag, "cases": cases}
+        p = subprocess.run([sys.executable, "-c", child, json.dumps(spec)], env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     for k, ref in enumerate(refs):
-        two, eight = (np.load(tmp_path / f"y{k}_{rows}.npy") for rows in ("2", "8"))
-        np.testing.assert_array_equal(two, eight, err_msg=f"case {cases[k]}")
-        close(eight, ref)
+        ys = {tag: np.load(tmp_path / f"y{k}_{tag}.npy") for tag, _, _ in runs}
+        for tag in ys:
+            np.testing.assert_array_equal(ys[tag], ys["8"], err_msg=f"case {cases[k]}, run {tag}")
+        close(ys["8"], ref)
+
+
+def test_a_malformed_prefetch_distance_is_refused_by_name(monkeypatch):
+    from msllm.errors import MsllmError
+    from msllm.kernels import library_path
+
+    for bad in ("-1", "8k", "1.5"):
+        monkeypatch.setenv("MSLLM_GEMV_PREFETCH", bad)
+        with pytest.raises(MsllmError, match=r"MSLLM_GEMV_PREFETCH='.*': expected a non-negative integer"):
+            library_path()
+    monkeypatch.setenv("MSLLM_GEMV_PREFETCH", "4096")
+    assert library_path().endswith(".so")

@@ -287,6 +287,37 @@ inline int stream_rows_at_once(int64_t elem_bytes) {
   return amd && elem_bytes == 4 ? 8 : 2;
 }
 
+// Software prefetch distance of the weight-streaming products (bytes ahead of the read, in the same
+// weight array; 0 = none): every loop over a weight row issues, once per 64-byte line it reads, a
+// prefetch of the line 8 KiB further on (past a row's end that is the next rows: a product's rows are
+// contiguous). The hardware prefetcher alone let the reads fall behind wherever the loop does more
+// than a load and an FMA per weight. Outside any framework, SmolLM2's decoder weights on 2 threads
+// (Intel Xeon family 6 model 167; benchmarks/gemv_prefetch.py, results/gemv_prefetch_intel_xeon.json),
+// GB/s without -> with, batch 1: int8 13.4 -> 30.2 (AVX-512) and 11.7 -> 25.0 (AVX2), bfloat16
+// 17.6 -> 25.2 / 15.0 -> 24.6, float32 27.6 -> 29.1 / 24.6 -> 29.5; batch 8: 7.8 -> 11.3 / 5.7 -> 7.4,
+// 9.7 -> 16.5 / 8.2 -> 13.1, 13.6 -> 20.7 / 12.7 -> 17.5; 16 KiB ahead read less than 8 everywhere.
+// MSLLM_GEMV_PREFETCH=<bytes> sets another distance (0: none; read per product, so
+// benchmarks/decode_gemv_rows_ab.py can alternate it; msllm.kernels refuses a value that is not a
+// non-negative integer).
+inline int64_t stream_prefetch_bytes() {
+  const char *e = std::getenv("MSLLM_GEMV_PREFETCH");
+  if (e && *e) {
+    char *end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (end && *end == 0 && v >= 0) return v;
+  }
+  return 8192;
+}
+
+// Prefetches the line ``ahead`` bytes past row + i when offset i (in elements of W) starts a 64-byte
+// line of the row; nothing when ahead is 0 (stream_prefetch_bytes). Always inlined: GCC 12 finds a
+// function whose only effect is a prefetch free of side effects and drops calls to it.
+template <class W>
+__attribute__((always_inline)) inline void prefetch_ahead(const W *row, int64_t i, int64_t ahead) {
+  if (ahead && ((i * int64_t(sizeof(W))) & 63) == 0)
+    __builtin_prefetch(reinterpret_cast<const char *>(row + i) + ahead, 0, 3);
+}
+
 // Output rows per task of a weight-streaming product (y = x W^T, W (out, in), elem_bytes per weight):
 // ~64 KiB of W each, at least 4 tasks per thread, a multiple of ``multiple`` (the rows a kernel
 // streams at once: 2 or 8), at least ``multiple``.
