@@ -296,7 +296,8 @@ inline int stream_rows_at_once(int64_t elem_bytes) {
 // GB/s without -> with, batch 1: int8 13.4 -> 30.2 (AVX-512) and 11.7 -> 25.0 (AVX2), bfloat16
 // 17.6 -> 25.2 / 15.0 -> 24.6, float32 27.6 -> 29.1 / 24.6 -> 29.5; batch 8: 7.8 -> 11.3 / 5.7 -> 7.4,
 // 9.7 -> 16.5 / 8.2 -> 13.1, 13.6 -> 20.7 / 12.7 -> 17.5; 16 KiB ahead read less than 8 everywhere.
-// MSLLM_GEMV_PREFETCH=<bytes> sets another distance (0: none; read per product, so
+// MSLLM_GEMV_PREFETCH=<bytes> sets another distance, for decode attention's cache reads too
+// (prefetch_block) (0: none; read per call, so
 // benchmarks/decode_gemv_rows_ab.py can alternate it; msllm.kernels refuses a value that is not a
 // non-negative integer).
 inline int64_t stream_prefetch_bytes() {
@@ -316,6 +317,18 @@ template <class W>
 __attribute__((always_inline)) inline void prefetch_ahead(const W *row, int64_t i, int64_t ahead) {
   if (ahead && ((i * int64_t(sizeof(W))) & 63) == 0)
     __builtin_prefetch(reinterpret_cast<const char *>(row + i) + ahead, 0, 3);
+}
+
+// Prefetches the lines of the block [p, p + n floats) shifted ``ahead`` bytes on (nothing when ahead is
+// 0): batch decode attention (decode.cc) reads the key and value caches slot by slot in memory order,
+// as the weight-streaming products read weights, with the same distance (stream_prefetch_bytes). In
+// SmolLM2's decode step at 512 tokens of context, 8 KiB ahead against none, alternated in one process
+// (Intel Xeon; a trial switch since removed; benchmarks/results/decode_attention_prefetch_ab_*_intel_xeon.json):
+// int8 0.92x the step (AVX-512) and 0.93x (AVX2), float32 0.96x.
+__attribute__((always_inline)) inline void prefetch_block(const float *p, int64_t n, int64_t ahead) {
+  if (!ahead) return;
+  const char *c = reinterpret_cast<const char *>(p) + ahead;
+  for (int64_t off = 0; off < n * int64_t(sizeof(float)); off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
 // Output rows per task of a weight-streaming product (y = x W^T, W (out, in), elem_bytes per weight):

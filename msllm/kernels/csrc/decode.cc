@@ -130,12 +130,14 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   // per chunk: scores (B*H*T, len), then max (B*H*T), sum (B*H*T), acc (B*H*T, D)
   const int64_t per = bh * len + 2 * bh + bh * d;
   std::unique_ptr<float[]> work(new float[chunks * per]);   // every element written before it is read
+  const int64_t ahead = stream_prefetch_bytes();            // the cache is read in slot order (common.h prefetch_block)
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
     FlushDenormals ftz;
     const int64_t j0 = c * len, j1 = std::min<int64_t>(s, j0 + len), n = j1 - j0;
     float *score = work.get() + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
     for (int64_t j = j0; j < j1; ++j) {                     // keys: slot j's (B, K, D) block
       const float *kj = k + j * stride;
+      prefetch_block(kj, stride, ahead);
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t ti = 0; ti < t; ++ti) {
           const float m = mask[((mask_rows == 1 ? 0 : bi) * t + ti) * s + j];
@@ -153,6 +155,7 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
     std::fill(acc, acc + bh * d, 0.f);
     for (int64_t j = j0; j < j1; ++j) {                     // values: slot j's (B, K, D) block
       const float *vj = v + j * stride;
+      prefetch_block(vj, stride, ahead);
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t ti = 0; ti < t; ++ti) {
           if (mask[((mask_rows == 1 ? 0 : bi) * t + ti) * s + j] <= kHidden) continue;
