@@ -107,9 +107,11 @@ def run_llamacpp(bin_dir: str, gguf: str, a) -> dict:
         line = line.strip()
         if line.startswith("{") and '"speed_tg"' in line:
             j = json.loads(line)
+            # the first token of each of the pl sequences comes after the prefill of all pl prompts (t_pp), as
+            # after msllm's batch prefill (result files before 2026-11-29 05:00 divided t_pp by pl:
+            # --resummarise corrects one)
             out[int(j["pl"])] = {"decode_tokens_per_s": j["speed_tg"], "decode_step_ms": 1000 * j["t_tg"] / a.new,
-                                 "ttft_s": j["t_pp"] / j["pl"] if j["pl"] > 1 else j["t_pp"],
-                                 "prefill_s": j["t_pp"]}
+                                 "ttft_s": j["t_pp"], "prefill_s": j["t_pp"]}
     return out
 
 
@@ -148,6 +150,21 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def resummarise(path: str) -> None:
+    """Rewrites result file ``path`` with llama.cpp's time to first token at every batch size its whole prefill
+    (``prefill_s``; files written before 2026-11-29 05:00 divided it by the batch size) and the summary
+    recomputed; prints the table."""
+    with open(path) as fh:
+        result = json.load(fh)
+    for r in result["runs"]:
+        if r["framework"] == "llama.cpp" and "prefill_s" in r:
+            r["ttft_s"] = r["prefill_s"]
+    result["summary"] = summarise(result["runs"], result["settings"]["batches"])
+    result["resummarised"] = "llama.cpp's ttft_s = its whole prefill at every batch size (llamacpp_speed.py --resummarise)"
+    harness.write_json(path, result)
+    print(markdown(result["summary"]))
+
+
 def main(argv=None):
     p = harness.arg_parser(__doc__)
     p.add_argument("--precisions", nargs="+", default=["f32", "bf16", "int8"], choices=list(PRECISIONS))
@@ -161,7 +178,12 @@ def main(argv=None):
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: both frameworks' AVX2 code on this machine (see the module docstring)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "llamacpp_speed.json"))
+    p.add_argument("--resummarise", metavar="FILE", default=None,
+                   help="rewrite an earlier result file's time to first token and summary (see resummarise), run nothing")
     a = p.parse_args(argv)
+    if a.resummarise:
+        resummarise(a.resummarise)
+        return
     t0 = time.time()
     bin_dir = llamacpp_bin(a.isa)
     isa_env = common.isa_env(a.isa)
