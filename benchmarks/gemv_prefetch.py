@@ -23,6 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "kernels"))   # kerneltest_helpers.aot_args
 import common  # noqa: E402
 import harness  # noqa: E402
 
@@ -36,6 +37,7 @@ def child(spec: dict) -> dict:
     import ctypes
 
     import numpy as np
+    from kerneltest_helpers import aot_args   # the kernel tests' argument marshalling (tests/kernels)
 
     from msllm.kernels import library_path
 
@@ -43,16 +45,12 @@ def child(spec: dict) -> dict:
     rng = np.random.default_rng(0)
     print("seed 0", flush=True)
     shapes = LAYER * LAYERS
-    names = {np.dtype(np.float32): b"float32", np.dtype(np.int8): b"int8", np.dtype(np.uint16): b"bfloat16"}
-    keep = []
+    keep = []   # the arrays and the shape buffers the prepared arguments point into
 
     def call_args(arrays):
-        n = len(arrays)
-        dims = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays]
-        keep.append((arrays, dims))
-        return (n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * n)(*[a.ndim for a in arrays]),
-                (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims]),
-                (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays]), None, None)
+        args, buffers = aot_args(arrays)
+        keep.append((arrays, buffers))
+        return args
 
     def product_set(kind: str, m: int):
         calls, total = [], 0
