@@ -41,11 +41,17 @@ def check_environment() -> None:
     """Raises MsllmError naming a kernel setting of the environment that the library would not
     understand: ``MSLLM_GEMV_PREFETCH`` (bytes the weight-streaming products prefetch ahead of their
     reads; 0 = none; unset = 8192, ``stream_prefetch_bytes`` in csrc/common.h) must be a non-negative
-    integer."""
+    integer; ``MSLLM_DECODE_ATTENTION`` (``generic``: decode attention's generic loops for every head
+    dimension instead of its fixed-width ones, csrc/decode.cc ``head_kernels``) must be unset, empty
+    or ``generic``."""
     v = os.environ.get("MSLLM_GEMV_PREFETCH", "")
     if v and not re.fullmatch(r"[0-9]+", v):
         raise MsllmError(f"MSLLM_GEMV_PREFETCH={v!r}: expected a non-negative integer (bytes the weight-streaming "
                          "products prefetch ahead of their reads; 0 = none; unset: 8192)")
+    v = os.environ.get("MSLLM_DECODE_ATTENTION", "")
+    if v not in ("", "generic"):
+        raise MsllmError(f"MSLLM_DECODE_ATTENTION={v!r}: expected 'generic' (decode attention's generic loops for "
+                         "every head dimension) or nothing (its fixed-width loops where the head dimension has one)")
 
 
 def library_path() -> str:

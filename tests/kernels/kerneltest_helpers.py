@@ -38,7 +38,8 @@ def aot_args(arrays):
     ((nparam, params, ndims, shapes, dtypes, stream, extra), keep). ``keep`` holds the shape arrays the
     arguments point into: keep it (and ``arrays``) alive while the arguments are used. Built once, the
     arguments can be passed to the kernel any number of times (benchmarks/gemv_prefetch.py times calls)."""
-    names = {np.dtype(np.float32): b"float32", np.dtype(np.int8): b"int8", np.dtype(np.uint16): b"bfloat16"}
+    names = {np.dtype(np.float32): b"float32", np.dtype(np.int8): b"int8", np.dtype(np.uint16): b"bfloat16",
+             np.dtype(np.int32): b"int32"}
     n = len(arrays)
     params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
     ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])

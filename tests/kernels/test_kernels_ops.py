@@ -292,8 +292,8 @@ def test_grouped_linear_is_one_matmul_per_group(kernels, pynative, sizes):
 
 
 @pytest.mark.parametrize("b,h,kv,s,d", [(2, 6, 2, 37, 20), (3, 4, 4, 64, 64), (1, 9, 3, 5, 64), (2, 9, 3, 544, 64),
-                                        (1, 8, 4, 100, 128)],
-                         ids=["gqa-odd", "mha", "smollm2-heads", "smollm2-544-slots", "head-dim-128"])
+                                        (1, 8, 4, 100, 128), (2, 4, 2, 70, 256)],
+                         ids=["gqa-odd", "mha", "smollm2-heads", "smollm2-544-slots", "head-dim-128", "head-dim-256"])
 def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b, h, kv, s, d):
     """One query per row over a flat (S * B, K, D) cache with an additive mask (padding before each row's
     first slot, nothing after its last): softmax(q k^T + mask) v with each key/value head serving
@@ -311,6 +311,39 @@ def test_decode_attention_is_masked_softmax_over_the_cache(kernels, pynative, b,
     scores = q @ kk.transpose(0, 1, 3, 2) + mask                                      # (B, H, 1, S)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     close(got, (p / p.sum(-1, keepdims=True)) @ vv)
+
+
+@pytest.mark.parametrize("b,h,kv,s,d", [(1, 9, 3, 544, 64), (8, 9, 3, 130, 64), (2, 32, 8, 100, 128), (1, 4, 2, 70, 256),
+                                        (3, 6, 2, 33, 80)],
+                         ids=["smollm2-b1", "smollm2-b8", "head-dim-128", "head-dim-256", "head-dim-80"])
+def test_decode_attention_fixed_width_loops_give_the_generic_loops_bits(kernels, pynative, monkeypatch, b, h, kv, s, d):
+    """One query per row: where the head dimension is a few whole vectors (64, 128; 256 with AVX-512) the
+    kernel keeps a head's query and output in registers over the slots; its sums are the generic loops'
+    term for term, so ``MSLLM_DECODE_ATTENTION=generic`` (the generic loops, read per call) gives the same
+    bits, with hidden slots anywhere in the rows and (batch > 1) a row that sees nothing (output 0); both are checked
+    against float64 by the test above. Head dimension 80 has no fixed-width loops: the two are one path."""
+    r = rng()
+    q = t(r.standard_normal((b, h, 1, d)))
+    k, v = (t(r.standard_normal((s * b, kv, d))) for _ in range(2))
+    mask = np.where(r.random((b, 1, 1, s)) < 0.3, -1e9, 0.0)
+    if b > 1:
+        mask[-1] = -1e9                                          # the last row sees nothing
+    got = kernels.decode_attention(q, k, v, t(mask)).asnumpy()
+    monkeypatch.setenv("MSLLM_DECODE_ATTENTION", "generic")
+    generic = kernels.decode_attention(q, k, v, t(mask)).asnumpy()
+    assert np.array_equal(got.view(np.uint32), generic.view(np.uint32))
+    assert np.abs(got[0]).max() > 0.05 and (b == 1 or not got[-1].any())
+
+
+def test_an_unknown_decode_attention_setting_is_refused_by_name(monkeypatch):
+    from msllm.errors import MsllmError
+    from msllm.kernels import library_path
+
+    monkeypatch.setenv("MSLLM_DECODE_ATTENTION", "generc")
+    with pytest.raises(MsllmError, match=r"MSLLM_DECODE_ATTENTION='generc': expected 'generic'"):
+        library_path()
+    monkeypatch.setenv("MSLLM_DECODE_ATTENTION", "generic")
+    assert library_path().endswith(".so")
 
 
 @pytest.mark.parametrize("b,h,kv,s,d,t_new,window", [(2, 6, 2, 70, 20, 5, 0), (1, 9, 3, 96, 64, 32, 0),

@@ -113,6 +113,115 @@ void extend_attention(const float *q, const float *k, const float *v, const floa
 }
 }  // namespace
 
+namespace {
+// One new token per row with a head dimension of a few whole vectors (64 or 128 floats: every LLaMA
+// family member msllm serves but Gemma): one (row, query head) at a time over a chunk's slots, its
+// query and its output accumulator held in registers while the slots stream past, instead of the
+// generic loops' per-slot calls with the accumulator in memory (the generic path took 3x the caches'
+// read time on SmolLM2 (d = 64): compute-bound on loop overhead and store-to-load round trips).
+// The sums are those of dot() and axpy() in common.h, term for term and in the same order (per
+// lane: the same chains of fused multiply-adds, then the same horizontal reduction; values added
+// slot by slot in slot order), so the result is bit for bit the generic path's
+// (tests/kernels/test_kernels_decode_attention.py compares them). Only the loop order changes:
+// slots inner, heads outer; a chunk's keys and values are read once per query head (a batch row's
+// first head from memory, with the prefetch, its other heads from cache).
+#if defined(MSLLM_VEC_AVX512)
+constexpr int kLanes = 16;
+using Vec = __m512;
+inline Vec vload(const float *p) { return _mm512_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vset1(float x) { return _mm512_set1_ps(x); }
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline void vstore(float *p, Vec v) { _mm512_storeu_ps(p, v); }
+// q . k over N vectors: dot()'s one accumulator, then _mm512_reduce_add_ps
+template <int N>
+inline float dot_fixed(const Vec *q, const float *k) {
+  Vec acc = vzero();
+  for (int i = 0; i < N; ++i) acc = vfma(q[i], vload(k + i * kLanes), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+#elif defined(MSLLM_VEC_AVX2)
+constexpr int kLanes = 8;
+using Vec = __m256;
+inline Vec vload(const float *p) { return _mm256_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vset1(float x) { return _mm256_set1_ps(x); }
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline void vstore(float *p, Vec v) { _mm256_storeu_ps(p, v); }
+// q . k over N vectors: dot()'s two accumulators (even vectors, odd vectors), then hsum8 of their sum
+template <int N>
+inline float dot_fixed(const Vec *q, const float *k) {
+  Vec acc0 = vzero(), acc1 = vzero();
+  for (int i = 0; i + 1 < N; i += 2) {
+    acc0 = vfma(q[i], vload(k + i * kLanes), acc0);
+    acc1 = vfma(q[i + 1], vload(k + (i + 1) * kLanes), acc1);
+  }
+  if (N % 2) acc0 = vfma(q[N - 1], vload(k + (N - 1) * kLanes), acc0);
+  return hsum8(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+#if defined(MSLLM_VEC_AVX512) || defined(MSLLM_VEC_AVX2)
+// For one (row, head): score[j - j0] = q . k_j + m_j (-inf where m_j hides the slot) for the slots
+// [j0, j1) of a chunk, k_j = k + j * stride; ``ahead``: prefetch ``block`` floats from ``base + j * stride``
+// (the row's (K, D) part of slot j) that far ahead (the row's first head's pass only: the other heads
+// find the chunk in cache).
+template <int N>
+void head_scores(const float *q, const float *k, const float *mrow, int64_t stride, int64_t j0, int64_t j1,
+                 float *score, const float *base, int64_t block, int64_t ahead) {
+  Vec qv[N];
+  for (int i = 0; i < N; ++i) qv[i] = vload(q + i * kLanes);
+  for (int64_t j = j0; j < j1; ++j) {
+    if (ahead) prefetch_block(base + j * stride, block, ahead);
+    const float m = mrow[j];
+    score[j - j0] = m <= kHidden ? -INFINITY : dot_fixed<N>(qv, k + j * stride) + m;
+  }
+}
+
+// For one (row, head): out = sum over the visible slots j of [j0, j1), in slot order, p[j - j0] v_j
+// (axpy()'s fused multiply-adds into a zeroed accumulator), v_j = v + j * stride.
+template <int N>
+void head_values(const float *p, const float *v, const float *mrow, int64_t stride, int64_t j0, int64_t j1,
+                 float *out, const float *base, int64_t block, int64_t ahead) {
+  Vec acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = vzero();
+  for (int64_t j = j0; j < j1; ++j) {
+    if (ahead) prefetch_block(base + j * stride, block, ahead);
+    if (mrow[j] <= kHidden) continue;
+    const Vec pv = vset1(p[j - j0]);
+    const float *vj = v + j * stride;
+    for (int i = 0; i < N; ++i) acc[i] = vfma(pv, vload(vj + i * kLanes), acc[i]);
+  }
+  for (int i = 0; i < N; ++i) vstore(out + i * kLanes, acc[i]);
+}
+
+struct HeadKernels {
+  decltype(&head_scores<1>) scores = nullptr;
+  decltype(&head_values<1>) values = nullptr;
+};
+// The fixed-width kernels for head dimension d, or none (the generic loops then serve d).
+// MSLLM_DECODE_ATTENTION=generic picks the generic loops for every d (read per call: the
+// kernel tests compare the two paths' bits in one process).
+inline HeadKernels head_kernels(int64_t d) {
+  const char *e = std::getenv("MSLLM_DECODE_ATTENTION");
+  if (e && std::strcmp(e, "generic") == 0) return {};
+  switch (d) {
+    case 4 * kLanes: return {head_scores<4>, head_values<4>};
+    case 8 * kLanes: return {head_scores<8>, head_values<8>};
+#if defined(MSLLM_VEC_AVX512)
+    case 16 * kLanes: return {head_scores<16>, head_values<16>};
+#endif
+    default: return {};
+  }
+}
+#else
+struct HeadKernels {
+  void *scores = nullptr;
+};
+inline HeadKernels head_kernels(int64_t) { return {}; }
+#endif
+}  // namespace
+
 // The computation of msllm_decode_attention on checked shapes (parts.h).
 void msllm::decode_attention_forward(const float *q, const float *k, const float *v, const float *mask, float *o,
                                      int64_t b, int64_t h, int64_t t, int64_t d, int64_t s, int64_t kv,
@@ -131,10 +240,33 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   const int64_t per = bh * len + 2 * bh + bh * d;
   std::unique_ptr<float[]> work(new float[chunks * per]);   // every element written before it is read
   const int64_t ahead = stream_prefetch_bytes();            // the cache is read in slot order (common.h prefetch_block)
+  const HeadKernels fixed = head_kernels(d);
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
     FlushDenormals ftz;
     const int64_t j0 = c * len, j1 = std::min<int64_t>(s, j0 + len), n = j1 - j0;
     float *score = work.get() + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
+#if defined(MSLLM_VEC_AVX512) || defined(MSLLM_VEC_AVX2)
+    if (fixed.scores) {                                     // t == 1 here: row r = (batch row, head)
+      for (int64_t r = 0; r < bh; ++r) {
+        const int64_t bi = r / h, hi = r % h;
+        const float *mrow = mask + (mask_rows == 1 ? 0 : bi) * s;
+        fixed.scores(q + r * d, k + (bi * kv + hi / group) * d, mrow, stride, j0, j1, score + r * len, k + bi * kv * d, kv * d,
+                     hi == 0 ? ahead : 0);
+      }
+      for (int64_t r = 0; r < bh; ++r) {
+        float *sr = score + r * len;
+        mx[r] = row_max(sr, n);
+        sum[r] = mx[r] == -INFINITY ? 0.f : exp_shift_sum(sr, sr, n, 1.f, mx[r]);
+      }
+      for (int64_t r = 0; r < bh; ++r) {
+        const int64_t bi = r / h, hi = r % h;
+        const float *mrow = mask + (mask_rows == 1 ? 0 : bi) * s;
+        fixed.values(score + r * len, v + (bi * kv + hi / group) * d, mrow, stride, j0, j1, acc + r * d, v + bi * kv * d, kv * d,
+                     hi == 0 ? ahead : 0);
+      }
+      return;
+    }
+#endif
     for (int64_t j = j0; j < j1; ++j) {                     // keys: slot j's (B, K, D) block
       const float *kj = k + j * stride;
       prefetch_block(kj, stride, ahead);
