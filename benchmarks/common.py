@@ -52,6 +52,20 @@ def isa_env(isa: str) -> dict:
     return env
 
 
+def run_isa_child(script: str, isa: str, spec: dict, tag: str, unset: str = "") -> dict:
+    """Runs ``script --child <spec as JSON>`` in a process of its own with :func:`isa_env` (``isa``) and without the
+    variable ``unset`` (the child alternates it itself); returns the JSON the child printed on its line starting
+    with ``tag``. Raises SystemExit with the child's stderr if it failed or printed no such line."""
+    env = dict(os.environ, **isa_env(isa))
+    env.pop(unset, None)
+    r = subprocess.run([MAIN_PY, os.path.abspath(script), "--child", json.dumps(spec)], env=env, capture_output=True,
+                       text=True, cwd=ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith(tag + " ")]
+    if r.returncode != 0 or not line:
+        raise SystemExit(f"{isa}: child failed\n{r.stderr[-3000:]}")
+    return json.loads(line[0].split(" ", 1)[1])
+
+
 def kernel_build(env: dict) -> dict:
     """Flags, instruction sets and digest of the kernel library a worker with ``env`` loads (its
     build_info.json, read by msllm's own :func:`msllm.kernels.build.read_info`); {} when there is none."""

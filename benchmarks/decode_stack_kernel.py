@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -126,14 +125,7 @@ def main(argv=None):
     spec = {k: getattr(a, k) for k in ("rounds", "calls", "batch", "slots", "visible", "kinds", "settings")}
     result = {"machine": common.machine(), "command": harness.command_line(), "spec": spec, "isas": {}}
     for isa in a.isas:
-        env = dict(os.environ, **common.isa_env(isa))
-        env.pop("MSLLM_DECODE_ATTENTION", None)
-        r = subprocess.run([common.MAIN_PY, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
-                           capture_output=True, text=True, cwd=common.ROOT)
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("DECODE_STACK_KERNEL ")]
-        if r.returncode != 0 or not line:
-            raise SystemExit(f"{isa}: child failed\n{r.stderr[-3000:]}")
-        got = json.loads(line[0].split(" ", 1)[1])
+        got = common.run_isa_child(__file__, isa, spec, "DECODE_STACK_KERNEL", unset="MSLLM_DECODE_ATTENTION")
         result["isas"][isa] = {"bytes": got["bytes"],
                                "ms": {k: {"rounds": v, "median": sorted(v)[len(v) // 2]} for k, v in got["ms"].items()}}
         for k, v in result["isas"][isa]["ms"].items():

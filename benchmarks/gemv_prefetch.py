@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -106,14 +105,7 @@ def main(argv=None):
     spec = {"rounds": a.rounds, "passes": a.passes, "distances": a.distances, "rows": a.rows, "kinds": a.kinds}
     result = {"machine": common.machine(), "command": harness.command_line(), "spec": spec, "isas": {}}
     for isa in a.isas:
-        env = dict(os.environ, **common.isa_env(isa))
-        env.pop("MSLLM_GEMV_PREFETCH", None)
-        r = subprocess.run([common.MAIN_PY, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
-                           capture_output=True, text=True, cwd=common.ROOT)
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("GEMV_PREFETCH ")]
-        if r.returncode != 0 or not line:
-            raise SystemExit(f"{isa}: child failed\n{r.stderr[-3000:]}")
-        rounds = json.loads(line[0].split(" ", 1)[1])
+        rounds = common.run_isa_child(__file__, isa, spec, "GEMV_PREFETCH", unset="MSLLM_GEMV_PREFETCH")
         result["isas"][isa] = {k: {"gb_s_rounds": v, "gb_s_median": sorted(v)[len(v) // 2]} for k, v in rounds.items()}
         for k, v in result["isas"][isa].items():
             print(f"{isa:6s} {k:28s} {v['gb_s_median']:6.2f} GB/s  rounds {v['gb_s_rounds']}", flush=True)
