@@ -335,6 +335,31 @@ def test_decode_attention_fixed_width_loops_give_the_generic_loops_bits(kernels,
     assert np.abs(got[0]).max() > 0.05 and (b == 1 or not got[-1].any())
 
 
+@pytest.mark.parametrize("d", [64, 20], ids=["fixed-width", "generic"])
+def test_decode_attention_in_a_cache_longer_than_its_tokens(kernels, pynative, d):
+    """The serving engine's and chat's caches are longer than their rows' tokens: each row sees its own
+    span of slots (left padding before, slots not written yet after; here rows of 1500 slots seeing
+    [3, 200), [10, 700) with a hidden hole, and nothing at all), and the kernel visits only the span
+    some row sees. Against the float64 masked softmax over the whole cache; the row that sees nothing
+    gives 0."""
+    r = rng()
+    b, h, kv, s = 3, 6, 2, 1500
+    q, k, v = r.standard_normal((b, h, 1, d)), r.standard_normal((b, kv, s, d)), r.standard_normal((b, kv, s, d))
+    mask = np.full((b, 1, 1, s), -1e9)
+    mask[0, 0, 0, 3:200] = 0.0
+    mask[1, 0, 0, 10:700] = 0.0
+    mask[1, 0, 0, 300:450] = -1e9
+    slots_first = (2, 0, 1, 3)
+    cache = lambda x: t(np.ascontiguousarray(x.transpose(slots_first)).reshape(s * b, kv, d))  # noqa: E731
+    got = kernels.decode_attention(t(q), cache(k), cache(v), t(mask)).asnumpy()
+    kk, vv = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)
+    scores = q @ kk.transpose(0, 1, 3, 2) + mask
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vv
+    want[2] = 0.0
+    close(got, want)
+
+
 def test_an_unknown_decode_attention_setting_is_refused_by_name(monkeypatch):
     from msllm.errors import MsllmError
     from msllm.kernels import library_path
