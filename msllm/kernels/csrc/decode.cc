@@ -38,31 +38,32 @@ bool any_visible(const float *m, int64_t n) {
   return any;
 }
 
-// The slots [lo, hi) outside of which every one of the ``rows`` mask rows (each ``s`` long) hides its
-// key; lo = hi = 0 when every slot is hidden. A decode step's cache is usually longer than its
-// rows' tokens (generation rounds the buffer up, the serving engine to a power of two, chat takes
-// the whole context window): the slots after the last token are hidden in every row, and the loops
-// below neither visit nor prefetch them. Before, the prefetch ran over the whole buffer: 30 layers'
-// attention over 531 visible slots took 0.85 ms in a 544-slot cache, 1.34 ms in 1024 slots, 2.4 ms in
-// 2048 (SmolLM2's shapes, outside any framework, benchmarks/decode_stack_kernel.py --slots).
-void visible_span(const float *mask, int64_t rows, int64_t s, int64_t &lo, int64_t &hi) {
+// The slots [first, end) outside of which every one of the ``rows`` mask rows (each ``s`` long) hides
+// its key; first = end = 0 when every slot is hidden. A decode step's cache is usually longer than its
+// rows' tokens (generation rounds the buffer up, the serving engine to a power of two, chat takes the
+// whole context window): the slots after the last token are hidden in every row, and the loops below
+// neither visit nor prefetch them. Before, the prefetch ran over the whole buffer: 30 layers' attention
+// over 530 visible slots took 1.42 ms in a 1024-slot cache and 2.47 ms in 2048, against 0.93 and 0.91
+// ms now (SmolLM2's shapes, outside any framework, benchmarks/decode_stack_kernel.py --slots;
+// benchmarks/results/decode_attention_span_ab_intel_xeon.json).
+void visible_span(const float *mask, int64_t rows, int64_t s, int64_t &first, int64_t &end) {
   constexpr int64_t kBlock = 64;
-  lo = s;
-  hi = 0;
+  first = s;
+  end = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const float *m = mask + r * s;
-    int64_t e = s;                                  // the row's last visible slot + 1: blocks from the end
-    while (e > hi && !any_visible(m + std::max<int64_t>(e - kBlock, 0), e - std::max<int64_t>(e - kBlock, 0)))
+    int64_t e = s;                                  // the row's last visible slot + 1, blocks from the end
+    while (e > 0 && !any_visible(m + std::max<int64_t>(e - kBlock, 0), e - std::max<int64_t>(e - kBlock, 0)))
       e = std::max<int64_t>(e - kBlock, 0);
-    while (e > hi && m[e - 1] <= kHidden) --e;
-    if (e <= 0) continue;                           // (or e <= hi: nothing new for hi from this row)
-    hi = std::max(hi, e);
-    int64_t f = 0;                                  // the row's first visible slot
-    while (f < std::min(lo, e) && !any_visible(m + f, std::min<int64_t>(kBlock, e - f))) f += kBlock;
-    while (f < std::min(lo, e) && m[f] <= kHidden) ++f;
-    lo = std::min(lo, f);
+    while (e > 0 && m[e - 1] <= kHidden) --e;
+    if (e == 0) continue;                           // the row sees nothing
+    int64_t f = 0;                                  // its first visible slot (there is one before e)
+    while (!any_visible(m + f, std::min<int64_t>(kBlock, e - f))) f += kBlock;
+    while (m[f] <= kHidden) ++f;
+    first = std::min(first, f);
+    end = std::max(end, e);
   }
-  if (lo >= hi) lo = hi = 0;
+  if (first >= end) first = end = 0;
 }
 
 }  // namespace
@@ -109,16 +110,8 @@ void extend_attention(const float *q, const float *k, const float *v, const floa
     const int64_t q0 = qb * kExtendBlock, nq = std::min(kExtendBlock, t - q0);
     const float *mrows = mask + ((mask_rows == 1 ? 0 : bi) * t + q0) * s;  // (nq, s)
     float *op = o + (bh * t + q0) * d;
-    int64_t k0 = s, k1 = 0;                                 // the block's visible keys [k0, k1)
-    for (int64_t r = 0; r < nq; ++r) {
-      const float *mr = mrows + r * s;
-      int64_t lo = 0, hi_ = s;
-      while (lo < s && mr[lo] <= kHidden) ++lo;
-      if (lo == s) continue;
-      while (mr[hi_ - 1] <= kHidden) --hi_;
-      k0 = std::min(k0, lo);
-      k1 = std::max(k1, hi_);
-    }
+    int64_t k0 = 0, k1 = 0;                                 // the block's visible keys [k0, k1)
+    visible_span(mrows, nq, s, k0, k1);
     if (k0 >= k1) {                                          // nothing visible: output 0
       std::fill(op, op + nq * d, 0.f);
       return;
@@ -157,7 +150,7 @@ namespace {
 // The sums are those of dot() and axpy() in common.h, term for term and in the same order (per
 // lane: the same chains of fused multiply-adds, then the same horizontal reduction; values added
 // slot by slot in slot order), so the result is bit for bit the generic path's
-// (tests/kernels/test_kernels_decode_attention.py compares them). Only the loop order changes:
+// (tests/kernels/test_kernels_ops.py compares them). Only the loop order changes:
 // slots inner, heads outer; a chunk's keys and values are read once per query head (a batch row's
 // first head from memory, with the prefetch, its other heads from cache).
 #if defined(MSLLM_VEC_AVX512)
@@ -267,13 +260,13 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   }
   const int64_t group = h / kv, bh = b * h * t;             // rows: (batch row, head, query)
   const int64_t stride = b * kv * d;                        // from one slot to the next
-  // the slots some row sees, [lo, hi), in chunks of at least 32 slots, about 4 per thread so the pool
+  // the slots some row sees, [first, end), in chunks of at least 32 slots, about 4 per thread so the pool
   // can balance them
-  int64_t lo = 0, hi = 0;
-  visible_span(mask, mask_rows, s, lo, hi);
+  int64_t first = 0, end = 0;
+  visible_span(mask, mask_rows, s, first, end);
   const int64_t want = 4 * static_cast<int64_t>(Pool::get().size());
-  const int64_t len = std::max<int64_t>(32, (hi - lo + want - 1) / want);
-  const int64_t chunks = (hi - lo + len - 1) / len;
+  const int64_t len = std::max<int64_t>(32, (end - first + want - 1) / want);
+  const int64_t chunks = (end - first + len - 1) / len;
   // per chunk: scores (B*H*T, len), then max (B*H*T), sum (B*H*T), acc (B*H*T, D)
   const int64_t per = bh * len + 2 * bh + bh * d;
   std::unique_ptr<float[]> work(new float[chunks * per]);   // every element written before it is read
@@ -281,7 +274,7 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   const HeadKernels fixed = head_kernels(d);
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
     FlushDenormals ftz;
-    const int64_t j0 = lo + c * len, j1 = std::min<int64_t>(hi, j0 + len), n = j1 - j0;
+    const int64_t j0 = first + c * len, j1 = std::min<int64_t>(end, j0 + len), n = j1 - j0;
     float *score = work.get() + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
 #if defined(MSLLM_VEC_AVX512) || defined(MSLLM_VEC_AVX2)
     if (fixed.scores) {                                     // t == 1 here: row r = (batch row, head)
