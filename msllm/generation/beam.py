@@ -80,62 +80,65 @@ def beam_search(gen, prompts: Sequence[Sequence[int]], s: DecodeSettings, pad_to
 
     t0 = time.perf_counter()
     passes = Passes(gen, rows, s, length, max_new, buffer)
-    logits = passes.logits
-    t_first = None
-    steps = 0
-    for k in range(max_new):
-        if kept is not None:
-            kept.append(logits.copy())
-        log_probs = processors.log_softmax(logits.astype(np.float32))
-        if s.repetition_penalty != 1.0:
-            seen = [np.concatenate([np.asarray(rows[r], np.int64), running[r // nb, r % nb, :k]])
-                    for r in range(b * nb)]
-            log_probs = processors.repetition_penalty(log_probs, seen, s.repetition_penalty)
-        v = log_probs.shape[-1]
-        acc = (log_probs.reshape(b, nb, v) + running_scores[:, :, None]).reshape(b, nb * v)
-        idx = _topk(acc, keep)                                           # (B, K)
-        top_scores = np.take_along_axis(acc, idx, axis=-1)
-        src, tok = idx // v, idx % v
-        cand = _take(running, src)                                       # (B, K, max_new)
-        cand[:, :, k] = tok
-        hits = np.isin(tok, eos) | (k + 1 >= max_new)                    # (B, K)
+    try:
+        logits = passes.logits
+        t_first = None
+        steps = 0
+        for k in range(max_new):
+            if kept is not None:
+                kept.append(logits.copy())
+            log_probs = processors.log_softmax(logits.astype(np.float32))
+            if s.repetition_penalty != 1.0:
+                seen = [np.concatenate([np.asarray(rows[r], np.int64), running[r // nb, r % nb, :k]])
+                        for r in range(b * nb)]
+                log_probs = processors.repetition_penalty(log_probs, seen, s.repetition_penalty)
+            v = log_probs.shape[-1]
+            acc = (log_probs.reshape(b, nb, v) + running_scores[:, :, None]).reshape(b, nb * v)
+            idx = _topk(acc, keep)                                           # (B, K)
+            top_scores = np.take_along_axis(acc, idx, axis=-1)
+            src, tok = idx // v, idx % v
+            cand = _take(running, src)                                       # (B, K, max_new)
+            cand[:, :, k] = tok
+            hits = np.isin(tok, eos) | (k + 1 >= max_new)                    # (B, K)
 
-        # next running beams: the best continuations that did not stop
-        run_scores = top_scores + hits.astype(np.float32) * BIG
-        pick = _topk(run_scores, nb)
-        running = _take(cand, pick)
-        running_scores = np.take_along_axis(run_scores, pick, axis=-1)
-        running_src = np.take_along_axis(src, pick, axis=-1)             # (B, nb) beam each came from
+            # next running beams: the best continuations that did not stop
+            run_scores = top_scores + hits.astype(np.float32) * BIG
+            pick = _topk(run_scores, nb)
+            running = _take(cand, pick)
+            running_scores = np.take_along_axis(run_scores, pick, axis=-1)
+            running_src = np.take_along_axis(src, pick, axis=-1)             # (B, nb) beam each came from
 
-        # finished hypotheses: only the first nb of the K may enter
-        just_done = hits & top_mask[None, :]
-        fin = top_scores / np.float32((k + 1) ** lp)
-        full = np.all(done_flag, axis=-1, keepdims=True) & (early is True)
-        fin = fin + full.astype(np.float32) * BIG
-        fin = fin + (~improvable).astype(np.float32) * BIG
-        fin = fin + (~just_done).astype(np.float32) * BIG
-        m_scores = np.concatenate([done_scores, fin], axis=1)
-        best = _topk(m_scores, nb)
-        done = _take(np.concatenate([done, cand], axis=1), best)
-        done_len = np.take_along_axis(np.concatenate([done_len, np.full((b, keep), k + 1)], axis=1), best, axis=-1)
-        done_scores = np.take_along_axis(m_scores, best, axis=-1)
-        done_flag = np.take_along_axis(np.concatenate([done_flag, just_done], axis=1), best, axis=-1)
+            # finished hypotheses: only the first nb of the K may enter
+            just_done = hits & top_mask[None, :]
+            fin = top_scores / np.float32((k + 1) ** lp)
+            full = np.all(done_flag, axis=-1, keepdims=True) & (early is True)
+            fin = fin + full.astype(np.float32) * BIG
+            fin = fin + (~improvable).astype(np.float32) * BIG
+            fin = fin + (~just_done).astype(np.float32) * BIG
+            m_scores = np.concatenate([done_scores, fin], axis=1)
+            best = _topk(m_scores, nb)
+            done = _take(np.concatenate([done, cand], axis=1), best)
+            done_len = np.take_along_axis(np.concatenate([done_len, np.full((b, keep), k + 1)], axis=1), best, axis=-1)
+            done_scores = np.take_along_axis(m_scores, best, axis=-1)
+            done_flag = np.take_along_axis(np.concatenate([done_flag, just_done], axis=1), best, axis=-1)
 
-        # HF's early-stop heuristic, then its loop condition
-        best_len = max_new if (early == "never" and lp > 0.0) else k + 1
-        best_possible = running_scores[:, :1] / np.float32(best_len ** lp)
-        worst = np.where(done_flag, np.min(done_scores, axis=1, keepdims=True), BIG)
-        improvable = improvable & np.any(best_possible > worst, axis=-1, keepdims=True)
-        if t_first is None:
-            t_first = time.perf_counter()
-        go_on = improvable.any() and not (done_flag.all() and early is True) and not hits.all()
-        if not go_on:
-            break
-        steps += 1
-        beam_idx = (np.arange(b)[:, None] * nb + running_src).reshape(-1)
-        tokens = running[:, :, k].reshape(-1)
-        logits = passes.next(k, tokens, lambda: [rows[r] + running[r // nb, r % nb, :k + 1].tolist()
-                                                 for r in range(b * nb)], beam_idx)
+            # HF's early-stop heuristic, then its loop condition
+            best_len = max_new if (early == "never" and lp > 0.0) else k + 1
+            best_possible = running_scores[:, :1] / np.float32(best_len ** lp)
+            worst = np.where(done_flag, np.min(done_scores, axis=1, keepdims=True), BIG)
+            improvable = improvable & np.any(best_possible > worst, axis=-1, keepdims=True)
+            if t_first is None:
+                t_first = time.perf_counter()
+            go_on = improvable.any() and not (done_flag.all() and early is True) and not hits.all()
+            if not go_on:
+                break
+            steps += 1
+            beam_idx = (np.arange(b)[:, None] * nb + running_src).reshape(-1)
+            tokens = running[:, :, k].reshape(-1)
+            logits = passes.next(k, tokens, lambda: [rows[r] + running[r // nb, r % nb, :k + 1].tolist()
+                                                     for r in range(b * nb)], beam_idx)
+    finally:
+        passes.release()
     t_end = time.perf_counter()
     tokens, reasons = [], []
     for i in range(b):

@@ -32,6 +32,7 @@ import numpy as np
 
 from msllm.errors import MsllmError
 from msllm.generation.beam import beam_search
+from msllm.generation.bound_caches import BoundCaches, budget_bytes
 from msllm.config_generation import DecodeSettings
 from msllm.generation.passes import SLOT_MULTIPLE, GenerationResult, Passes, round_up  # noqa: F401 (re-exported)
 from msllm.generation.stepping import RowStep, choose_rows
@@ -44,7 +45,7 @@ StreamFn = Callable[[int, np.ndarray, np.ndarray], Optional[bool]]
 
 def _cells():
     """The graph cells, defined on first use so that importing this module needs no MindSpore."""
-    from mindspore import nn, ops
+    from mindspore import ParameterTuple, nn, ops
 
     from msllm.generation.replay import replay_cell
 
@@ -80,8 +81,21 @@ def _cells():
                 ops.assign(c, self.gather(c.reshape((rows // b, b, k, d)), beam_idx, 1).reshape((rows, k, d)))
             return beam_idx
 
+    class BoundStep(nn.Cell):
+        """``(ids, positions, key_positions, index) -> last-position logits (B, V)``: the decode
+        step of :class:`CachedStep` over the caches this cell holds as its own Parameters (a kept
+        set, :mod:`msllm.generation.bound_caches` says why), written in place as there."""
+
+        def __init__(self, net, caches):
+            super().__init__(auto_prefix=False)  # keep the network's parameter names
+            self.net = net
+            self.caches = ParameterTuple(caches)
+
+        def construct(self, input_ids, positions, key_positions, index):
+            return self.net.forward_cached(input_ids, positions, key_positions, index, self.caches, True, False)
+
     # a compiled step runs again without MindSpore's per-call compile work (msllm/generation/replay.py)
-    return replay_cell(CachedStep), replay_cell(ReorderCaches)
+    return replay_cell(CachedStep), replay_cell(ReorderCaches), replay_cell(BoundStep)
 
 
 class Generator:
@@ -94,27 +108,49 @@ class Generator:
     """
 
     def __init__(self, net, config):
-        CachedStep, ReorderCaches = _cells()
+        CachedStep, ReorderCaches, BoundStep = _cells()
         net.set_train(False)
         self.net, self.config = net, config
         self.context = config.max_positions
         self.step = CachedStep(net)
         self.prefill_step = CachedStep(net, fresh=True)
         self.reorder_caches = ReorderCaches()
+        self.kept = BoundCaches(self.empty_cache, lambda caches: BoundStep(net, caches), self.cache_bytes,
+                                budget_bytes())
         self.shapes: list = []   # (kind, B, T, S) in first-call order
         self.first_call_s: dict = {}
 
     # -- low level ------------------------------------------------------------------------
-    def empty_cache(self, batch: int, buffer: int):
+    def empty_cache(self, batch: int, buffer: int, name: str = "kv_cache_"):
+        """A private zero cache of ``batch`` rows and ``buffer`` slots
+        (:func:`~msllm.models.llama.kv_cache.empty_cache`; Parameter names start with ``name``)."""
         from msllm.models.llama.kv_cache import empty_cache
         from msllm.models.llama.model import ms_dtype
 
         c = self.config
-        # in the dtype the layers compute in, their model's config: float32 under compute_dtype
-        # bfloat16 on msllm's CPU kernels (their GEMMs round the inputs; LlamaForCausalLM builds its
-        # layers with float32 compute then)
-        compute = self.net.model.config.compute_dtype
-        return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(compute))
+        return empty_cache(batch, c.kv_heads, buffer, c.head_dim, c.num_layers, ms_dtype(self.cache_dtype()), name)
+
+    def cache_dtype(self) -> str:
+        """The caches' dtype name: the one the layers compute in, their model's config (float32
+        under compute_dtype bfloat16 on msllm's CPU kernels: their GEMMs round the inputs, and
+        LlamaForCausalLM builds its layers with float32 compute then)."""
+        return self.net.model.config.compute_dtype
+
+    def cache_bytes(self, batch: int, buffer: int) -> int:
+        """Bytes of one model's caches of ``batch`` rows and ``buffer`` slots."""
+        c = self.config
+        width = 2 if self.cache_dtype() in ("bfloat16", "float16") else 4
+        return 2 * c.num_layers * buffer * batch * c.kv_heads * c.head_dim * width
+
+    def lease_cache(self, batch: int, buffer: int):
+        """A cache for a run of decode steps: the kept set of this shape, whose decode step holds it
+        in the graph (:mod:`msllm.generation.bound_caches`), or a private zero cache when that set
+        is in use or past the budget. Give it back with :meth:`release_cache`."""
+        return self.kept.lease(batch, buffer) or self.empty_cache(batch, buffer)
+
+    def release_cache(self, caches) -> None:
+        """Give back a cache from :meth:`lease_cache` (a private one: nothing happens)."""
+        self.kept.release(caches)
 
     def run(self, kind: str, ids, positions, kpos, slots, caches, beam_idx=None):
         """One call of the compiled step, writing the T new tokens of the B rows of ``ids`` to
@@ -129,15 +165,14 @@ class Generator:
         key = (kind, ids.shape[0], ids.shape[1], kpos.shape[-1])
         new = key not in self.first_call_s
         t0 = time.perf_counter()
-        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(kpos), ms.Tensor(cache_index(slots, ids.shape[0])),
-                ms.mutable(caches))
+        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(kpos), ms.Tensor(cache_index(slots, ids.shape[0])))
         if kind in ("prefill", "full"):        # rows attending over their own new tokens only
-            logits = self.prefill_step(*args)
-        elif beam_idx is None:
-            logits = self.step(*args)
+            logits = self.prefill_step(*args, ms.mutable(caches))
         else:
-            self.reorder_caches(ms.Tensor(beam_idx.astype(np.int32)), args[-1]).asnumpy()   # then the step
-            logits = self.step(*args)
+            if beam_idx is not None:             # a graph of its own, then the step
+                self.reorder_caches(ms.Tensor(beam_idx.astype(np.int32)), ms.mutable(caches)).asnumpy()
+            bound = self.kept.cell_for(caches)   # a kept set: the step that holds it, no cache inputs
+            logits = self.step(*args, ms.mutable(caches)) if bound is None else bound(*args)
         logits = logits.asnumpy()
         if new:
             self.shapes.append(key)
@@ -146,11 +181,17 @@ class Generator:
 
     def prefill(self, prompts: Sequence[Sequence[int]], length: int, buffer: int, pad_id: int):
         """Prompts into a fresh cache of ``buffer`` slots, left-padded to ``length``.
+        The cache is leased (:meth:`lease_cache`): give it back with :meth:`release_cache`.
         Returns (last-prompt-token logits (B, V), caches, pads (B,))."""
         ids, pads = left_pad(prompts, length, pad_id)
         slots = np.arange(length)
-        logits, caches = self.run("prefill", ids, positions_for(pads, slots), key_positions(pads, buffer),
-                                  slots, self.empty_cache(len(prompts), buffer))
+        caches = self.lease_cache(len(prompts), buffer)
+        try:
+            logits, caches = self.run("prefill", ids, positions_for(pads, slots), key_positions(pads, buffer),
+                                      slots, caches)
+        except BaseException:
+            self.release_cache(caches)
+            raise
         return logits, caches, pads
 
     def decode_step(self, tokens: np.ndarray, slot: int, pads: np.ndarray, buffer: int, caches, beam_idx=None):
@@ -205,30 +246,33 @@ class Generator:
         rows = [RowStep(s, max_new, rng, p) for p in prompts]
         t0 = time.perf_counter()
         passes = Passes(self, prompts, s, length, max_new, buffer)
-        logits = passes.logits
-        t_first = None
-        steps = 0
-        kept = [] if keep_logits else None
-        for k in range(max_new):
-            if kept is not None:
-                kept.append(logits.copy())
-            finished = np.array([r.finished for r in rows])
-            tokens = np.where(finished, s.pad_token_id, choose_rows(logits, rows, s, rng))
-            for r, tok in zip(rows, tokens):
-                if not r.finished:
-                    r.accept(tok)
-            if t_first is None:
-                t_first = time.perf_counter()
-            finished = np.array([r.finished for r in rows])
-            verdict = stream(k, tokens, finished) if stream is not None else None
-            if verdict is not None and verdict is not False:
-                stop = np.ones(b, bool) if verdict is True else np.asarray(verdict, bool)
-                for r in np.flatnonzero(stop):
-                    rows[r].stop()
-            if all(r.finished for r in rows) or k == max_new - 1:
-                break
-            steps += 1
-            logits = passes.next(k, tokens, lambda: [p + r.tokens for p, r in zip(prompts, rows)])
+        try:
+            logits = passes.logits
+            t_first = None
+            steps = 0
+            kept = [] if keep_logits else None
+            for k in range(max_new):
+                if kept is not None:
+                    kept.append(logits.copy())
+                finished = np.array([r.finished for r in rows])
+                tokens = np.where(finished, s.pad_token_id, choose_rows(logits, rows, s, rng))
+                for r, tok in zip(rows, tokens):
+                    if not r.finished:
+                        r.accept(tok)
+                if t_first is None:
+                    t_first = time.perf_counter()
+                finished = np.array([r.finished for r in rows])
+                verdict = stream(k, tokens, finished) if stream is not None else None
+                if verdict is not None and verdict is not False:
+                    stop = np.ones(b, bool) if verdict is True else np.asarray(verdict, bool)
+                    for r in np.flatnonzero(stop):
+                        rows[r].stop()
+                if all(r.finished for r in rows) or k == max_new - 1:
+                    break
+                steps += 1
+                logits = passes.next(k, tokens, lambda: [p + r.tokens for p, r in zip(prompts, rows)])
+        finally:
+            passes.release()
         t_end = time.perf_counter()
         return GenerationResult([r.tokens for r in rows], [r.reason or "length" for r in rows], None,
                                 t_first - t0, t_end - t_first, steps,

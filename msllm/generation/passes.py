@@ -95,3 +95,9 @@ class Passes:
         else:
             self.logits = self.gen.full_forward(sequences(), self.width, self.pad_id)
         return self.logits
+
+    def release(self) -> None:
+        """Give the cache back to the generator (:meth:`Generator.release_cache`); no pass after this."""
+        if self.use_past:
+            self.gen.release_cache(self.caches)
+            self.caches = None

@@ -128,7 +128,10 @@ class ContinuousBatch(StagedJoins):
         return self.max_batch - self.pending
 
     def drop(self) -> None:
-        """Forget every row and the caches (after the last row or a failure); staged prefills stay."""
+        """Forget every row and give the caches back (after the last row or a failure); staged
+        prefills stay."""
+        if self.caches is not None:
+            self.gen.release_cache(self.caches)
         self.rows, self.caches, self.buffer = [], None, 0
 
     def fail(self, error) -> None:
@@ -229,14 +232,17 @@ class ContinuousBatch(StagedJoins):
         return out
 
     def _fit(self, width: int, buffer: int) -> None:
-        """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents: new
-        zero caches, the old rows written into them at their rows and slots."""
+        """Caches of at least ``width`` rows and ``buffer`` slots, keeping the rows' contents: the
+        generator's caches of that shape (:meth:`Generator.lease_cache`: the kept set, whose decode
+        step holds it, or new zero caches), the old rows written into them at their rows and
+        slots, the old caches given back. Slots no row has written are hidden from every row."""
         width, buffer = max(width, len(self.rows)), max(buffer, self.buffer)
         if self.caches is None or (width, buffer) != (len(self.rows), self.buffer):
             old, old_w, old_s = self.caches, len(self.rows), self.buffer
-            self.caches = self.gen.empty_cache(width, buffer)
+            self.caches = self.gen.lease_cache(width, buffer)
             if old is not None:
                 self._write(old, old_s, range(old_w), width)
+                self.gen.release_cache(old)
         self.rows += [None] * (width - len(self.rows))
         self.buffer = buffer
 

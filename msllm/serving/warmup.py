@@ -44,15 +44,20 @@ def warm_shapes(max_batch: int, chunk: int, prefix: bool, slots: int) -> list:
 
 def run_shapes(gen, shapes: list, pad_id: int) -> None:
     """Call each (kind, rows, tokens, slots) of ``shapes`` once through ``gen.run`` (a
-    :class:`~msllm.generation.decode.Generator`) on a zero cache of that size; rows see only
-    their first slot (key position 0), the tokens are ``pad_id``."""
+    :class:`~msllm.generation.decode.Generator`) on a cache of that size (a decode shape on the
+    generator's kept set of that shape if it has room, :meth:`Generator.lease_cache`: the batch
+    will decode on it, through the graph compiled here); rows see only their first slot (key
+    position 0), the tokens are ``pad_id``."""
     for kind, rows, tokens, slots in shapes:
-        caches = gen.empty_cache(rows, slots)
+        caches = gen.lease_cache(rows, slots) if kind == "decode" else gen.empty_cache(rows, slots)
         kpos = np.full((rows, slots), -1, np.int32)
         kpos[:, 0] = 0
         where = np.arange(tokens)
-        gen.run(kind, np.full((rows, tokens), pad_id, np.int32), np.zeros((rows, tokens), np.int32), kpos,
-                where if kind != "decode" else np.zeros((rows, 1), np.int64), caches)
+        try:
+            gen.run(kind, np.full((rows, tokens), pad_id, np.int32), np.zeros((rows, tokens), np.int32), kpos,
+                    where if kind != "decode" else np.zeros((rows, 1), np.int64), caches)
+        finally:
+            gen.release_cache(caches)
         del caches
 
 

@@ -88,11 +88,13 @@ def as_cache(tensors) -> tuple:
     return tuple(Parameter(t, name=f"kv_cache_{i}", requires_grad=False) for i, t in enumerate(tensors))
 
 
-def empty_cache(batch: int, kv_heads: int, length: int, head_dim: int, num_layers: int, dtype=ms.float32):
-    """Zero caches for a whole model: a tuple of ``2 * num_layers`` Parameters (S * B, K, D) with
-    S = ``length`` slots and B = ``batch`` rows, keys and values of layer 0, then layer 1, ... (the order
-    ``LlamaForCausalLM.forward_cached`` takes); pass them as ``ms.mutable(caches)`` (otherwise
-    GRAPH_MODE treats them as constants)."""
+def empty_cache(batch: int, kv_heads: int, length: int, head_dim: int, num_layers: int, dtype=ms.float32,
+                name: str = "kv_cache_"):
+    """Zero caches for a whole model: a tuple of ``2 * num_layers`` Parameters (S * B, K, D) named
+    ``name`` + their index, with S = ``length`` slots and B = ``batch`` rows, keys and values of layer
+    0, then layer 1, ... (the order ``LlamaForCausalLM.forward_cached`` takes); pass them as
+    ``ms.mutable(caches)`` (otherwise GRAPH_MODE treats them as constants), or hold them in a cell
+    (:mod:`msllm.generation.bound_caches`)."""
     zeros = np.zeros((length * batch, kv_heads, head_dim), np.float32)
-    return tuple(Parameter(ms.Tensor(zeros, dtype), name=f"kv_cache_{i}", requires_grad=False)
+    return tuple(Parameter(ms.Tensor(zeros, dtype), name=f"{name}{i}", requires_grad=False)
                  for i in range(2 * num_layers))
