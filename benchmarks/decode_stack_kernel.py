@@ -9,7 +9,10 @@ the median over rounds of the median call.
 
 What it tells: the time a step's kernels need once MindSpore's per-call work is gone, and how close that
 is to reading the bytes: weights (int8: 106 MB for the 30 layers) plus caches (25 MB at 544 slots, batch 1)
-over the machine's read bandwidth. Each ISA runs in a child process (``native``; ``avx2``: the library built
+over the machine's read bandwidth. Back-to-back calls find part of those bytes still in the last-level
+cache (an Intel Xeon guest reports 480 MiB of L3); ``--evict MB`` reads that many MiB of another buffer
+before each timed call (untimed), as the rest of a decode step (the output head's 28-113 MB, MindSpore's
+own work) does between two stack calls. Each ISA runs in a child process (``native``; ``avx2``: the library built
 for haswell, ``common.isa_env``).
 
     .venv/bin/python benchmarks/decode_stack_kernel.py --rounds 3 --out benchmarks/results/decode_stack_kernel_<machine>.json
@@ -85,9 +88,13 @@ def child(spec: dict) -> dict:
         sizes[f"{kind}_weight_bytes"] = int(wbytes)
         assert lib.msllm_decode_stack(*calls[kind]) == 0, f"{kind}: the stack operator refused its inputs"
 
+    evict = np.ones(spec["evict_mb"] << 17, np.int64) if spec["evict_mb"] else None
+
     def timed(fn) -> float:
         ts = []
         for _ in range(spec["calls"]):
+            if evict is not None:
+                evict.sum()
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
@@ -115,6 +122,7 @@ def main(argv=None):
     p.add_argument("--isas", nargs="+", default=["native", "avx2"], choices=["native", "avx2"])
     p.add_argument("--kinds", nargs="+", default=["f32", "bf16", "int8"], choices=["f32", "bf16", "int8"])
     p.add_argument("--settings", nargs="+", default=["generic", ""], help="MSLLM_DECODE_ATTENTION values")
+    p.add_argument("--evict", type=int, default=0, metavar="MB", help="read this many MiB before each timed call")
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -123,6 +131,7 @@ def main(argv=None):
         print("DECODE_STACK_KERNEL " + json.dumps(child(json.loads(a.child))), flush=True)
         return
     spec = {k: getattr(a, k) for k in ("rounds", "calls", "batch", "slots", "visible", "kinds", "settings")}
+    spec["evict_mb"] = a.evict
     result = {"machine": common.machine(), "command": harness.command_line(), "spec": spec, "isas": {}}
     for isa in a.isas:
         got = common.run_isa_child(__file__, isa, spec, "DECODE_STACK_KERNEL", unset="MSLLM_DECODE_ATTENTION")

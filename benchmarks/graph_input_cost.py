@@ -4,8 +4,9 @@
 The cell's one operator (``graph_input_noop.c``, compiled into ``benchmarks/.cache``) does nothing;
 its inputs are like the decode step's: ``--weights`` Parameters of (576, 576) float32 (SmolLM2's
 stack operator takes ~450) and ``--caches`` key/value caches of (S, 3, 64) float32 (60 for 30 layers),
-either passed each call as an ``ms.mutable`` tuple argument (as msllm's generator does: the caches
-belong to the generation, not to the model) or held by the cell as Parameters. Each call goes the way
+either passed each call as an ``ms.mutable`` tuple argument of Tensors (``mutable``) or of Parameters
+(``mutable_params``: what msllm's generator passed before its decode step held the caches), or held by
+the cell as Parameters (``params``: msllm/generation/bound_caches.py). Each call goes the way
 msllm's generator replays a compiled step (``msllm/generation/replay.py``: ``get_args_for_run`` then
 ``_exec_pip``, no per-call compile). Each configuration runs in its own process, the configurations
 in alternating order over ``--rounds`` rounds; per configuration the median over rounds of the
@@ -29,7 +30,8 @@ import common  # noqa: E402
 
 # (weights, caches, how the caches arrive, cache slots S)
 CONFIGS = [(10, 2, "mutable", 544), (450, 2, "mutable", 544), (10, 60, "mutable", 544), (450, 60, "mutable", 544),
-           (450, 60, "mutable", 2048), (10, 60, "params", 544), (200, 60, "params", 544), (450, 60, "params", 544)]
+           (450, 60, "mutable", 2048), (10, 60, "params", 544), (200, 60, "params", 544), (450, 60, "params", 544),
+           (10, 60, "mutable_params", 544), (450, 60, "mutable_params", 544)]
 
 CHILD = r"""
 import sys, time
@@ -60,7 +62,11 @@ class Net(nn.Cell):
 
 net = Net()
 x = Tensor(np.ones(64, np.float32))
-caches = mutable(tuple(Tensor(np.ones((slots, 3, 64), np.float32)) for _ in range(n_c if how == "mutable" else 1)))
+if how == "mutable_params":   # what msllm's generator passed: cache Parameters in the mutable tuple
+    caches = mutable(tuple(Parameter(Tensor(np.ones((slots, 3, 64), np.float32)), name=f"c{i}", requires_grad=False)
+                           for i in range(n_c)))
+else:
+    caches = mutable(tuple(Tensor(np.ones((slots, 3, 64), np.float32)) for _ in range(n_c if how == "mutable" else 1)))
 net(x, caches)   # compiles; names the phase
 phase, flags = net.current_phase, list(net._has_mutable_args_list or [])
 ex = _cell_graph_executor._graph_executor

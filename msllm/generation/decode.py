@@ -9,7 +9,9 @@ A row's tokens do not depend on the others'.
 Static shapes: the prefill graph has shape (B, P, S) and the decode graph (B, 1, S), so in
 GRAPH_MODE the decode step compiles once per (batch size, buffer length) and runs for every
 token; caches are Parameters written in place (:mod:`msllm.models.llama.kv_cache`), passed as
-``ms.mutable`` tuples (otherwise MindSpore treats them as constants and recompiles each step).
+``ms.mutable`` tuples (otherwise MindSpore treats them as constants and recompiles each step), or,
+for the decode step over a kept cache set, held by the step's cell
+(:mod:`msllm.generation.bound_caches`: 60 cache inputs cost MindSpore ~25 us each per call).
 :attr:`Generator.shapes` records the shapes called (tests check it).
 
 Without the cache (``use_past: False``) each step runs the whole sequence again, right-aligned
