@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 import decode_profile  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 
 
 def main(argv=None):
@@ -57,16 +58,13 @@ def main(argv=None):
             b = {"round": r, "mode": mode, "step_ms": round(float(np.median(walls)) * 1e3, 3)}
             print(json.dumps(b), flush=True)
             blocks.append(b)
-    ratios = []
-    for r in range(a.rounds):
-        held, tup = (next(b for b in blocks if b["round"] == r and b["mode"] == m)["step_ms"] for m in ("held", "tuple"))
-        ratios.append(held / tup)
+    per_round = ratios.paired(blocks, "held", "tuple", "step_ms", label="mode")     # held / tuple, round by round
     med = lambda m: round(float(np.median([b["step_ms"] for b in blocks if b["mode"] == m])), 3)  # noqa: E731
     summary = {"dtype": a.dtype, "tiny": a.tiny, "batch": a.batch, "prompt": a.prompt, "steps": a.steps,
                "rounds": a.rounds, "machine": common.machine(), "command": " ".join(sys.argv),
                "tuple_step_ms": med("tuple"), "held_step_ms": med("held"),
-               "held_over_tuple": [round(x, 3) for x in ratios],
-               "held_over_tuple_median": round(float(np.median(ratios)), 3), "blocks": blocks}
+               "held_over_tuple": [round(x, 3) for x in per_round],
+               "held_over_tuple_median": round(float(np.median(per_round)), 3), "blocks": blocks}
     print("DECODE_HELD_CACHES " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
     if a.out:
         harness.write_json(a.out, summary)
