@@ -24,6 +24,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 import decode_profile  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 
 
 def main(argv=None):
@@ -70,17 +71,14 @@ def main(argv=None):
             b["python_ms"] = round(b["step_ms"] - b["graph_ms"], 3)
             print(json.dumps(b), flush=True)
             blocks.append(b)
-    ratios = []
-    for r in range(a.rounds):
-        ms_, rp = (next(b for b in blocks if b["round"] == r and b["mode"] == m) for m in ("ms", "replay"))
-        ratios.append(rp["step_ms"] / ms_["step_ms"])
+    per_round = ratios.paired(blocks, "replay", "ms", "step_ms", label="mode")     # replay / ms, round by round
     med = lambda m, k: round(float(np.median([b[k] for b in blocks if b["mode"] == m])), 3)  # noqa: E731
     summary = {"dtype": a.dtype, "tiny": a.tiny, "batch": a.batch, "prompt": a.prompt, "steps": a.steps,
                "rounds": a.rounds, "machine": common.machine(), "command": " ".join(sys.argv),
                "ms": {k: med("ms", k) for k in ("step_ms", "graph_ms", "python_ms")},
                "replay": {k: med("replay", k) for k in ("step_ms", "graph_ms", "python_ms")},
-               "replay_over_ms_step": [round(x, 3) for x in ratios],
-               "replay_over_ms_median": round(float(np.median(ratios)), 3), "blocks": blocks}
+               "replay_over_ms_step": [round(x, 3) for x in per_round],
+               "replay_over_ms_median": round(float(np.median(per_round)), 3), "blocks": blocks}
     print("DECODE_CALL_OVERHEAD " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
     if a.out:
         harness.write_json(a.out, summary)

@@ -44,6 +44,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 import decode_profile  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 
 
 def main(argv=None):
@@ -84,16 +85,13 @@ def main(argv=None):
             b = {"round": r, a.var: value, "step_ms": round(float(np.median(walls)) * 1e3, 3)}
             print(json.dumps(b), flush=True)
             blocks.append(b)
-    ratios = []
-    for r in range(a.rounds):
-        first, second = (next(b["step_ms"] for b in blocks if b["round"] == r and b[a.var] == v) for v in a.values)
-        ratios.append(second / first)
+    per_round = ratios.paired(blocks, a.values[1], a.values[0], "step_ms", label=a.var)   # b / a, round by round
     med = lambda v: round(float(np.median([b["step_ms"] for b in blocks if b[a.var] == v])), 3)  # noqa: E731
     summary = {"dtype": a.dtype, "batch": a.batch, "env": {k: v for k, v in os.environ.items() if k in common.AVX2_ENV or k == "MSLLM_KERNELS_DIR"},
                "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
                "machine": common.machine(), "command": " ".join(sys.argv), "var": a.var, "values": a.values, "at": a.at,
-               "a_step_ms": med(a.values[0]), "b_step_ms": med(a.values[1]), "b_over_a": [round(x, 3) for x in ratios],
-               "b_over_a_median": round(float(np.median(ratios)), 3), "blocks": blocks}
+               "a_step_ms": med(a.values[0]), "b_step_ms": med(a.values[1]), "b_over_a": [round(x, 3) for x in per_round],
+               "b_over_a_median": round(float(np.median(per_round)), 3), "blocks": blocks}
     print("DECODE_KERNEL_AB " + json.dumps({k: v for k, v in summary.items() if k not in ("blocks", "machine")}))
     if a.out:
         harness.write_json(a.out, summary)

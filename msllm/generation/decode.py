@@ -140,9 +140,10 @@ class Generator:
 
     def cache_bytes(self, batch: int, buffer: int) -> int:
         """Bytes of one model's caches of ``batch`` rows and ``buffer`` slots."""
+        from msllm.parallel.param_layout import DTYPE_BYTES
+
         c = self.config
-        width = 2 if self.cache_dtype() in ("bfloat16", "float16") else 4
-        return 2 * c.num_layers * buffer * batch * c.kv_heads * c.head_dim * width
+        return 2 * c.num_layers * buffer * batch * c.kv_heads * c.head_dim * DTYPE_BYTES[self.cache_dtype()]
 
     def lease_cache(self, batch: int, buffer: int):
         """A cache for a run of decode steps: the kept set of this shape, whose decode step holds it
