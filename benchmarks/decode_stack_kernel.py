@@ -5,7 +5,8 @@ ctypes on 2 threads, at ``--batch`` rows over caches of ``--slots`` slots of whi
 hold tokens. Each setting of ``MSLLM_DECODE_ATTENTION`` (``generic``: decode attention's generic loops;
 empty: its fixed-width loops where the head dimension has them) is timed ``--calls`` times per round, the
 settings in alternating order over ``--rounds`` rounds (the kernel reads the variable per call); per setting
-the median over rounds of the median call.
+the median over rounds of the median call. ``--variable`` names another variable the kernels read per call
+to alternate instead (``MSLLM_GEMV_SPLIT``: how the weight-streaming products split their rows).
 
 What it tells: the time a step's kernels need once MindSpore's per-call work is gone, and how close that
 is to reading the bytes: weights (int8: 106 MB for the 30 layers) plus caches (25 MB at 544 slots, batch 1)
@@ -103,12 +104,13 @@ def child(spec: dict) -> dict:
     res: dict = {}
     for rnd in range(spec["rounds"]):
         for setting in (spec["settings"] if rnd % 2 == 0 else spec["settings"][::-1]):
-            os.environ["MSLLM_DECODE_ATTENTION"] = setting
-            name = setting or "fixed"
-            res.setdefault(f"attention x{LAYERS} attention={name}", []).append(
+            os.environ[spec["variable"]] = setting
+            label = "attention" if spec["variable"] == "MSLLM_DECODE_ATTENTION" else spec["variable"]
+            name = f"{label}={setting or 'fixed'}" if label == "attention" else f"{label}={setting or 'default'}"
+            res.setdefault(f"attention x{LAYERS} {name}", []).append(
                 round(timed(lambda: [lib.msllm_decode_attention(*a) for a in attention]), 3))
             for kind, args in calls.items():
-                res.setdefault(f"{kind} stack attention={name}", []).append(round(timed(lambda: lib.msllm_decode_stack(*args)), 3))
+                res.setdefault(f"{kind} stack {name}", []).append(round(timed(lambda: lib.msllm_decode_stack(*args)), 3))
     return {"ms": res, "bytes": sizes}
 
 
@@ -121,7 +123,9 @@ def main(argv=None):
     p.add_argument("--visible", type=int, default=530)
     p.add_argument("--isas", nargs="+", default=["native", "avx2"], choices=["native", "avx2"])
     p.add_argument("--kinds", nargs="+", default=["f32", "bf16", "int8"], choices=["f32", "bf16", "int8"])
-    p.add_argument("--settings", nargs="+", default=["generic", ""], help="MSLLM_DECODE_ATTENTION values")
+    p.add_argument("--variable", default="MSLLM_DECODE_ATTENTION",
+                   help="the environment variable --settings sets (the kernels read it per call)")
+    p.add_argument("--settings", nargs="+", default=["generic", ""], help="values of --variable")
     p.add_argument("--evict", type=int, default=0, metavar="MB", help="read this many MiB before each timed call")
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -130,11 +134,11 @@ def main(argv=None):
         common.use_repo()
         print("DECODE_STACK_KERNEL " + json.dumps(child(json.loads(a.child))), flush=True)
         return
-    spec = {k: getattr(a, k) for k in ("rounds", "calls", "batch", "slots", "visible", "kinds", "settings")}
+    spec = {k: getattr(a, k) for k in ("rounds", "calls", "batch", "slots", "visible", "kinds", "settings", "variable")}
     spec["evict_mb"] = a.evict
     result = {"machine": common.machine(), "command": harness.command_line(), "spec": spec, "isas": {}}
     for isa in a.isas:
-        got = common.run_isa_child(__file__, isa, spec, "DECODE_STACK_KERNEL", unset="MSLLM_DECODE_ATTENTION")
+        got = common.run_isa_child(__file__, isa, spec, "DECODE_STACK_KERNEL", unset=a.variable)
         result["isas"][isa] = {"bytes": got["bytes"],
                                "ms": {k: {"rounds": v, "median": sorted(v)[len(v) // 2]} for k, v in got["ms"].items()}}
         for k, v in result["isas"][isa]["ms"].items():

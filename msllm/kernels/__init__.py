@@ -43,7 +43,8 @@ def check_environment() -> None:
     reads; 0 = none; unset = 8192, ``stream_prefetch_bytes`` in csrc/common.h) must be a non-negative
     integer; ``MSLLM_DECODE_ATTENTION`` (``generic``: decode attention's generic loops for every head
     dimension instead of its fixed-width ones, csrc/decode.cc ``head_kernels``) must be unset, empty
-    or ``generic``."""
+    or ``generic``; ``MSLLM_GEMV_SPLIT`` (how the weight-streaming products split their rows between
+    the threads, csrc/common.h ``for_row_chunks``) must be unset, empty, ``ranges`` or ``chunks``."""
     v = os.environ.get("MSLLM_GEMV_PREFETCH", "")
     if v and not re.fullmatch(r"[0-9]+", v):
         raise MsllmError(f"MSLLM_GEMV_PREFETCH={v!r}: expected a non-negative integer (bytes the weight-streaming "
@@ -52,6 +53,10 @@ def check_environment() -> None:
     if v not in ("", "generic"):
         raise MsllmError(f"MSLLM_DECODE_ATTENTION={v!r}: expected 'generic' (decode attention's generic loops for "
                          "every head dimension) or nothing (its fixed-width loops where the head dimension has one)")
+    v = os.environ.get("MSLLM_GEMV_SPLIT", "")
+    if v not in ("", "ranges", "chunks"):
+        raise MsllmError(f"MSLLM_GEMV_SPLIT={v!r}: expected 'ranges' (each thread a contiguous share of a weight-"
+                         "streaming product's rows; the default) or 'chunks' (chunks handed out one by one)")
 
 
 def library_path() -> str:

@@ -1,7 +1,8 @@
 """The weight-streaming products (decoding's y = x W^T for 1-8 rows of x: float32 / bfloat16 weights in
 ``csrc/linear.cc``, int8 in ``csrc/linear_int8.cc``) stream 8 weight rows at once (float32 weights on
 AMD cores) or 2 (``stream_rows_at_once`` in common.h; MSLLM_GEMV_ROWS forces one for every weight type): both give the same bits and
-float64's product; so does every software prefetch distance (``stream_prefetch_bytes``, MSLLM_GEMV_PREFETCH: 0 = none). The library is called through ctypes in a subprocess (no MindSpore), so both paths run on
+float64's product; so does every software prefetch distance (``stream_prefetch_bytes``, MSLLM_GEMV_PREFETCH: 0 = none), either split of a
+product's rows between the threads (``for_row_chunks``, MSLLM_GEMV_SPLIT) and any thread count. The library is called through ctypes in a subprocess (no MindSpore), so both paths run on
 every machine."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from kerneltest_helpers import close, seeded_rng
 SEED = 20261128
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (rows of x, in, out): odd outputs and input tails, chunks that are not multiples of 8, SmolLM2's shapes
-SHAPES = [(1, 200, 1001), (2, 37, 51), (1, 576, 192), (2, 576, 1536), (3, 576, 1537), (1, 1536, 576), (8, 64, 70)]
+SHAPES = [(1, 200, 1001), (2, 37, 51), (1, 576, 192), (2, 576, 1536), (3, 576, 1537), (1, 1536, 576), (8, 64, 70),
+          (1, 64, 4099)]
 
 CHILD = r"""
 import ctypes, json, sys
@@ -70,14 +72,19 @@ def test_streaming_eight_or_two_weight_rows_at_once_gives_the_same_bits(tmp_path
             cases.append((m, n_in, n_out, kind))
             refs.append(x.astype(np.float64) @ w_val.astype(np.float64).T)
     child = CHILD.format(here=HERE)
-    # (tag, rows at once, prefetch distance in bytes; None: the library's default)
-    runs = (("2", "2", None), ("8", "8", None), ("8-noprefetch", "8", "0"), ("2-prefetch64", "2", "64"))
-    for tag, rows, prefetch in runs:
+    # (tag, rows at once, other settings): the prefetch distance in bytes, how a product's rows are split
+    # between the threads (each thread a contiguous share, taking the others' leftovers from their backs; or
+    # chunks handed out one by one), and 7 threads on this machine's cores (threads descheduled mid-product:
+    # shares are taken over by the others)
+    runs = (("2", "2", {}), ("8", "8", {}), ("8-noprefetch", "8", {"MSLLM_GEMV_PREFETCH": "0"}),
+            ("2-prefetch64", "2", {"MSLLM_GEMV_PREFETCH": "64"}), ("2-chunks", "2", {"MSLLM_GEMV_SPLIT": "chunks"}),
+            ("2-7threads", "2", {"MSLLM_KERNEL_THREADS": "7"}),
+            ("8-7threads-chunks", "8", {"MSLLM_KERNEL_THREADS": "7", "MSLLM_GEMV_SPLIT": "chunks"}))
+    for tag, rows, settings in runs:
         env = dict(os.environ, MSLLM_GEMV_ROWS=rows)
-        for var in ("MSLLM_GEMV_ISA", "MSLLM_NO_GEMV", "MSLLM_GEMV_PREFETCH"):
+        for var in ("MSLLM_GEMV_ISA", "MSLLM_NO_GEMV", "MSLLM_GEMV_PREFETCH", "MSLLM_GEMV_SPLIT", "MSLLM_KERNEL_THREADS"):
             env.pop(var, None)
-        if prefetch is not None:
-            env["MSLLM_GEMV_PREFETCH"] = prefetch
+        env.update(settings)
         spec = {"dir": str(tmp_path), "rows": rows, "tag": tag, "cases": cases}
         p = subprocess.run([sys.executable, "-c", child, json.dumps(spec)], env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
@@ -98,3 +105,16 @@ def test_a_malformed_prefetch_distance_is_refused_by_name(monkeypatch):
             library_path()
     monkeypatch.setenv("MSLLM_GEMV_PREFETCH", "4096")
     assert library_path().endswith(".so")
+
+
+def test_a_malformed_split_is_refused_by_name(monkeypatch):
+    from msllm.errors import MsllmError
+    from msllm.kernels import library_path
+
+    for bad in ("chunk", "dynamic", "1"):
+        monkeypatch.setenv("MSLLM_GEMV_SPLIT", bad)
+        with pytest.raises(MsllmError, match=r"MSLLM_GEMV_SPLIT='.*': expected 'ranges' .* or 'chunks'"):
+            library_path()
+    for good in ("", "ranges", "chunks"):
+        monkeypatch.setenv("MSLLM_GEMV_SPLIT", good)
+        assert library_path().endswith(".so")

@@ -340,15 +340,62 @@ inline int64_t stream_chunk_rows(int64_t in, int64_t elem_bytes, int64_t out, in
   return (rows + multiple - 1) / multiple * multiple;
 }
 
+// How the weight-streaming products split a product's rows between the threads (for_row_chunks): true =
+// contiguous shares (the default), false = MSLLM_GEMV_SPLIT=chunks, the chunks handed out one by one from a
+// shared counter (before 2026-11-29; kept to measure the two against each other). Read per call.
+inline bool stream_split_ranges() {
+  const char *e = std::getenv("MSLLM_GEMV_SPLIT");
+  return !(e && std::strcmp(e, "chunks") == 0);
+}
+
+// One thread's share of a product's chunks, [lo, hi) packed in one word: its owner takes chunks from
+// the front, a thread done with its own share takes them from the back (so the owner's stream goes
+// on unbroken).
+struct alignas(64) ChunkRange {
+  std::atomic<uint64_t> lohi;
+  void set(uint32_t lo, uint32_t hi) { lohi.store((uint64_t(hi) << 32) | lo, std::memory_order_relaxed); }
+  // the next chunk from the front (owner) or the back (thief); -1 when none is left
+  int64_t take(bool front) {
+    uint64_t v = lohi.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t lo = static_cast<uint32_t>(v), hi = static_cast<uint32_t>(v >> 32);
+      if (lo >= hi) return -1;
+      const uint64_t next = front ? v + 1 : (uint64_t(hi - 1) << 32) | lo;
+      if (lohi.compare_exchange_weak(v, next, std::memory_order_relaxed)) return front ? lo : hi - 1;
+    }
+  }
+};
+
 // Runs fn(o0, o1) over chunks [o0, o1) of the output rows of a weight-streaming product (sizes of
-// stream_chunk_rows), the chunks handed out dynamically over the pool.
+// stream_chunk_rows). Each of the pool's threads owns a contiguous share of the chunks and reads it
+// front to back; one that finishes early takes the others' remaining chunks from their backs. A
+// thread's reads are thus one long stream, not a chunk every ~64 KiB wherever the shared counter
+// points: the hardware prefetcher and the software prefetch 8 KiB ahead (stream_prefetch_bytes) stay
+// on the lines the thread reads next. Which thread computes an output row changes no bit of it. SmolLM2's
+// decode step, the two splits alternated in one process (Intel Xeon; benchmarks/decode_gemv_rows_ab.py
+// --var MSLLM_GEMV_SPLIT, results decode_gemv_split_ab_*_intel_xeon.json): batch 1 0.92x (float32),
+// 0.90x (bfloat16), 0.95x (int8) on the AVX-512 path, 0.94x / 0.87x / 0.93x on the AVX2 one; batch 8
+// 0.94x (float32), 1.00x (int8).
 template <class F>
 inline void for_row_chunks(int64_t in, int64_t elem_bytes, int64_t out, F &&fn, int64_t multiple = 2) {
   const int64_t rows = stream_chunk_rows(in, elem_bytes, out, multiple);
-  const int tasks = static_cast<int>((out + rows - 1) / rows);
-  Pool::get().run(tasks, [&](int t) {
+  const int64_t tasks = (out + rows - 1) / rows;
+  auto chunk = [&](int64_t t) {
     const int64_t o0 = t * rows;
     fn(o0, std::min<int64_t>(out, o0 + rows));
+  };
+  constexpr int kMaxShares = 64;
+  const int n = Pool::get().size();
+  if (!stream_split_ranges() || n < 2 || n > kMaxShares || tasks < 2 * n) {
+    Pool::get().run(static_cast<int>(tasks), [&](int t) { chunk(t); });
+    return;
+  }
+  ChunkRange share[kMaxShares];
+  for (int t = 0; t < n; ++t) share[t].set(static_cast<uint32_t>(tasks * t / n), static_cast<uint32_t>(tasks * (t + 1) / n));
+  Pool::get().run(n, [&](int t) {
+    for (int64_t c; (c = share[t].take(true)) >= 0;) chunk(c);
+    for (int k = 1; k < n; ++k)
+      for (int64_t c; (c = share[(t + k) % n].take(false)) >= 0;) chunk(c);
   });
 }
 
