@@ -27,6 +27,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
+import harness  # noqa: E402
 
 VARIANTS = [  # (split, rows, barrier, pages)
     ("dynamic", 2, "futex", "small"),    # msllm's gemv as it was: chunks, 2 rows, workers parked
@@ -34,6 +35,8 @@ VARIANTS = [  # (split, rows, barrier, pages)
     ("dynamic", 2, "spin", "small"),
     ("dynamic", 2, "spin", "huge"),
     ("halves", 8, "spin", "huge"),
+    ("halves", 2, "spin", "huge"),       # msllm's split since 2026-11-29 (contiguous shares), 2 rows
+    ("dynamic", 8, "spin", "huge"),
     ("read", 0, "futex", "small"),
     ("read", 0, "spin", "huge"),
 ]
@@ -48,12 +51,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--passes", type=int, default=8)
+    p.add_argument("--only", nargs="+", default=None, metavar="SPLIT/ROWS/BARRIER/PAGES",
+                   help="run these variants only (names as printed)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "weight_stream_bandwidth.json"))
     a = p.parse_args(argv)
     exe = build()
-    runs: dict = {"/".join(map(str, v)): [] for v in VARIANTS}
+    variants = [v for v in VARIANTS if a.only is None or "/".join(map(str, v)) in a.only]
+    if not variants:
+        raise SystemExit(f"--only {a.only}: none of {['/'.join(map(str, v)) for v in VARIANTS]}")
+    runs: dict = {"/".join(map(str, v)): [] for v in variants}
     for r in range(a.rounds):
-        order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
+        order = variants if r % 2 == 0 else variants[::-1]
         for v in order:
             res = subprocess.run([exe, v[0], str(v[1] or 2), v[2], v[3], str(a.passes)], capture_output=True, text=True,
                                  check=True)
@@ -61,7 +69,8 @@ def main(argv=None) -> int:
             runs["/".join(map(str, v))].append(max(gbs))
             print(f"round {r} {v}: best {max(gbs):.1f} GB/s", flush=True)
     summary = {k: statistics.median(x) for k, x in runs.items()}
-    doc = {"benchmark": "weight_stream_bandwidth", "machine": common.machine(), "weights_mb": 537.9, "threads": 2,
+    doc = {"benchmark": "weight_stream_bandwidth", "machine": common.machine(), "command": harness.command_line(),
+           "weights_mb": 537.9, "threads": 2,
            "variants": "split/rows/barrier/pages (weight_stream_bandwidth.cc)", "rounds": a.rounds,
            "passes": a.passes, "gb_s_median_of_best_pass": summary, "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
