@@ -105,8 +105,8 @@ def child(spec: dict) -> dict:
     for rnd in range(spec["rounds"]):
         for setting in (spec["settings"] if rnd % 2 == 0 else spec["settings"][::-1]):
             os.environ[spec["variable"]] = setting
-            label = "attention" if spec["variable"] == "MSLLM_DECODE_ATTENTION" else spec["variable"]
-            name = f"{label}={setting or 'fixed'}" if label == "attention" else f"{label}={setting or 'default'}"
+            name = (f"attention={setting or 'fixed'}" if spec["variable"] == "MSLLM_DECODE_ATTENTION"
+                    else f"{spec['variable']}={setting or 'default'}")
             res.setdefault(f"attention x{LAYERS} {name}", []).append(
                 round(timed(lambda: [lib.msllm_decode_attention(*a) for a in attention]), 3))
             for kind, args in calls.items():

@@ -56,17 +56,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(HERE, "results", "weight_stream_bandwidth.json"))
     a = p.parse_args(argv)
     exe = build()
-    variants = [v for v in VARIANTS if a.only is None or "/".join(map(str, v)) in a.only]
-    if not variants:
-        raise SystemExit(f"--only {a.only}: none of {['/'.join(map(str, v)) for v in VARIANTS]}")
-    runs: dict = {"/".join(map(str, v)): [] for v in variants}
+    named = {"/".join(map(str, v)): v for v in VARIANTS}
+    runs: dict = {k: [] for k in named if a.only is None or k in a.only}
+    if not runs:
+        raise SystemExit(f"--only {a.only}: none of {list(named)}")
     for r in range(a.rounds):
-        order = variants if r % 2 == 0 else variants[::-1]
-        for v in order:
+        order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+        for k in order:
+            v = named[k]
             res = subprocess.run([exe, v[0], str(v[1] or 2), v[2], v[3], str(a.passes)], capture_output=True, text=True,
                                  check=True)
             gbs = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("pass")][1:]
-            runs["/".join(map(str, v))].append(max(gbs))
+            runs[k].append(max(gbs))
             print(f"round {r} {v}: best {max(gbs):.1f} GB/s", flush=True)
     summary = {k: statistics.median(x) for k, x in runs.items()}
     doc = {"benchmark": "weight_stream_bandwidth", "machine": common.machine(), "command": harness.command_line(),
