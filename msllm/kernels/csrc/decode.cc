@@ -23,7 +23,6 @@
 #include "parts.h"
 
 #include <cmath>
-#include <memory>
 
 using namespace msllm;
 
@@ -269,13 +268,13 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   const int64_t chunks = (end - first + len - 1) / len;
   // per chunk: scores (B*H*T, len), then max (B*H*T), sum (B*H*T), acc (B*H*T, D)
   const int64_t per = bh * len + 2 * bh + bh * d;
-  std::unique_ptr<float[]> work(new float[chunks * per]);   // every element written before it is read
+  float *const work = scratch(4, chunks * per);            // every element written before it is read
   const int64_t ahead = stream_prefetch_bytes();            // the cache is read in slot order (common.h prefetch_block)
   const HeadKernels fixed = head_kernels(d);
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
     FlushDenormals ftz;
     const int64_t j0 = first + c * len, j1 = std::min<int64_t>(end, j0 + len), n = j1 - j0;
-    float *score = work.get() + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
+    float *score = work + c * per, *mx = score + bh * len, *sum = mx + bh, *acc = sum + bh;
 #if defined(MSLLM_VEC_AVX512) || defined(MSLLM_VEC_AVX2)
     if (fixed.scores) {                                     // t == 1 here: row r = (batch row, head)
       for (int64_t r = 0; r < bh; ++r) {
@@ -337,7 +336,7 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
     if (top == -INFINITY) continue;                         // nothing visible: output 0
     float total = 0.f;
     for (int64_t c = 0; c < chunks; ++c) {
-      const float *mc = work.get() + c * per + bh * len;
+      const float *mc = work + c * per + bh * len;
       if (mc[r] == -INFINITY) continue;
       const float w = std::exp(mc[r] - top);
       total += w * mc[bh + r];

@@ -314,7 +314,10 @@ MSLLM_AOT(msllm_decode_stack) {
     BackWeights bw;
     float *kcache, *vcache;
   };
-  std::vector<Layer> layers;
+  // kept between calls (per thread: MindSpore may run two kernels at once): a list grown per call cost
+  // a few reallocations every step in glibc's malloc (common.h scratch)
+  static thread_local std::vector<Layer> layers;
+  layers.clear();
   Geometry g{m, c, 0, 0, d};
   for (int i = 6; i < inputs;) {
     Layer l;
