@@ -39,16 +39,17 @@ def available() -> bool:
 
 def check_environment() -> None:
     """Raises MsllmError naming a kernel setting of the environment that the library would not
-    understand: ``MSLLM_GEMV_PREFETCH`` (bytes the weight-streaming products prefetch ahead of their
-    reads; 0 = none; unset = 8192, ``stream_prefetch_bytes`` in csrc/common.h) must be a non-negative
-    integer; ``MSLLM_DECODE_ATTENTION`` (``generic``: decode attention's generic loops for every head
+    understand: ``MSLLM_GEMV_PREFETCH`` and ``MSLLM_GEMV_PREFETCH_FAR`` (bytes ahead of their reads the
+    weight-streaming products prefetch into L1 and into L2; 0 = none; unset = 8192 and 32768,
+    ``stream_prefetch`` in csrc/common.h) must be non-negative integers; ``MSLLM_DECODE_ATTENTION`` (``generic``: decode attention's generic loops for every head
     dimension instead of its fixed-width ones, csrc/decode.cc ``head_kernels``) must be unset, empty
     or ``generic``; ``MSLLM_GEMV_SPLIT`` (how the weight-streaming products split their rows between
     the threads, csrc/common.h ``for_row_chunks``) must be unset, empty, ``ranges`` or ``chunks``."""
-    v = os.environ.get("MSLLM_GEMV_PREFETCH", "")
-    if v and not re.fullmatch(r"[0-9]+", v):
-        raise MsllmError(f"MSLLM_GEMV_PREFETCH={v!r}: expected a non-negative integer (bytes the weight-streaming "
-                         "products prefetch ahead of their reads; 0 = none; unset: 8192)")
+    for name, what, unset in (("MSLLM_GEMV_PREFETCH", "into L1", 8192), ("MSLLM_GEMV_PREFETCH_FAR", "into L2", 32768)):
+        v = os.environ.get(name, "")
+        if v and not re.fullmatch(r"[0-9]+", v):
+            raise MsllmError(f"{name}={v!r}: expected a non-negative integer (bytes ahead of their reads the "
+                             f"weight-streaming products prefetch {what}; 0 = none; unset: {unset})")
     v = os.environ.get("MSLLM_DECODE_ATTENTION", "")
     if v not in ("", "generic"):
         raise MsllmError(f"MSLLM_DECODE_ATTENTION={v!r}: expected 'generic' (decode attention's generic loops for "

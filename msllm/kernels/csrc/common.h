@@ -287,36 +287,56 @@ inline int stream_rows_at_once(int64_t elem_bytes) {
   return amd && elem_bytes == 4 ? 8 : 2;
 }
 
-// Software prefetch distance of the weight-streaming products (bytes ahead of the read, in the same
+// Software prefetch distances of the weight-streaming products (bytes ahead of the read, in the same
 // weight array; 0 = none): every loop over a weight row issues, once per 64-byte line it reads, a
-// prefetch of the line 8 KiB further on (past a row's end that is the next rows: a product's rows are
-// contiguous). The hardware prefetcher alone let the reads fall behind wherever the loop does more
-// than a load and an FMA per weight. Outside any framework, SmolLM2's decoder weights on 2 threads
-// (Intel Xeon family 6 model 167; benchmarks/gemv_prefetch.py, results/gemv_prefetch_intel_xeon.json),
-// GB/s without -> with, batch 1: int8 13.4 -> 30.2 (AVX-512) and 11.7 -> 25.0 (AVX2), bfloat16
-// 17.6 -> 25.2 / 15.0 -> 24.6, float32 27.6 -> 29.1 / 24.6 -> 29.5; batch 8: 7.8 -> 11.3 / 5.7 -> 7.4,
-// 9.7 -> 16.5 / 8.2 -> 13.1, 13.6 -> 20.7 / 12.7 -> 17.5; 16 KiB ahead read less than 8 everywhere.
-// MSLLM_GEMV_PREFETCH=<bytes> sets another distance, for decode attention's cache reads too
-// (prefetch_block) (0: none; read per call, so
-// benchmarks/decode_gemv_rows_ab.py can alternate it; msllm.kernels refuses a value that is not a
-// non-negative integer).
-inline int64_t stream_prefetch_bytes() {
-  const char *e = std::getenv("MSLLM_GEMV_PREFETCH");
+// prefetch of the line `near` bytes further on into L1 (prefetcht0) and one of the line `far` bytes
+// further on into L2 (prefetcht2) (past a row's end that is the next rows: a product's rows are
+// contiguous).
+// - near (8 KiB; MSLLM_GEMV_PREFETCH): the hardware prefetcher alone let the reads fall behind wherever
+//   the loop does more than a load and an FMA per weight. Outside any framework, SmolLM2's decoder
+//   weights on 2 threads (Intel Xeon family 6 model 167; benchmarks/gemv_prefetch.py,
+//   results/gemv_prefetch_intel_xeon.json), GB/s without -> with, batch 1: int8 13.4 -> 30.2 (AVX-512)
+//   and 11.7 -> 25.0 (AVX2), bfloat16 17.6 -> 25.2 / 15.0 -> 24.6, float32 27.6 -> 29.1 / 24.6 -> 29.5;
+//   batch 8: 7.8 -> 11.3 / 5.7 -> 7.4, 9.7 -> 16.5 / 8.2 -> 13.1, 13.6 -> 20.7 / 12.7 -> 17.5; 16 KiB
+//   ahead read less than 8 everywhere.
+// - far (32 KiB; MSLLM_GEMV_PREFETCH_FAR): a prefetch into L1 holds one of the core's few L1 fill
+//   buffers until its line arrives, so the near distance alone cannot keep enough lines in flight
+//   while the core also widens int8 weights; a second, further prefetch into L2 starts each line's trip
+//   from memory earlier. SmolLM2's decode step, 0 against 32 KiB alternated in one process (Intel Xeon,
+//   benchmarks/decode_gemv_rows_ab.py --var MSLLM_GEMV_PREFETCH_FAR, results
+//   decode_prefetch_far_ab_*_intel_xeon.json), batch 1: int8 0.90x (AVX-512) / 0.92x (AVX2), bfloat16
+//   0.92x / 0.91x, float32 0.99x / 0.99x; batch 8: int8 1.00x, float32 0.96x.
+// Both variables are read per call (benchmarks/decode_gemv_rows_ab.py alternates them in one process),
+// MSLLM_GEMV_PREFETCH for decode attention's cache reads too (prefetch_block); msllm.kernels refuses a
+// value that is not a non-negative integer.
+inline int64_t env_bytes(const char *name, int64_t unset) {
+  const char *e = std::getenv(name);
   if (e && *e) {
     char *end = nullptr;
     const long long v = std::strtoll(e, &end, 10);
     if (end && *end == 0 && v >= 0) return v;
   }
-  return 8192;
+  return unset;
+}
+inline int64_t stream_prefetch_bytes() { return env_bytes("MSLLM_GEMV_PREFETCH", 8192); }
+
+struct StreamPrefetch {   // bytes ahead of the read: into L1 (near) and into L2 (far); 0 = none
+  int64_t near = 0, far = 0;
+};
+inline StreamPrefetch stream_prefetch() {
+  return {stream_prefetch_bytes(), env_bytes("MSLLM_GEMV_PREFETCH_FAR", 32768)};
 }
 
-// Prefetches the line ``ahead`` bytes past row + i when offset i (in elements of W) starts a 64-byte
-// line of the row; nothing when ahead is 0 (stream_prefetch_bytes). Always inlined: GCC 12 finds a
-// function whose only effect is a prefetch free of side effects and drops calls to it.
+// Prefetches the lines pf.near and pf.far bytes past row + i when offset i (in elements of W) starts a
+// 64-byte line of the row. Always inlined: GCC 12 finds a function whose only effect is a prefetch free
+// of side effects and drops calls to it.
 template <class W>
-__attribute__((always_inline)) inline void prefetch_ahead(const W *row, int64_t i, int64_t ahead) {
-  if (ahead && ((i * int64_t(sizeof(W))) & 63) == 0)
-    __builtin_prefetch(reinterpret_cast<const char *>(row + i) + ahead, 0, 3);
+__attribute__((always_inline)) inline void prefetch_ahead(const W *row, int64_t i, StreamPrefetch pf) {
+  if (((i * int64_t(sizeof(W))) & 63) == 0) {
+    const char *at = reinterpret_cast<const char *>(row + i);
+    if (pf.near) __builtin_prefetch(at + pf.near, 0, 3);
+    if (pf.far) __builtin_prefetch(at + pf.far, 0, 1);
+  }
 }
 
 // Prefetches the lines of the block [p, p + n floats) shifted ``ahead`` bytes on (nothing when ahead is

@@ -33,7 +33,7 @@ inline float widen1(uint16_t v) {
 // output rows [o0, o1), R at a time (R x M accumulators: AVX2 has 16 vector registers)
 template <int M, int R, class W>
 MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1,
-                     int64_t pf) {
+                     StreamPrefetch pf) {
   const int64_t vec = in / 8 * 8;
   int64_t o = o0;
   for (; o + R <= o1; o += R) {
@@ -51,7 +51,7 @@ MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t o
         for (int r = 0; r < M; ++r) acc2[j][r] = _mm256_setzero_ps();
       for (; i + 16 <= vec; i += 16) {
         __m256 v[R], u[R];
-        for (int j = 0; j < R; ++j) prefetch_ahead(w + (o + j) * in, i, pf);   // common.h stream_prefetch_bytes
+        for (int j = 0; j < R; ++j) prefetch_ahead(w + (o + j) * in, i, pf);   // common.h stream_prefetch
         for (int j = 0; j < R; ++j) { v[j] = load8(w + (o + j) * in + i); u[j] = load8(w + (o + j) * in + i + 8); }
         for (int r = 0; r < M; ++r) {
           const __m256 xv = _mm256_loadu_ps(x + r * in + i), xu = _mm256_loadu_ps(x + r * in + i + 8);
@@ -86,7 +86,7 @@ MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t o
 template <int M, class W>
 void stream(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
-  const int64_t pf = stream_prefetch_bytes();
+  const StreamPrefetch pf = stream_prefetch();
   for_row_chunks(in, sizeof(W), out,
                  [&](int64_t o0, int64_t o1) { rows<M, (M <= 4 ? 2 : 1), W>(x, w, y, in, out, o0, o1, pf); });
 }

@@ -41,7 +41,7 @@ inline __m512 load_w(__mmask16 m, const uint16_t *p) {
 // from a GEMM's in the last bits; the same for every R, so R changes no bit of y).
 template <int M, int R, class W>
 inline void gemv_block(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o, int64_t vec,
-                       __mmask16 tail, int64_t pf) {
+                       __mmask16 tail, StreamPrefetch pf) {
   const W *wr[R];
   __m512 a[R][M];
   for (int j = 0; j < R; ++j) {
@@ -50,7 +50,7 @@ inline void gemv_block(const float *x, const W *w, float *y, int64_t in, int64_t
   }
   for (int64_t i = 0; i < vec; i += 16) {
     __m512 v[R];
-    for (int j = 0; j < R; ++j) prefetch_ahead(wr[j], i, pf);   // common.h stream_prefetch_bytes
+    for (int j = 0; j < R; ++j) prefetch_ahead(wr[j], i, pf);   // common.h stream_prefetch
     for (int j = 0; j < R; ++j) v[j] = load_w(wr[j] + i);
     for (int r = 0; r < M; ++r) {
       const __m512 xv = _mm512_loadu_ps(x + r * in + i);
@@ -71,7 +71,7 @@ inline void gemv_block(const float *x, const W *w, float *y, int64_t in, int64_t
 
 template <int M, class W>
 void gemv_rows(const float *x, const W *w, float *y, int64_t in, int64_t out, int64_t o0, int64_t o1, int wide,
-               int64_t pf) {
+               StreamPrefetch pf) {
   const int64_t vec = in / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (in - vec)) - 1u);
   int64_t o = o0;
@@ -88,7 +88,7 @@ void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread, a
   // multiple of the rows streamed at once
   const int wide = M <= 2 ? stream_rows_at_once(sizeof(W)) : 2;
-  const int64_t pf = stream_prefetch_bytes();
+  const StreamPrefetch pf = stream_prefetch();
   for_row_chunks(in, sizeof(W), out, [&](int64_t o0, int64_t o1) { gemv_rows<M, W>(x, w, y, in, out, o0, o1, wide, pf); },
                  wide);
 }

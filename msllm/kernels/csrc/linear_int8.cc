@@ -83,7 +83,7 @@ MSLLM_AVX2 inline __m256 widen8(const int8_t *p) {
 // sums are of x * q and the row's scale multiplies them once at the end (one instruction fewer per
 // 8 weights); else each group's widened weights are multiplied by its scale first.
 template <int M, int R, bool PerRow>
-MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1, int64_t pf) {
+MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1, StreamPrefetch pf) {
   int64_t o = o0;
   for (; o + R <= o1; o += R) {
     __m256 acc[R][M], acc2[R][M];
@@ -100,7 +100,7 @@ MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int
       if constexpr (M <= 2) {   // the same order for every row of a product (R = 2 and an odd last row)
         for (; i + 16 <= i1; i += 16) {
           __m256 v[R], u[R];
-          for (int j = 0; j < R; ++j) prefetch_ahead(w.q + (o + j) * w.in, i, pf);   // common.h stream_prefetch_bytes
+          for (int j = 0; j < R; ++j) prefetch_ahead(w.q + (o + j) * w.in, i, pf);   // common.h stream_prefetch
           for (int j = 0; j < R; ++j) {
             v[j] = widen8(w.q + (o + j) * w.in + i);
             u[j] = widen8(w.q + (o + j) * w.in + i + 8);
@@ -163,7 +163,7 @@ MSLLM_AVX512 inline __m512 widen_tail(const int8_t *p, int64_t n) {
 // stream_rows_at_once in common.h says so); PerRow as in rows_avx2. The sums of a row are in the same
 // order for every R, so R changes no bit of y; an odd last row runs the plain C++ (its own order).
 template <int M, int R, bool PerRow>
-MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1, int64_t pf) {
+MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1, StreamPrefetch pf) {
   int64_t o = o0;
   for (; o + R <= o1; o += R) {
     const int8_t *q[R];
@@ -180,7 +180,7 @@ MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0,
       int64_t i = i0;
       for (; i + 16 <= i1; i += 16) {
         __m512 v[R];
-        for (int j = 0; j < R; ++j) prefetch_ahead(q[j], i, pf);   // common.h stream_prefetch_bytes
+        for (int j = 0; j < R; ++j) prefetch_ahead(q[j], i, pf);   // common.h stream_prefetch
         for (int j = 0; j < R; ++j) {
           v[j] = widen16(q[j] + i);
           if (!PerRow) v[j] = _mm512_mul_ps(v[j], s[j]);
@@ -220,7 +220,7 @@ MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0,
 template <int M>
 void stream(const float *x, const Q8 &w, float *y, Isa isa) {
   const int wide = isa == Isa::kAvx512 && M <= 2 ? stream_rows_at_once(1) : 2;
-  const int64_t pf = stream_prefetch_bytes();
+  const StreamPrefetch pf = stream_prefetch();
   for_row_chunks(w.in, 1, w.out, [&](int64_t o0, int64_t o1) {
     const bool per_row = w.groups == 1;
     if (isa == Isa::kAvx512 && wide == 8)
