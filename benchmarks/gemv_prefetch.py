@@ -5,9 +5,14 @@ down), every product once per pass, on 2 threads; GB/s = weight bytes per pass /
 
 Each ISA runs in a child process of its own: ``native`` (this machine's library: the AVX-512 path on an
 AVX-512 CPU) and ``avx2`` (``common.isa_env('avx2')``: the library built for haswell, its AVX2 paths). In a
-child, every round times each (weight type, rows of x, ``MSLLM_GEMV_PREFETCH`` distance) once, the
-distances in alternating order (the kernels read the variable per product), ``--passes`` passes each (the
-first not counted); per setting the median over rounds of the median pass.
+child, every round times each (weight type, rows of x, ``MSLLM_GEMV_PREFETCH`` distance into L1,
+``MSLLM_GEMV_PREFETCH_FAR`` distance into L2) once, the distances in alternating order (the kernels read the
+variables per product), ``--passes`` passes each (the first not counted); per setting the median over rounds
+of the median pass. ``--far`` defaults to the kernels' own 32768 (result files from before it have no
+``far=`` in their keys: the kernels then had no second prefetch).
+
+    .venv/bin/python benchmarks/gemv_prefetch.py --rounds 3 --distances 8192 --far 0 32768 --rows 1 \
+        --out benchmarks/results/gemv_prefetch_far_intel_xeon.json
 
     .venv/bin/python benchmarks/gemv_prefetch.py --rounds 3 --out benchmarks/results/gemv_prefetch_intel_xeon.json
 """
@@ -74,16 +79,18 @@ def child(spec: dict) -> dict:
     res: dict = {}
     for rnd in range(spec["rounds"]):
         dists = spec["distances"] if rnd % 2 == 0 else spec["distances"][::-1]
+        fars = spec["far"] if rnd % 2 == 0 else spec["far"][::-1]
         for (kind, m), (calls, total) in sets.items():
-            for d in dists:
+            for d, far in [(d, f) for d in dists for f in fars]:
                 os.environ["MSLLM_GEMV_PREFETCH"] = str(d)
+                os.environ["MSLLM_GEMV_PREFETCH_FAR"] = str(far)
                 passes = []
                 for _ in range(spec["passes"]):
                     t0 = time.perf_counter()
                     for f, a in calls:
                         f(*a)
                     passes.append(total / (time.perf_counter() - t0) / 1e9)
-                res.setdefault(f"{kind} m={m} prefetch={d}", []).append(round(float(np.median(passes[1:])), 2))
+                res.setdefault(f"{kind} m={m} prefetch={d} far={far}", []).append(round(float(np.median(passes[1:])), 2))
     return res
 
 
@@ -93,6 +100,7 @@ def main(argv=None):
     p.add_argument("--passes", type=int, default=6)
     p.add_argument("--isas", nargs="+", default=["native", "avx2"], choices=["native", "avx2"])
     p.add_argument("--distances", nargs="+", type=int, default=[0, 8192, 16384])
+    p.add_argument("--far", nargs="+", type=int, default=[32768], help="MSLLM_GEMV_PREFETCH_FAR distances")
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--kinds", nargs="+", default=["f32", "bf16", "int8"], choices=["f32", "bf16", "int8"])
     p.add_argument("--out", default=None)
@@ -102,13 +110,14 @@ def main(argv=None):
         common.use_repo()
         print("GEMV_PREFETCH " + json.dumps(child(json.loads(a.child))), flush=True)
         return
-    spec = {"rounds": a.rounds, "passes": a.passes, "distances": a.distances, "rows": a.rows, "kinds": a.kinds}
+    spec = {"rounds": a.rounds, "passes": a.passes, "distances": a.distances, "far": a.far, "rows": a.rows,
+            "kinds": a.kinds}
     result = {"machine": common.machine(), "command": harness.command_line(), "spec": spec, "isas": {}}
     for isa in a.isas:
         rounds = common.run_isa_child(__file__, isa, spec, "GEMV_PREFETCH", unset="MSLLM_GEMV_PREFETCH")
         result["isas"][isa] = {k: {"gb_s_rounds": v, "gb_s_median": sorted(v)[len(v) // 2]} for k, v in rounds.items()}
         for k, v in result["isas"][isa].items():
-            print(f"{isa:6s} {k:28s} {v['gb_s_median']:6.2f} GB/s  rounds {v['gb_s_rounds']}", flush=True)
+            print(f"{isa:6s} {k:38s} {v['gb_s_median']:6.2f} GB/s  rounds {v['gb_s_rounds']}", flush=True)
     if a.out:
         harness.write_json(a.out, result)
 
