@@ -100,7 +100,8 @@ def main(argv=None):
     p.add_argument("--passes", type=int, default=6)
     p.add_argument("--isas", nargs="+", default=["native", "avx2"], choices=["native", "avx2"])
     p.add_argument("--distances", nargs="+", type=int, default=[0, 8192, 16384])
-    p.add_argument("--far", nargs="+", type=int, default=[32768], help="MSLLM_GEMV_PREFETCH_FAR distances")
+    p.add_argument("--far", nargs="+", type=int, default=[32768],
+                   help="MSLLM_GEMV_PREFETCH_FAR distances")
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--kinds", nargs="+", default=["f32", "bf16", "int8"], choices=["f32", "bf16", "int8"])
     p.add_argument("--out", default=None)

@@ -1,10 +1,10 @@
 """The weight-streaming products (decoding's y = x W^T for 1-8 rows of x: float32 / bfloat16 weights in
 ``csrc/linear.cc``, int8 in ``csrc/linear_int8.cc``) stream 8 weight rows at once (float32 weights on
-AMD cores) or 2 (``stream_rows_at_once`` in common.h; MSLLM_GEMV_ROWS forces one for every weight type): both give the same bits and
-float64's product; so does every software prefetch distance (``stream_prefetch``: MSLLM_GEMV_PREFETCH into L1, MSLLM_GEMV_PREFETCH_FAR
-into L2; 0 = none), either split of a
-product's rows between the threads (``for_row_chunks``, MSLLM_GEMV_SPLIT) and any thread count. The library is called through ctypes in a subprocess (no MindSpore), so both paths run on
-every machine."""
+AMD cores) or 2 (``stream_rows_at_once`` in common.h; MSLLM_GEMV_ROWS forces one for every weight type):
+both give the same bits and float64's product; so does every software prefetch distance
+(``stream_prefetch``: MSLLM_GEMV_PREFETCH into L1, MSLLM_GEMV_PREFETCH_FAR into L2; 0 = none), either split
+of a product's rows between the threads (``for_row_chunks``, MSLLM_GEMV_SPLIT) and any thread count. The
+library is called through ctypes in a subprocess (no MindSpore), so both paths run on every machine."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def test_streaming_eight_or_two_weight_rows_at_once_gives_the_same_bits(tmp_path
     # shares are taken over by the others)
     runs = (("2", "2", {}), ("8", "8", {}), ("8-noprefetch", "8", {"MSLLM_GEMV_PREFETCH": "0"}),
             ("2-prefetch64", "2", {"MSLLM_GEMV_PREFETCH": "64"}), ("2-chunks", "2", {"MSLLM_GEMV_SPLIT": "chunks"}),
-            ("2-nofar", "2", {"MSLLM_GEMV_PREFETCH_FAR": "0"}), ("8-far128", "8", {"MSLLM_GEMV_PREFETCH_FAR": "128"}),
+            ("2-nofar", "2", {"MSLLM_GEMV_PREFETCH_FAR": "0"}),
+            ("8-far128", "8", {"MSLLM_GEMV_PREFETCH_FAR": "128"}),
             ("2-7threads", "2", {"MSLLM_KERNEL_THREADS": "7"}),
             ("8-7threads-chunks", "8", {"MSLLM_KERNEL_THREADS": "7", "MSLLM_GEMV_SPLIT": "chunks"}))
     for tag, rows, settings in runs:
