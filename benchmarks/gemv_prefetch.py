@@ -90,7 +90,8 @@ def child(spec: dict) -> dict:
                     for f, a in calls:
                         f(*a)
                     passes.append(total / (time.perf_counter() - t0) / 1e9)
-                res.setdefault(f"{kind} m={m} prefetch={d} far={far}", []).append(round(float(np.median(passes[1:])), 2))
+                key = f"{kind} m={m} prefetch={d} far={far}"
+                res.setdefault(key, []).append(round(float(np.median(passes[1:])), 2))
     return res
 
 

@@ -43,9 +43,11 @@ def check_environment() -> None:
     weight-streaming products prefetch into L1 and into L2; 0 = none; unset = 8192 and 32768,
     ``stream_prefetch`` in csrc/common.h) must be non-negative integers; ``MSLLM_DECODE_ATTENTION``
     (``generic``: decode attention's generic loops for every head dimension instead of its fixed-width
-    ones, csrc/decode.cc ``head_kernels``) must be unset, empty or ``generic``; ``MSLLM_GEMV_SPLIT`` (how the weight-streaming products split their rows between
-    the threads, csrc/common.h ``for_row_chunks``) must be unset, empty, ``ranges`` or ``chunks``."""
-    for name, what, unset in (("MSLLM_GEMV_PREFETCH", "into L1", 8192), ("MSLLM_GEMV_PREFETCH_FAR", "into L2", 32768)):
+    ones, csrc/decode.cc ``head_kernels``) must be unset, empty or ``generic``; ``MSLLM_GEMV_SPLIT``
+    (how the weight-streaming products split their rows between the threads, csrc/common.h
+    ``for_row_chunks``) must be unset, empty, ``ranges`` or ``chunks``."""
+    for name, what, unset in (("MSLLM_GEMV_PREFETCH", "into L1", 8192),
+                              ("MSLLM_GEMV_PREFETCH_FAR", "into L2", 32768)):
         v = os.environ.get(name, "")
         if v and not re.fullmatch(r"[0-9]+", v):
             raise MsllmError(f"{name}={v!r}: expected a non-negative integer (bytes ahead of their reads the "

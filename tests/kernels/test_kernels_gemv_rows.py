@@ -85,8 +85,8 @@ def test_streaming_eight_or_two_weight_rows_at_once_gives_the_same_bits(tmp_path
             ("8-7threads-chunks", "8", {"MSLLM_KERNEL_THREADS": "7", "MSLLM_GEMV_SPLIT": "chunks"}))
     for tag, rows, settings in runs:
         env = dict(os.environ, MSLLM_GEMV_ROWS=rows)
-        for var in ("MSLLM_GEMV_ISA", "MSLLM_NO_GEMV", "MSLLM_GEMV_PREFETCH", "MSLLM_GEMV_PREFETCH_FAR", "MSLLM_GEMV_SPLIT",
-                    "MSLLM_KERNEL_THREADS"):
+        for var in ("MSLLM_GEMV_ISA", "MSLLM_NO_GEMV", "MSLLM_GEMV_PREFETCH", "MSLLM_GEMV_PREFETCH_FAR",
+                    "MSLLM_GEMV_SPLIT", "MSLLM_KERNEL_THREADS"):
             env.pop(var, None)
         env.update(settings)
         spec = {"dir": str(tmp_path), "rows": rows, "tag": tag, "cases": cases}
