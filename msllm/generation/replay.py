@@ -17,11 +17,17 @@ conversion its own call does next), its jit config and ``_exec_pip``, as ``compi
 mutable tuples of tensors, no Python scalars, no top-level Parameter), so the graph run is the
 one MindSpore's own call would pick. A call with any other kind of argument, or a MindSpore
 without these attributes, takes MindSpore's path every time.
+
+Its ``__call__`` goes to that graph too for a signature already recorded, in graph mode, skipping
+``Cell.__call__``'s checks of the arguments against ``construct`` (``_check_construct_args``, which
+builds ``inspect.signature`` of it on every call): they ran at the signature's first call, and
+depend only on what the signature holds (the count and kind of the arguments).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +53,45 @@ def _signature(args):
     return tuple(key)
 
 
+def _hit(cell, args):
+    """The (phase, mutable flags) recorded for the signature of ``args`` on ``cell``, or None."""
+    phases = cell.__dict__.get("_replay_phases")
+    if not phases:
+        return None
+    key = _signature(args)
+    return phases.get(key) if key is not None else None
+
+
+def _run_phase(cell, hit, args):
+    """Runs the compiled graph ``hit`` = (phase, mutable flags) of ``cell`` on ``args`` as
+    ``compile_and_run`` does after its ``compile`` (module doc)."""
+    from mindspore.graph.api import _cell_graph_executor
+    from mindspore.graph.jit_config import _DEFAULT_JIT_CONFIG
+
+    phase, flags = hit
+    executor = _cell_graph_executor._graph_executor
+    run_args = executor.get_args_for_run(cell, args, {}, flags, [], False, False)
+    executor.set_jit_config(getattr(cell, "jit_config_dict", None) or _DEFAULT_JIT_CONFIG)
+    return _cell_graph_executor._exec_pip(cell, *run_args, phase=phase)
+
+
 def replay_cell(base):
     """A subclass of the ``nn.Cell`` subclass ``base`` whose calls after the first of each
     argument signature skip MindSpore's per-call ``compile`` (module doc). Same results: the
     same compiled graph runs on the same converted arguments."""
 
     class Replayed(base):
+        def __call__(self, *args, **kwargs):
+            # A replayed signature also skips Cell.__call__'s argument checks (inspect.signature of
+            # construct, ~0.1 ms per call): they ran at the signature's first call, on the same
+            # shapes and dtypes. Graph mode only: in PyNative MindSpore's own call runs construct.
+            from mindspore import context
+
+            hit = None
+            if not kwargs and context._get_mode() == context.GRAPH_MODE and os.getenv("MS_JIT") != "0":
+                hit = _hit(self, args)
+            return _run_phase(self, hit, args) if hit is not None else super().__call__(*args, **kwargs)
+
         def compile_and_run(self, *args, **kwargs):
             phases = self.__dict__.setdefault("_replay_phases", {})
             key = None if kwargs or phases is None else _signature(args)
@@ -66,14 +105,7 @@ def replay_cell(base):
                         log.info("replay_cell: this MindSpore has no current_phase / mutable flags")
                         self.__dict__["_replay_phases"] = None
                 return out
-            from mindspore.graph.api import _cell_graph_executor
-            from mindspore.graph.jit_config import _DEFAULT_JIT_CONFIG
-
-            phase, flags = hit
-            executor = _cell_graph_executor._graph_executor
-            run_args = executor.get_args_for_run(self, args, {}, flags, [], False, False)
-            executor.set_jit_config(getattr(self, "jit_config_dict", None) or _DEFAULT_JIT_CONFIG)
-            return _cell_graph_executor._exec_pip(self, *run_args, phase=phase)
+            return _run_phase(self, hit, args)
 
     Replayed.__name__ = Replayed.__qualname__ = base.__name__
     Replayed.__doc__ = base.__doc__
