@@ -37,29 +37,54 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+# Every kernel switch of the environment and what it accepts (besides unset or empty: the default): a
+# tuple of values, or "int" (a non-negative integer) / "positive" (an integer >= 1); then what it does.
+# The C++ side reads them in csrc/switches.h (per kernel call) and csrc/common.h (once per process);
+# docs/kernels.md, "Switches", gives their defaults and the measurements behind them.
+KERNEL_SWITCHES = {
+    "MSLLM_GEMV_PREFETCH": ("int", "bytes ahead of their reads the weight-streaming products prefetch into L1; "
+                                   "0 = none"),
+    "MSLLM_GEMV_PREFETCH_FAR": ("int", "bytes ahead of their reads the weight-streaming products prefetch into "
+                                       "L2; 0 = none"),
+    "MSLLM_GEMV_SPLIT": (("ranges", "chunks"), "'ranges' (each thread a contiguous share of a weight-streaming "
+                                               "product's rows; the default) or 'chunks' (chunks handed out one "
+                                               "by one)"),
+    "MSLLM_GEMV_ROWS": (("2", "8"), "weight rows the AVX-512 streaming products read at once at 1-2 rows of x"),
+    "MSLLM_GEMV_MAX_ROWS": (("4", "8"), "rows of x up to which float32 weights are streamed, more on oneDNN"),
+    "MSLLM_GEMV_ISA": (("avx512", "avx2", "none"), "the float32 / bfloat16 streaming path: the widest the CPU "
+                                                    "has, AVX2, or none (oneDNN's sgemm)"),
+    "MSLLM_NO_GEMV": (("1",), "1: no float32 / bfloat16 streaming path (as MSLLM_GEMV_ISA=none)"),
+    "MSLLM_INT8_ISA": (("avx512", "avx2", "scalar"), "the int8 streaming path: the widest the CPU has, AVX2, or "
+                                                      "plain C++"),
+    "MSLLM_DECODE_ATTENTION": (("generic",), "'generic' (decode attention's generic loops for every head "
+                                             "dimension) or nothing (its fixed-width loops where the head "
+                                             "dimension has one)"),
+    "MSLLM_GEMM_BF16": (("emulate",), "'emulate': bfloat16 GEMMs as rounded copies and the float32 sgemm"),
+    "MSLLM_GEMM": (("slabs",), "'slabs': the parallel sgemm cut into slabs instead of oneDNN's threadpool "
+                               "interop"),
+    "MSLLM_KERNEL_THREADS": ("positive", "the kernels' thread count (unset: the CPUs this process may run on)"),
+    "MSLLM_KERNEL_PROFILE": (("0", "1"), "1: time every kernel call (msllm_kernel_stats)"),
+    "MSLLM_NO_HUGE_PAGES": (("1",), "1: leave streamed weights on the pages they have"),
+}
+
+
 def check_environment() -> None:
-    """Raises MsllmError naming a kernel setting of the environment that the library would not
-    understand: ``MSLLM_GEMV_PREFETCH`` and ``MSLLM_GEMV_PREFETCH_FAR`` (bytes ahead of their reads the
-    weight-streaming products prefetch into L1 and into L2; 0 = none; unset = 8192 and 32768,
-    ``stream_prefetch`` in csrc/common.h) must be non-negative integers; ``MSLLM_DECODE_ATTENTION``
-    (``generic``: decode attention's generic loops for every head dimension instead of its fixed-width
-    ones, csrc/decode.cc ``head_kernels``) must be unset, empty or ``generic``; ``MSLLM_GEMV_SPLIT``
-    (how the weight-streaming products split their rows between the threads, csrc/common.h
-    ``for_row_chunks``) must be unset, empty, ``ranges`` or ``chunks``."""
-    for name, what, unset in (("MSLLM_GEMV_PREFETCH", "into L1", 8192),
-                              ("MSLLM_GEMV_PREFETCH_FAR", "into L2", 32768)):
+    """Raises MsllmError naming the first kernel switch of the environment (:data:`KERNEL_SWITCHES`)
+    whose value the library would not understand: ``NAME='value': expected ...`` with the values it
+    takes and what they do. Unset or empty means the default (docs/kernels.md, "Switches")."""
+    for name, (accepted, what) in KERNEL_SWITCHES.items():
         v = os.environ.get(name, "")
-        if v and not re.fullmatch(r"[0-9]+", v):
-            raise MsllmError(f"{name}={v!r}: expected a non-negative integer (bytes ahead of their reads the "
-                             f"weight-streaming products prefetch {what}; 0 = none; unset: {unset})")
-    v = os.environ.get("MSLLM_DECODE_ATTENTION", "")
-    if v not in ("", "generic"):
-        raise MsllmError(f"MSLLM_DECODE_ATTENTION={v!r}: expected 'generic' (decode attention's generic loops for "
-                         "every head dimension) or nothing (its fixed-width loops where the head dimension has one)")
-    v = os.environ.get("MSLLM_GEMV_SPLIT", "")
-    if v not in ("", "ranges", "chunks"):
-        raise MsllmError(f"MSLLM_GEMV_SPLIT={v!r}: expected 'ranges' (each thread a contiguous share of a weight-"
-                         "streaming product's rows; the default) or 'chunks' (chunks handed out one by one)")
+        if not v:
+            continue
+        if accepted == "int":
+            ok, expected = re.fullmatch(r"[0-9]+", v) is not None, f"a non-negative integer ({what})"
+        elif accepted == "positive":
+            ok, expected = re.fullmatch(r"[0-9]+", v) is not None and int(v) >= 1, f"a positive integer ({what})"
+        else:
+            ok = v in accepted
+            expected = what if what.startswith("'") else f"{' or '.join(map(repr, accepted))} ({what})"
+        if not ok:
+            raise MsllmError(f"{name}={v!r}: expected {expected}")
 
 
 def library_path() -> str:

@@ -26,6 +26,8 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <unordered_set>
+
+#include "switches.h"
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -85,7 +87,8 @@ inline int kernel_id(const char *name) {  // a fixed slot per kernel name (assig
 }  // namespace msllm
 
 // Entry point in MindSpore's AOT signature; the body (written after the macro) gets the same
-// arguments except stream/extra, and is timed when MSLLM_KERNEL_PROFILE=1.
+// arguments except stream/extra, runs with the environment's switches as they are at its start
+// (switches.h), and is timed when MSLLM_KERNEL_PROFILE=1.
 #define MSLLM_AOT(name)                                                                                     \
   static int name##_body(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);   \
   extern "C" __attribute__((visibility("default"))) int name(int nparam, void **params, int *ndims,         \
@@ -93,6 +96,7 @@ inline int kernel_id(const char *name) {  // a fixed slot per kernel name (assig
                                                              void *, void *) {                              \
     static const int id = msllm::kernel_id(#name);                                                          \
     msllm::ScopedTimer timer(#name, id);                                                                    \
+    msllm::SwitchesScope switches_read_once;                                                                \
     try {                                                                                                   \
       return name##_body(nparam, params, ndims, shapes, dtypes);                                            \
     } catch (const std::bad_alloc &) {                                                                      \
@@ -252,7 +256,7 @@ class Pool {
 inline void huge_pages_for(const void *p, int64_t bytes) {
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   constexpr int kMadvCollapse = 25;      // MADV_COLLAPSE (linux/mman.h); older glibc headers lack the name
-  static const bool off = std::getenv("MSLLM_NO_HUGE_PAGES") != nullptr;
+  static const bool off = switches_detail::env_is("MSLLM_NO_HUGE_PAGES", "1");
   if (off || bytes < int64_t(kHuge) / 4) return;                     // small weights: not worth a region
   static std::mutex mu;
   static std::unordered_set<uintptr_t> done;
@@ -275,15 +279,13 @@ inline void huge_pages_for(const void *p, int64_t bytes) {
 // results decode_gemv_rows_ab_*_amd_zen4.json), 8 rows over 2: float32 0.93x the step time, bfloat16
 // 1.02x, int8 1.08x (their widening instructions, not the reads, set the pace there). On the Intel Xeon
 // (family 6 model 167) 4 rows made the decode step slower (ab_decode_gemv_4rows_intel_xeon.json).
-// MSLLM_GEMV_ROWS=2|8 forces one for every weight type (read per product: the A/B above alternates it).
+// MSLLM_GEMV_ROWS=2|8 forces one for every weight type (switches.h: the A/B above alternates it).
 inline int stream_rows_at_once(int64_t elem_bytes) {
   static const bool amd = [] {
     __builtin_cpu_init();
     return __builtin_cpu_is("amd") != 0;
   }();
-  const char *e = std::getenv("MSLLM_GEMV_ROWS");
-  if (e && std::strcmp(e, "8") == 0) return 8;
-  if (e && std::strcmp(e, "2") == 0) return 2;
+  if (const int forced = switches().gemv_rows) return forced;
   return amd && elem_bytes == 4 ? 8 : 2;
 }
 
@@ -306,25 +308,17 @@ inline int stream_rows_at_once(int64_t elem_bytes) {
 //   benchmarks/decode_gemv_rows_ab.py --var MSLLM_GEMV_PREFETCH_FAR, results
 //   decode_prefetch_far_ab_*_intel_xeon.json), batch 1: int8 0.90x (AVX-512) / 0.92x (AVX2), bfloat16
 //   0.92x / 0.91x, float32 0.99x / 0.99x; batch 8: int8 1.00x, float32 0.96x.
-// Both variables are read per call (benchmarks/decode_gemv_rows_ab.py alternates them in one process),
-// MSLLM_GEMV_PREFETCH for decode attention's cache reads too (prefetch_block); msllm.kernels refuses a
-// value that is not a non-negative integer.
-inline int64_t env_bytes(const char *name, int64_t unset) {
-  const char *e = std::getenv(name);
-  if (e && *e) {
-    char *end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    if (end && *end == 0 && v >= 0) return v;
-  }
-  return unset;
-}
-inline int64_t stream_prefetch_bytes() { return env_bytes("MSLLM_GEMV_PREFETCH", 8192); }
+// Both distances are switches (switches.h: their defaults; benchmarks/decode_gemv_rows_ab.py alternates
+// them in one process), MSLLM_GEMV_PREFETCH for decode attention's cache reads too (prefetch_block);
+// msllm.kernels refuses a value that is not a non-negative integer.
+inline int64_t stream_prefetch_bytes() { return switches().prefetch_near; }
 
 struct StreamPrefetch {   // bytes ahead of the read: into L1 (near) and into L2 (far); 0 = none
   int64_t near = 0, far = 0;
 };
 inline StreamPrefetch stream_prefetch() {
-  return {stream_prefetch_bytes(), env_bytes("MSLLM_GEMV_PREFETCH_FAR", 32768)};
+  const Switches s = switches();
+  return {s.prefetch_near, s.prefetch_far};
 }
 
 // Prefetches the lines pf.near and pf.far bytes past row + i when offset i (in elements of W) starts a
@@ -362,11 +356,8 @@ inline int64_t stream_chunk_rows(int64_t in, int64_t elem_bytes, int64_t out, in
 
 // How the weight-streaming products split a product's rows between the threads (for_row_chunks): true =
 // contiguous shares (the default), false = MSLLM_GEMV_SPLIT=chunks, the chunks handed out one by one from a
-// shared counter (before 2026-11-29; kept to measure the two against each other). Read per call.
-inline bool stream_split_ranges() {
-  const char *e = std::getenv("MSLLM_GEMV_SPLIT");
-  return !(e && std::strcmp(e, "chunks") == 0);
-}
+// shared counter (before 2026-11-29; kept to measure the two against each other; switches.h).
+inline bool stream_split_ranges() { return !switches().split_chunks; }
 
 // One thread's share of a product's chunks, [lo, hi) packed in one word: its owner takes chunks from
 // the front, a thread done with its own share takes them from the back (so the owner's stream goes

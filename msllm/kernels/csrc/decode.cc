@@ -227,11 +227,10 @@ struct HeadKernels {
   decltype(&head_values<1>) values = nullptr;
 };
 // The fixed-width kernels for head dimension d, or none (the generic loops then serve d).
-// MSLLM_DECODE_ATTENTION=generic picks the generic loops for every d (read per call: the
-// kernel tests compare the two paths' bits in one process).
+// MSLLM_DECODE_ATTENTION=generic picks the generic loops for every d (switches.h: the kernel
+// tests compare the two paths' bits in one process).
 inline HeadKernels head_kernels(int64_t d) {
-  const char *e = std::getenv("MSLLM_DECODE_ATTENTION");
-  if (e && std::strcmp(e, "generic") == 0) return {};
+  if (switches().attention_generic) return {};
   switch (d) {
     case 4 * kLanes: return {head_scores<4>, head_values<4>};
     case 8 * kLanes: return {head_scores<8>, head_values<8>};

@@ -220,8 +220,7 @@ void gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A
   // A and B as stored: (ar, ac) and (br, bc) with leading dimensions lda / ldb
   const int64_t ar = ta == 'N' ? M : K, ac = ta == 'N' ? K : M;
   const int64_t br = tb == 'N' ? K : N, bc = tb == 'N' ? N : K;
-  const char *force = std::getenv("MSLLM_GEMM_BF16");   // "emulate": the tests' switch (read per call)
-  if (d.ok && !(force && std::strcmp(force, "emulate") == 0)) {
+  if (d.ok && !switches().gemm_bf16_emulate) {   // MSLLM_GEMM_BF16=emulate: the tests' switch (switches.h)
     std::lock_guard<std::mutex> lock(d.mu);   // one MindSpore actor thread calls kernels, but be safe
     Matmul *m = d.matmul(ta, tb, M, N, K, lda, ldb, ldc);
     if (m && m->bf16) {
@@ -264,8 +263,7 @@ void gemm_bf16_weights(int64_t M, int64_t N, int64_t K, const float *x, const ui
     return;
   }
   Dnnl &d = Dnnl::get();
-  const char *force = std::getenv("MSLLM_GEMM_BF16");
-  if (d.ok && !(force && std::strcmp(force, "emulate") == 0)) {
+  if (d.ok && !switches().gemm_bf16_emulate) {
     std::lock_guard<std::mutex> lock(d.mu);
     Matmul *m = d.matmul('N', 'T', M, N, K, K, K, N);
     if (m && m->bf16 && m->bf16_inputs) {   // x rounded into a bfloat16 copy; w as it is

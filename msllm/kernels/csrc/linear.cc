@@ -12,14 +12,11 @@ using namespace msllm;
 namespace {
 
 // Up to this many rows of x a float32 product streams W (bfloat16 weights always up to 8): 8, or 4 with
-// MSLLM_GEMV_MAX_ROWS=4 (read per call, for the A/B). SmolLM2's decode step at batch 8 on an Intel Xeon
+// MSLLM_GEMV_MAX_ROWS=4 (switches.h, for the A/B). SmolLM2's decode step at batch 8 on an Intel Xeon
 // (family 6 model 167), 8 against 4, the two alternated in one process (benchmarks/decode_gemv_rows_ab.py
 // --batch 8 --var MSLLM_GEMV_MAX_ROWS --values 4 8): 0.92x the step on the AVX-512 path, 0.79x on the AVX2
 // path with oneDNN capped at AVX2 (benchmarks/results/decode_gemv_max_rows_ab_float32_b8{,_avx2}_intel_xeon.json).
-inline int64_t gemv_max_rows() {
-  const char *e = std::getenv("MSLLM_GEMV_MAX_ROWS");
-  return e && std::strcmp(e, "4") == 0 ? 4 : 8;
-}
+inline int64_t gemv_max_rows() { return switches().gemv_max_rows; }
 
 #if defined(__AVX512F__)
 // Weights as float32 or as bfloat16 (the upper 16 bits of a float32: widening is a shift, exact),
@@ -113,7 +110,7 @@ enum class GemvIsa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
 
 // The streaming path for this CPU: AVX-512 when the build has it and the CPU too, else AVX2 + FMA
 // (gemv_avx2.cc, compiled into every build), else none (oneDNN's sgemm serves every row count).
-// MSLLM_GEMV_ISA=avx2|none forces one (read per call: tests switch it); MSLLM_NO_GEMV as none.
+// MSLLM_GEMV_ISA=avx2|none forces one (switches.h: tests switch it); MSLLM_NO_GEMV as none.
 GemvIsa gemv_isa() {
   static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #if defined(__AVX512F__)
@@ -122,12 +119,11 @@ GemvIsa gemv_isa() {
 #else
   const GemvIsa best = has2 ? GemvIsa::kAvx2 : GemvIsa::kNone;
 #endif
-  if (std::getenv("MSLLM_NO_GEMV")) return GemvIsa::kNone;
-  const char *e = std::getenv("MSLLM_GEMV_ISA");
-  if (!e) return best;
-  if (std::strcmp(e, "none") == 0) return GemvIsa::kNone;
-  if (std::strcmp(e, "avx2") == 0) return has2 ? GemvIsa::kAvx2 : GemvIsa::kNone;
-  return best;
+  switch (switches().gemv_isa) {
+    case IsaChoice::kNone: return GemvIsa::kNone;
+    case IsaChoice::kAvx2: return has2 ? GemvIsa::kAvx2 : GemvIsa::kNone;
+    default: return best;
+  }
 }
 
 // y (m, out) = x w^T on the streaming path for 1 <= m <= 8; false: not taken (the caller's sgemm)

@@ -36,16 +36,16 @@ namespace {
 
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// The widest path this CPU has, or the one MSLLM_INT8_ISA names (read per call: tests switch it).
+// The widest path this CPU has, or the one MSLLM_INT8_ISA names (switches.h: tests switch it).
 Isa int8_isa() {
   static const bool has512 = __builtin_cpu_supports("avx512f");
   static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   Isa best = has512 ? Isa::kAvx512 : (has2 ? Isa::kAvx2 : Isa::kScalar);
-  const char *e = std::getenv("MSLLM_INT8_ISA");
-  if (!e) return best;
-  if (std::strcmp(e, "scalar") == 0) return Isa::kScalar;
-  if (std::strcmp(e, "avx2") == 0) return has2 ? Isa::kAvx2 : Isa::kScalar;
-  return best;
+  switch (switches().int8_isa) {
+    case IsaChoice::kNone: return Isa::kScalar;
+    case IsaChoice::kAvx2: return has2 ? Isa::kAvx2 : Isa::kScalar;
+    default: return best;
+  }
 }
 
 struct Q8 {           // one int8 weight matrix with its scales
