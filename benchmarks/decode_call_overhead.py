@@ -4,7 +4,9 @@ the same 30-layer graph at hidden 64, where the call is most of the step) prefil
 ``--prompt``-token prompt, then batch-``--batch`` decode steps through the generator, in blocks of
 ``--steps`` alternating between MindSpore's own call path (``ms``) and the replay (``replay``)
 in one process, ``--rounds`` rounds; per block the median ms per step and the ms of it inside
-MindSpore's graph run (``_exec_pip``: the graph's operators), the rest being Python.
+MindSpore's graph run (``_exec_pip``: the graph's operators), the rest being Python. The switch applies
+to the cell the step calls: the one holding the kept cache set (msllm/generation/bound_caches.py), else
+the tuple-input step (until 2026-11-29 it applied to the latter only, which a kept set's step does not call).
 
     .venv/bin/python benchmarks/decode_call_overhead.py --rounds 4 --out benchmarks/results/decode_call_overhead_<machine>.json
 
@@ -53,7 +55,10 @@ def main(argv=None):
     blocks = []
     for r in range(a.rounds):
         for mode in ("ms", "replay") if r % 2 == 0 else ("replay", "ms"):
-            gen.step.__dict__["_replay_phases"] = {} if mode == "replay" else None
+            # the cell decode_step calls: the one holding the kept cache set, else the tuple-input step
+            step_cell = gen.kept.cell_for(caches)
+            step_cell = gen.step if step_cell is None else step_cell
+            step_cell.__dict__["_replay_phases"] = {} if mode == "replay" else None
             if mode == "replay":   # its first call goes through MindSpore and records the phase
                 logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
                 slot += 1
