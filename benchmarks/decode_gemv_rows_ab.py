@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -74,15 +73,9 @@ def main(argv=None):
             os.environ[a.var] = value
             run = runs[value]
             gen, tok, caches, pads, buffer, slot = run
-            walls = []
-            for _ in range(a.steps):
-                t0 = time.perf_counter()
-                logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
-                tok = logits.argmax(-1)
-                walls.append(time.perf_counter() - t0)
-                slot += 1
+            ms, tok, caches, slot = decode_profile.timed_steps(gen, tok, slot, pads, buffer, caches, a.steps)
             run[1:] = [tok, caches, pads, buffer, slot]
-            b = {"round": r, a.var: value, "step_ms": round(float(np.median(walls)) * 1e3, 3)}
+            b = {"round": r, a.var: value, "step_ms": round(ms, 3)}
             print(json.dumps(b), flush=True)
             blocks.append(b)
     per_round = ratios.paired(blocks, a.values[1], a.values[0], "step_ms", label=a.var)   # b / a, round by round

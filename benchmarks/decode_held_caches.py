@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -48,14 +47,8 @@ def main(argv=None):
             gen.kept.cell_for = held_cell if mode == "held" else (lambda c: None)
             logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)   # not timed (the first tuple call compiles)
             tok, slot = logits.argmax(-1), slot + 1
-            walls = []
-            for _ in range(a.steps):
-                t0 = time.perf_counter()
-                logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
-                tok = logits.argmax(-1)
-                walls.append(time.perf_counter() - t0)
-                slot += 1
-            b = {"round": r, "mode": mode, "step_ms": round(float(np.median(walls)) * 1e3, 3)}
+            ms, tok, caches, slot = decode_profile.timed_steps(gen, tok, slot, pads, buffer, caches, a.steps)
+            b = {"round": r, "mode": mode, "step_ms": round(ms, 3)}
             print(json.dumps(b), flush=True)
             blocks.append(b)
     per_round = ratios.paired(blocks, "held", "tuple", "step_ms", label="mode")     # held / tuple, round by round

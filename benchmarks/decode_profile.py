@@ -96,6 +96,22 @@ def prefilled(args, batch: int, more_steps: int):
     return gen, tok, caches, pads, buffer, slot
 
 
+def timed_steps(gen, tok, slot, pads, buffer, caches, steps: int):
+    """``steps`` greedy decode steps through ``gen`` from token(s) ``tok`` (B,) at cache ``slot``, each
+    timed; shared by the benchmarks that alternate blocks of steps in one process. Returns (median ms per
+    step, the next tokens, the caches, the next slot)."""
+    import numpy as np
+
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
+        tok = logits.argmax(-1)
+        walls.append(time.perf_counter() - t0)
+        slot += 1
+    return float(np.median(walls)) * 1e3, tok, caches, slot
+
+
 def main(argv=None):
     p = model_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=40)
     p.add_argument("--out", default=None, help="append this run's row to this JSON list")

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -52,14 +51,8 @@ def main(argv=None):
         for r in range(a.rounds):
             for mode in ("checks", "skip") if r % 2 == 0 else ("skip", "checks"):
                 cls.__call__ = nn.Cell.__call__ if mode == "checks" else own_call
-                walls = []
-                for _ in range(a.steps):
-                    t0 = time.perf_counter()
-                    logits, caches = gen.decode_step(tok, slot, pads, buffer, caches)
-                    tok = logits.argmax(-1)
-                    walls.append(time.perf_counter() - t0)
-                    slot += 1
-                b = {"round": r, "mode": mode, "step_ms": round(float(np.median(walls)) * 1e3, 4)}
+                ms, tok, caches, slot = decode_profile.timed_steps(gen, tok, slot, pads, buffer, caches, a.steps)
+                b = {"round": r, "mode": mode, "step_ms": round(ms, 4)}
                 print(json.dumps(b), flush=True)
                 blocks.append(b)
     finally:
