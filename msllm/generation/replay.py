@@ -93,19 +93,19 @@ def replay_cell(base):
             return _run_phase(self, hit, args) if hit is not None else super().__call__(*args, **kwargs)
 
         def compile_and_run(self, *args, **kwargs):
+            hit = None if kwargs else _hit(self, args)
+            if hit is not None:
+                return _run_phase(self, hit, args)
+            out = super().compile_and_run(*args, **kwargs)
             phases = self.__dict__.setdefault("_replay_phases", {})
             key = None if kwargs or phases is None else _signature(args)
-            hit = phases.get(key) if key is not None else None
-            if hit is None:
-                out = super().compile_and_run(*args, **kwargs)
-                if key is not None:
-                    try:
-                        phases[key] = (self.current_phase, list(self._has_mutable_args_list or []))
-                    except AttributeError:     # another MindSpore: its own path from now on
-                        log.info("replay_cell: this MindSpore has no current_phase / mutable flags")
-                        self.__dict__["_replay_phases"] = None
-                return out
-            return _run_phase(self, hit, args)
+            if key is not None:                # record the phase MindSpore's call compiled and named
+                try:
+                    phases[key] = (self.current_phase, list(self._has_mutable_args_list or []))
+                except AttributeError:         # another MindSpore: its own path from now on
+                    log.info("replay_cell: this MindSpore has no current_phase / mutable flags")
+                    self.__dict__["_replay_phases"] = None
+            return out
 
     Replayed.__name__ = Replayed.__qualname__ = base.__name__
     Replayed.__doc__ = base.__doc__

@@ -37,34 +37,38 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-# Every kernel switch of the environment and what it accepts (besides unset or empty: the default): a
-# tuple of values, or "int" (a non-negative integer) / "positive" (an integer >= 1); then what it does.
-# The C++ side reads them in csrc/switches.h (per kernel call) and csrc/common.h (once per process);
-# docs/kernels.md, "Switches", gives their defaults and the measurements behind them.
+# Every kernel switch of the environment: what it accepts besides unset or empty (the default), a tuple of
+# values, or "int" (a non-negative integer) / "positive" (an integer >= 1), and the words an error gives after
+# "expected" (the values and what they do). The C++ side reads them in csrc/switches.h (per kernel call) and
+# csrc/common.h (once per process); docs/kernels.md, "Switches", gives their defaults and the measurements
+# behind them.
 KERNEL_SWITCHES = {
-    "MSLLM_GEMV_PREFETCH": ("int", "bytes ahead of their reads the weight-streaming products prefetch into L1; "
-                                   "0 = none"),
-    "MSLLM_GEMV_PREFETCH_FAR": ("int", "bytes ahead of their reads the weight-streaming products prefetch into "
-                                       "L2; 0 = none"),
+    "MSLLM_GEMV_PREFETCH": ("int", "a non-negative integer (bytes ahead of their reads the weight-streaming "
+                                   "products prefetch into L1; 0 = none)"),
+    "MSLLM_GEMV_PREFETCH_FAR": ("int", "a non-negative integer (bytes ahead of their reads the weight-streaming "
+                                       "products prefetch into L2; 0 = none)"),
     "MSLLM_GEMV_SPLIT": (("ranges", "chunks"), "'ranges' (each thread a contiguous share of a weight-streaming "
                                                "product's rows; the default) or 'chunks' (chunks handed out one "
                                                "by one)"),
-    "MSLLM_GEMV_ROWS": (("2", "8"), "weight rows the AVX-512 streaming products read at once at 1-2 rows of x"),
-    "MSLLM_GEMV_MAX_ROWS": (("4", "8"), "rows of x up to which float32 weights are streamed, more on oneDNN"),
-    "MSLLM_GEMV_ISA": (("avx512", "avx2", "none"), "the float32 / bfloat16 streaming path: the widest the CPU "
-                                                    "has, AVX2, or none (oneDNN's sgemm)"),
-    "MSLLM_NO_GEMV": (("1",), "1: no float32 / bfloat16 streaming path (as MSLLM_GEMV_ISA=none)"),
-    "MSLLM_INT8_ISA": (("avx512", "avx2", "scalar"), "the int8 streaming path: the widest the CPU has, AVX2, or "
-                                                      "plain C++"),
+    "MSLLM_GEMV_ROWS": (("2", "8"), "'2' or '8' (weight rows the AVX-512 streaming products read at once at 1-2 "
+                                    "rows of x)"),
+    "MSLLM_GEMV_MAX_ROWS": (("4", "8"), "'4' or '8' (rows of x up to which float32 weights are streamed, more on "
+                                        "oneDNN)"),
+    "MSLLM_GEMV_ISA": (("avx512", "avx2", "none"), "'avx512' (the widest the CPU has), 'avx2' or 'none' (oneDNN's "
+                                                    "sgemm): the float32 / bfloat16 streaming path"),
+    "MSLLM_NO_GEMV": (("1",), "'1' (no float32 / bfloat16 streaming path, as MSLLM_GEMV_ISA=none)"),
+    "MSLLM_INT8_ISA": (("avx512", "avx2", "scalar"), "'avx512' (the widest the CPU has), 'avx2' or 'scalar' "
+                                                      "(plain C++): the int8 streaming path"),
     "MSLLM_DECODE_ATTENTION": (("generic",), "'generic' (decode attention's generic loops for every head "
                                              "dimension) or nothing (its fixed-width loops where the head "
                                              "dimension has one)"),
-    "MSLLM_GEMM_BF16": (("emulate",), "'emulate': bfloat16 GEMMs as rounded copies and the float32 sgemm"),
-    "MSLLM_GEMM": (("slabs",), "'slabs': the parallel sgemm cut into slabs instead of oneDNN's threadpool "
-                               "interop"),
-    "MSLLM_KERNEL_THREADS": ("positive", "the kernels' thread count (unset: the CPUs this process may run on)"),
-    "MSLLM_KERNEL_PROFILE": (("0", "1"), "1: time every kernel call (msllm_kernel_stats)"),
-    "MSLLM_NO_HUGE_PAGES": (("1",), "1: leave streamed weights on the pages they have"),
+    "MSLLM_GEMM_BF16": (("emulate",), "'emulate' (bfloat16 GEMMs as rounded copies and the float32 sgemm)"),
+    "MSLLM_GEMM": (("slabs",), "'slabs' (the parallel sgemm cut into slabs instead of oneDNN's threadpool "
+                               "interop)"),
+    "MSLLM_KERNEL_THREADS": ("positive", "a positive integer (the kernels' thread count; unset: the CPUs this "
+                                         "process may run on)"),
+    "MSLLM_KERNEL_PROFILE": (("0", "1"), "'0' or '1' (1: time every kernel call, msllm_kernel_stats)"),
+    "MSLLM_NO_HUGE_PAGES": (("1",), "'1' (leave streamed weights on the pages they have)"),
 }
 
 
@@ -72,17 +76,14 @@ def check_environment() -> None:
     """Raises MsllmError naming the first kernel switch of the environment (:data:`KERNEL_SWITCHES`)
     whose value the library would not understand: ``NAME='value': expected ...`` with the values it
     takes and what they do. Unset or empty means the default (docs/kernels.md, "Switches")."""
-    for name, (accepted, what) in KERNEL_SWITCHES.items():
+    for name, (accepted, expected) in KERNEL_SWITCHES.items():
         v = os.environ.get(name, "")
         if not v:
             continue
-        if accepted == "int":
-            ok, expected = re.fullmatch(r"[0-9]+", v) is not None, f"a non-negative integer ({what})"
-        elif accepted == "positive":
-            ok, expected = re.fullmatch(r"[0-9]+", v) is not None and int(v) >= 1, f"a positive integer ({what})"
+        if accepted in ("int", "positive"):
+            ok = re.fullmatch(r"[0-9]+", v) is not None and (accepted == "int" or int(v) >= 1)
         else:
             ok = v in accepted
-            expected = what if what.startswith("'") else f"{' or '.join(map(repr, accepted))} ({what})"
         if not ok:
             raise MsllmError(f"{name}={v!r}: expected {expected}")
 

@@ -256,7 +256,7 @@ class Pool {
 inline void huge_pages_for(const void *p, int64_t bytes) {
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   constexpr int kMadvCollapse = 25;      // MADV_COLLAPSE (linux/mman.h); older glibc headers lack the name
-  static const bool off = switches_detail::env_is("MSLLM_NO_HUGE_PAGES", "1");
+  static const bool off = env_is("MSLLM_NO_HUGE_PAGES", "1");
   if (off || bytes < int64_t(kHuge) / 4) return;                     // small weights: not worth a region
   static std::mutex mu;
   static std::unordered_set<uintptr_t> done;
@@ -311,8 +311,6 @@ inline int stream_rows_at_once(int64_t elem_bytes) {
 // Both distances are switches (switches.h: their defaults; benchmarks/decode_gemv_rows_ab.py alternates
 // them in one process), MSLLM_GEMV_PREFETCH for decode attention's cache reads too (prefetch_block);
 // msllm.kernels refuses a value that is not a non-negative integer.
-inline int64_t stream_prefetch_bytes() { return switches().prefetch_near; }
-
 struct StreamPrefetch {   // bytes ahead of the read: into L1 (near) and into L2 (far); 0 = none
   int64_t near = 0, far = 0;
 };
@@ -335,7 +333,7 @@ __attribute__((always_inline)) inline void prefetch_ahead(const W *row, int64_t 
 
 // Prefetches the lines of the block [p, p + n floats) shifted ``ahead`` bytes on (nothing when ahead is
 // 0): batch decode attention (decode.cc) reads the key and value caches slot by slot in memory order,
-// as the weight-streaming products read weights, with the same distance (stream_prefetch_bytes). In
+// as the weight-streaming products read weights, with the same distance (stream_prefetch().near). In
 // SmolLM2's decode step at 512 tokens of context, 8 KiB ahead against none, alternated in one process
 // (Intel Xeon; a trial switch since removed; benchmarks/results/decode_attention_prefetch_ab_*_intel_xeon.json):
 // int8 0.92x the step (AVX-512) and 0.93x (AVX2), float32 0.96x.
@@ -381,7 +379,7 @@ struct alignas(64) ChunkRange {
 // stream_chunk_rows). Each of the pool's threads owns a contiguous share of the chunks and reads it
 // front to back; one that finishes early takes the others' remaining chunks from their backs. A
 // thread's reads are thus one long stream, not a chunk every ~64 KiB wherever the shared counter
-// points: the hardware prefetcher and the software prefetch 8 KiB ahead (stream_prefetch_bytes) stay
+// points: the hardware prefetcher and the software prefetch 8 KiB ahead (stream_prefetch) stay
 // on the lines the thread reads next. Which thread computes an output row changes no bit of it. SmolLM2's
 // decode step, the two splits alternated in one process (Intel Xeon; benchmarks/decode_gemv_rows_ab.py
 // --var MSLLM_GEMV_SPLIT, results decode_gemv_split_ab_*_intel_xeon.json): batch 1 0.92x (float32),

@@ -3,10 +3,11 @@
 // them between blocks of decode steps) and for the tests that compare two paths' bits, so they are
 // read at run time, not once per process.
 //
-// They are read once per top-level kernel call, not once per product: every MindSpore entry point
-// (MSLLM_AOT, common.h) opens a SwitchesScope, which reads them into this thread's copy, and the
-// code below it reads that copy (switches()). SmolLM2's decode step is one such call making ~210
-// weight-streaming products, each of which read several variables with getenv before. Outside a scope
+// They are read at most once per top-level kernel call, not once per product: every MindSpore entry
+// point (MSLLM_AOT, common.h) opens a SwitchesScope, and the first switches() call under it reads them
+// into this thread's copy, which later calls return (a kernel that consults none, a norm or the rotary,
+// reads nothing). SmolLM2's decode step is one such call making ~210 weight-streaming products, each of
+// which read several variables with getenv before. Outside a scope
 // (the pool's worker threads, the library's query functions such as msllm_gemv_isa) switches() reads
 // the environment at each call. Read once per process instead, where they are used (common.h):
 // MSLLM_KERNEL_THREADS, MSLLM_KERNEL_PROFILE, MSLLM_NO_HUGE_PAGES, MSLLM_GEMM.
@@ -40,11 +41,13 @@ struct Switches {
   bool gemm_bf16_emulate = false;   // MSLLM_GEMM_BF16=emulate: bfloat16 GEMMs as rounded copies + sgemm
 };
 
-namespace switches_detail {
+// True when the environment variable `name` is exactly `value`.
 inline bool env_is(const char *name, const char *value) {
   const char *e = std::getenv(name);
   return e && std::strcmp(e, value) == 0;
 }
+
+namespace switches_detail {
 // a non-negative decimal integer, else `unset`
 inline int64_t env_bytes(const char *name, int64_t unset) {
   const char *e = std::getenv(name);
@@ -57,7 +60,8 @@ inline int64_t env_bytes(const char *name, int64_t unset) {
 }
 struct Slot {
   Switches s;
-  bool open = false;
+  bool open = false;   // a scope is open on this thread
+  bool read = false;   // and `s` holds the environment's switches as read under it
 };
 inline Slot &slot() {
   static thread_local Slot x;
@@ -67,7 +71,7 @@ inline Slot &slot() {
 
 // The switches as the environment holds them now.
 inline Switches read_switches() {
-  using namespace switches_detail;
+  using switches_detail::env_bytes;
   Switches s;
   s.prefetch_near = env_bytes("MSLLM_GEMV_PREFETCH", s.prefetch_near);
   s.prefetch_far = env_bytes("MSLLM_GEMV_PREFETCH_FAR", s.prefetch_far);
@@ -83,14 +87,14 @@ inline Switches read_switches() {
   return s;
 }
 
-// For the scope's lifetime this thread's switches() are the environment's at its start. Nested scopes
-// (an entry point calling another) keep the outermost one's.
+// For the scope's lifetime this thread's switches() are the environment's as the first of them read it.
+// Nested scopes (an entry point calling another) keep the outermost one's.
 class SwitchesScope {
  public:
   SwitchesScope() : outer_(!switches_detail::slot().open) {
     if (!outer_) return;
-    switches_detail::slot().s = read_switches();
     switches_detail::slot().open = true;
+    switches_detail::slot().read = false;
   }
   ~SwitchesScope() {
     if (outer_) switches_detail::slot().open = false;
@@ -102,10 +106,15 @@ class SwitchesScope {
   bool outer_;
 };
 
-// This thread's switches: those its SwitchesScope read, or outside one the environment's now.
+// This thread's switches: read once under its open SwitchesScope, or outside one the environment's now.
 inline Switches switches() {
-  const switches_detail::Slot &x = switches_detail::slot();
-  return x.open ? x.s : read_switches();
+  switches_detail::Slot &x = switches_detail::slot();
+  if (!x.open) return read_switches();
+  if (!x.read) {
+    x.s = read_switches();
+    x.read = true;
+  }
+  return x.s;
 }
 
 }  // namespace msllm
