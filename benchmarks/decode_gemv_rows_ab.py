@@ -6,7 +6,7 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
 ``ab_decode_checkouts.py`` on a drifting machine. Switches (both settings give the same bits):
 
 * ``--var MSLLM_GEMV_ROWS --values 2 8`` (default): the weight-streaming products reading 2 or 8 weight
-  rows at once (``stream_rows_at_once`` in ``msllm/kernels/csrc/common.h``; tests/kernels/test_kernels_gemv_rows.py);
+  rows at once (``stream_rows_at_once`` in ``msllm/kernels/csrc/stream.h``; tests/kernels/test_kernels_gemv_rows.py);
 * ``--var MSLLM_GEMV_MAX_ROWS --values 4 8 --batch 8``: float32 products of 5-8 rows streaming W or on
   oneDNN's sgemm (``gemv_max_rows`` in ``msllm/kernels/csrc/linear.cc``; different summation orders). Run it
   with ``common.AVX2_ENV`` and ``MSLLM_KERNELS_DIR=benchmarks/.cache/kernels-haswell`` set for the AVX2 path;

@@ -40,7 +40,7 @@ def available() -> bool:
 # Every kernel switch of the environment: what it accepts besides unset or empty (the default), a tuple of
 # values, or "int" (a non-negative integer) / "positive" (an integer >= 1), and the words an error gives after
 # "expected" (the values and what they do). The C++ side reads them in csrc/switches.h (per kernel call) and
-# csrc/common.h (once per process); docs/kernels.md, "Switches", gives their defaults and the measurements
+# csrc/stream.h (once per process); docs/kernels.md, "Switches", gives their defaults and the measurements
 # behind them.
 KERNEL_SWITCHES = {
     "MSLLM_GEMV_PREFETCH": ("int", "a non-negative integer (bytes ahead of their reads the weight-streaming "
@@ -119,7 +119,7 @@ def gemm_bf16_native() -> bool:
 
 def vector_isa() -> str:
     """The instruction set the library's own vector code (softmax, norms, SwiGLU, loss, attention's
-    dot products; ``csrc/common.h``) was compiled for: ``"AVX-512F"``, ``"AVX2+FMA"`` or ``"plain C++"``.
+    dot products; ``csrc/vec.h``) was compiled for: ``"AVX-512F"``, ``"AVX2+FMA"`` or ``"plain C++"``.
     Set when the library is built (``-march=native``, or ``MSLLM_KERNELS_MARCH``); the weight-streaming
     and int8 linears choose AVX-512 or AVX2 again at run time from the CPU's flags."""
     import ctypes

@@ -7,7 +7,7 @@
 Needs only what pip and apt provide: ``g++`` 10 or newer (C++20 for ``std::atomic::wait``;
 Debian/Ubuntu: ``apt-get install g++``) and the ``mindspore`` wheel, whose ``lib/libdnnl.so.3``
 (oneDNN) supplies the GEMM; no MindSpore or oneDNN headers are needed (the one oneDNN function
-used, ``dnnl_sgemm``, is declared in ``csrc/common.h``). The library is compiled for this
+used, ``dnnl_sgemm``, is declared in ``csrc/gemm.h``). The library is compiled for this
 machine's CPU (``-march=native``; ``MSLLM_KERNELS_MARCH=haswell`` builds for AVX2 + FMA instead, see
 :func:`msllm.kernels.toolchain.library_cxxflags`); ``_build/build_info.json`` records the source digest, the
 compiler, the flags, the MindSpore version and the instruction sets the code was compiled for,

@@ -1,6 +1,6 @@
 """The kernels' AVX2 + FMA code (a CPU without AVX-512: AMD Zen 3, Intel before Skylake-SP), checked on any
 AVX2 machine: the library built with ``MSLLM_KERNELS_MARCH=haswell`` (no AVX-512 instruction can be in it,
-so every helper of ``csrc/common.h`` compiles its 8-lane form, and the streaming linears pick AVX2 at run
+so every helper of ``csrc/vec.h`` compiles its 8-lane form, and the streaming linears pick AVX2 at run
 time), then the operator test files run against that build in a child pytest: flash attention and its
 gradients, RMSNorm, SwiGLU, rotary, cross-entropy, packed rows, the fused decode step and decode attention,
 each against its own independent reference (numpy, float64, MindSpore's composed operators) as on the

@@ -1,5 +1,5 @@
 """msllm.kernels.check_environment: every kernel switch of the environment (KERNEL_SWITCHES, read by
-csrc/switches.h and csrc/common.h) refuses a value it does not take with one error naming the variable,
+csrc/switches.h, and once per process csrc/pool.h, aot.h, stream.h, gemm.h) refuses a value it does not take with one error naming the variable,
 and takes its documented values; docs/kernels.md's "Switches" table lists the same variables."""
 
 import os

@@ -4,7 +4,7 @@
 // which recomputes P = exp(S - L)). On a CPU the "on-chip" block is a per-thread buffer of
 // BQ x T floats (128 x 1024 x 4 B = 512 KiB, inside a core's 2 MiB L2), so the key dimension is
 // not blocked: each query block sees all its keys at once and the online-softmax rescaling is
-// not needed. The block products run on oneDNN's sgemm (common.h).
+// not needed. The block products run on oneDNN's sgemm (gemm.h).
 //
 // Layout: q (B, T, H, D), k and v (B, T, K, D) (the projections' (B*T, heads*D) outputs viewed
 // 4-D, no transposes), grouped-query attention with H / K query heads per key/value head

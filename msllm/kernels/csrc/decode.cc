@@ -146,7 +146,7 @@ namespace {
 // query and its output accumulator held in registers while the slots stream past, instead of the
 // generic loops' per-slot calls with the accumulator in memory (the generic path took 3x the caches'
 // read time on SmolLM2 (d = 64): compute-bound on loop overhead and store-to-load round trips).
-// The sums are those of dot() and axpy() in common.h, term for term and in the same order (per
+// The sums are those of dot() and axpy() in vec.h, term for term and in the same order (per
 // lane: the same chains of fused multiply-adds, then the same horizontal reduction; values added
 // slot by slot in slot order), so the result is bit for bit the generic path's
 // (tests/kernels/test_kernels_ops.py compares them). Only the loop order changes:
@@ -268,7 +268,7 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   // per chunk: scores (B*H*T, len), then max (B*H*T), sum (B*H*T), acc (B*H*T, D)
   const int64_t per = bh * len + 2 * bh + bh * d;
   float *const work = scratch(4, chunks * per);            // every element written before it is read
-  const int64_t ahead = stream_prefetch().near;             // the cache is read in slot order (common.h prefetch_block)
+  const int64_t ahead = stream_prefetch().near;             // the cache is read in slot order (stream.h prefetch_block)
   const HeadKernels fixed = head_kernels(d);
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
     FlushDenormals ftz;

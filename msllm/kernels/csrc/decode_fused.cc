@@ -315,7 +315,7 @@ MSLLM_AOT(msllm_decode_stack) {
     float *kcache, *vcache;
   };
   // kept between calls (per thread: MindSpore may run two kernels at once): a list grown per call cost
-  // a few reallocations every step in glibc's malloc (common.h scratch)
+  // a few reallocations every step in glibc's malloc (scratch.h)
   static thread_local std::vector<Layer> layers;
   layers.clear();
   Geometry g{m, c, 0, 0, d};

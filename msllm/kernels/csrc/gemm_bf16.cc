@@ -12,7 +12,7 @@
 // copies of the inputs; from the libdnnl.so.3 of the mindspore wheel, run on msllm's pool through
 // the threadpool interop stream. Elsewhere (or when
 // oneDNN picks a float32 kernel for a shape) the same arithmetic is emulated: both inputs rounded
-// to bfloat16 values held in float32, then the float32 sgemm of common.h. The two paths differ only
+// to bfloat16 values held in float32, then the float32 sgemm of gemm.h. The two paths differ only
 // in summation order (MSLLM_GEMM_BF16=emulate forces the emulation). The linear operators over it
 // are linear.cc's (msllm_linear_bf16math and its gradients). On SmolLM2's training shapes with AMX:
 // 2.46x less GEMM time per step than float32 (benchmarks/gemm_bf16_speed.py, BENCHMARKS.md).
@@ -29,7 +29,7 @@ namespace {
 
 // ---- the part of oneDNN's C API used here (oneDNN 3.10 ``include/oneapi/dnnl/dnnl.h``,
 // ``dnnl_types.h``, ``dnnl_threadpool.h``), declared so that no oneDNN header is needed; the
-// enumerators' values are those of 3.10, and threadpool_gemm_ok() (common.h) checks the version.
+// enumerators' values are those of 3.10, and threadpool_gemm_ok() (gemm.h) checks the version.
 struct dnnl_engine;
 struct dnnl_stream;
 struct dnnl_memory_desc;

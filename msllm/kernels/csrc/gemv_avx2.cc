@@ -51,7 +51,7 @@ MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t o
         for (int r = 0; r < M; ++r) acc2[j][r] = _mm256_setzero_ps();
       for (; i + 16 <= vec; i += 16) {
         __m256 v[R], u[R];
-        for (int j = 0; j < R; ++j) prefetch_ahead(w + (o + j) * in, i, pf);   // common.h stream_prefetch
+        for (int j = 0; j < R; ++j) prefetch_ahead(w + (o + j) * in, i, pf);   // stream.h stream_prefetch
         for (int j = 0; j < R; ++j) { v[j] = load8(w + (o + j) * in + i); u[j] = load8(w + (o + j) * in + i + 8); }
         for (int r = 0; r < M; ++r) {
           const __m256 xv = _mm256_loadu_ps(x + r * in + i), xu = _mm256_loadu_ps(x + r * in + i + 8);

@@ -1,7 +1,7 @@
 // Grouped linear layer for the mixture of experts' dropless dispatch: rows sorted by expert, group
 // g = rows off[g] .. off[g+1]-1, y_g = x_g W_g^T (W (E, out, in), torch.nn.Linear's layout per
 // expert), and its two gradients. One GEMM per non-empty group on oneDNN's sgemm over the pool
-// (common.h), so the work is the rows' (k N in total), whatever the number of experts E: what
+// (stream.h), so the work is the rows' (k N in total), whatever the number of experts E: what
 // MindSpore's GroupedMatmul does on Ascend and Megablocks' / torch's grouped_mm on GPUs. The
 // offsets come as float32 (E + 1,) (exact below 2^24 rows) so that every operand is float32.
 #include "common.h"

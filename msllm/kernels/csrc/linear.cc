@@ -1,5 +1,5 @@
 // Linear layer y = x W^T (torch.nn.Linear's layout, W (out, in)) and its two gradients, on
-// oneDNN's sgemm split over the pool (common.h). x may have any leading dimensions.
+// oneDNN's sgemm split over the pool (gemm.h). x may have any leading dimensions.
 #include "common.h"
 #include "parts.h"
 
@@ -47,7 +47,7 @@ inline void gemv_block(const float *x, const W *w, float *y, int64_t in, int64_t
   }
   for (int64_t i = 0; i < vec; i += 16) {
     __m512 v[R];
-    for (int j = 0; j < R; ++j) prefetch_ahead(wr[j], i, pf);   // common.h stream_prefetch
+    for (int j = 0; j < R; ++j) prefetch_ahead(wr[j], i, pf);   // stream.h stream_prefetch
     for (int j = 0; j < R; ++j) v[j] = load_w(wr[j] + i);
     for (int r = 0; r < M; ++r) {
       const __m512 xv = _mm512_loadu_ps(x + r * in + i);
@@ -311,7 +311,7 @@ extern "C" __attribute__((visibility("default"))) int msllm_kernel_stats(char *b
 // Which streaming path msllm_linear takes now for 1-8 rows: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = none.
 extern "C" __attribute__((visibility("default"))) int msllm_gemv_isa() { return static_cast<int>(gemv_isa()); }
 // The form of the vector helpers (softmax, norms, SwiGLU, loss, attention's dots) this build was compiled
-// with: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++ (common.h vector_isa).
+// with: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++ (vec.h vector_isa).
 extern "C" __attribute__((visibility("default"))) int msllm_vector_isa() { return vector_isa(); }
 // The weight rows the AVX-512 streaming path reads at once at batch 1 and 2 for float32 weights
 // (stream_rows_at_once; 2 in a build without AVX-512).
@@ -324,7 +324,7 @@ extern "C" __attribute__((visibility("default"))) int msllm_gemv_rows() {
 }
 
 // Which parallel GEMM the kernels run (Python: msllm.kernels.gemm_path): 1 = oneDNN's threadpool
-// interop (oneDNN 3.10, the layout common.h copies), 0 = the "slabs" fallback (any other oneDNN
+// interop (oneDNN 3.10, the layout gemm.h copies), 0 = the "slabs" fallback (any other oneDNN
 // version, or MSLLM_GEMM=slabs). The version found is written to major/minor/patch.
 extern "C" __attribute__((visibility("default"))) int msllm_gemm_interop(int *major, int *minor, int *patch) {
   const dnnl_abi::version_t *v = dnnl_version();

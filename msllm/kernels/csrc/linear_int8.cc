@@ -17,7 +17,7 @@
 //     on an AVX-512 machine (MSLLM_INT8_ISA=avx512|avx2|scalar forces one; one the CPU lacks falls
 //     back to the next).
 //   * more rows (prefill, scoring): W dequantised to float32 (the same fl(q s)) in slabs of at most
-//     2^24 weights, each slab by all threads, then the pool's parallel sgemm (common.h), as the
+//     2^24 weights, each slab by all threads, then the pool's parallel sgemm (gemm.h), as the
 //     bfloat16 path of linear.cc does.
 #include "common.h"
 #include "avx2.h"
@@ -100,7 +100,7 @@ MSLLM_AVX2 void rows_avx2(const float *x, const Q8 &w, float *y, int64_t o0, int
       if constexpr (M <= 2) {   // the same order for every row of a product (R = 2 and an odd last row)
         for (; i + 16 <= i1; i += 16) {
           __m256 v[R], u[R];
-          for (int j = 0; j < R; ++j) prefetch_ahead(w.q + (o + j) * w.in, i, pf);   // common.h stream_prefetch
+          for (int j = 0; j < R; ++j) prefetch_ahead(w.q + (o + j) * w.in, i, pf);   // stream.h stream_prefetch
           for (int j = 0; j < R; ++j) {
             v[j] = widen8(w.q + (o + j) * w.in + i);
             u[j] = widen8(w.q + (o + j) * w.in + i + 8);
@@ -160,7 +160,7 @@ MSLLM_AVX512 inline __m512 widen_tail(const int8_t *p, int64_t n) {
 }
 
 // R output rows at a time (R x M accumulators: R = 2, or 8 at batch 1 and 2 when
-// stream_rows_at_once in common.h says so); PerRow as in rows_avx2. The sums of a row are in the same
+// stream_rows_at_once in stream.h says so); PerRow as in rows_avx2. The sums of a row are in the same
 // order for every R, so R changes no bit of y; an odd last row runs the plain C++ (its own order).
 template <int M, int R, bool PerRow>
 MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0, int64_t o1, StreamPrefetch pf) {
@@ -180,7 +180,7 @@ MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0,
       int64_t i = i0;
       for (; i + 16 <= i1; i += 16) {
         __m512 v[R];
-        for (int j = 0; j < R; ++j) prefetch_ahead(q[j], i, pf);   // common.h stream_prefetch
+        for (int j = 0; j < R; ++j) prefetch_ahead(q[j], i, pf);   // stream.h stream_prefetch
         for (int j = 0; j < R; ++j) {
           v[j] = widen16(q[j] + i);
           if (!PerRow) v[j] = _mm512_mul_ps(v[j], s[j]);
@@ -310,7 +310,7 @@ void msllm::linear_int8_forward(const float *x, const int8_t *q, const float *s,
   }
   Q8 w{q, s, in, out, group, groups};
   if (m <= 8) {
-    huge_pages_for(q, in * out);     // decoding streams the weights: 2 MiB pages (common.h)
+    huge_pages_for(q, in * out);     // decoding streams the weights: 2 MiB pages (stream.h)
     stream_rows(x, w, y, m, int8_isa());
   } else {
     slab_sgemm(x, w, y, m);

@@ -4,12 +4,12 @@
 // read at run time, not once per process.
 //
 // They are read at most once per top-level kernel call, not once per product: every MindSpore entry
-// point (MSLLM_AOT, common.h) opens a SwitchesScope, and the first switches() call under it reads them
+// point (MSLLM_AOT, aot.h) opens a SwitchesScope, and the first switches() call under it reads them
 // into this thread's copy, which later calls return (a kernel that consults none, a norm or the rotary,
 // reads nothing). SmolLM2's decode step is one such call making ~210 weight-streaming products, each of
 // which read several variables with getenv before. Outside a scope
 // (the pool's worker threads, the library's query functions such as msllm_gemv_isa) switches() reads
-// the environment at each call. Read once per process instead, where they are used (common.h):
+// the environment at each call. Read once per process instead, where they are used (pool.h, aot.h, stream.h, gemm.h):
 // MSLLM_KERNEL_THREADS, MSLLM_KERNEL_PROFILE, MSLLM_NO_HUGE_PAGES, MSLLM_GEMM.
 //
 // msllm.kernels.check_environment refuses a malformed value by name before the library is loaded
@@ -29,7 +29,7 @@ enum class IsaChoice : int8_t { kBest, kAvx2, kNone };
 
 struct Switches {
   // MSLLM_GEMV_PREFETCH / MSLLM_GEMV_PREFETCH_FAR: bytes ahead of its reads a weight-streaming loop
-  // prefetches into L1 / into L2, 0 = none (common.h stream_prefetch); the first also for decode
+  // prefetches into L1 / into L2, 0 = none (stream.h stream_prefetch); the first also for decode
   // attention's cache reads (prefetch_block)
   int64_t prefetch_near = 8192, prefetch_far = 32768;
   bool split_chunks = false;        // MSLLM_GEMV_SPLIT=chunks: chunks handed out one by one (for_row_chunks)
