@@ -5,15 +5,15 @@
         [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000]
         [--api_key KEY | --api_key_file FILE | env MSLLM_API_KEY] [--model_name NAME] [--max_batch 8]
         [--batch_window_ms 20] [--max_queue 64] [--max_tokens_default N] [--max_body_bytes 4194304]
-        [--max_prompts 64] [--enable_prefix_caching] [--prefix_cache_mb 1024] [--prefill_chunk_size 512]
+        [--max_prompts 64] [--max_echo_logprobs_tokens 2048] [--enable_prefix_caching] [--prefix_cache_mb 1024] [--prefill_chunk_size 512]
         [--no_warmup] [--warmup_slots 4096] [--section.key=value ...]
 
 Requests decode in one continuous batch on the key/value cache (``--max_batch`` rows): waiting
 requests join between two decode steps, a finished row is free at the next; when idle, the first
 request waits ``--batch_window_ms`` after each arrival for another (at most 10 windows), so a burst
 starts together. Each row has its own settings; a request's greedy output is the same alone and in
-a batch. ``--max_queue`` requests
-wait at most, more are answered 429. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
+a batch. ``--max_queue`` choices (prompts x ``n`` of every request) wait at most, more are answered 429
+(a single request asking for more gets a 400). It listens on 127.0.0.1 unless ``--host`` says otherwise, and
 any other address needs ``--api_key`` (clients send ``Authorization: Bearer KEY``). SIGTERM (or
 Ctrl-C) stops accepting connections, finishes the requests in flight, and exits 0.
 The model name clients send is ``--model_name`` (default: the checkpoint's directory or file name).
@@ -27,7 +27,8 @@ by name, keys without effect named in one log line); ``--max_tokens_default`` (v
 its own: it takes ``max_new_tokens`` from the generation config, ``--override-generation-config``)
 wins over ``max_new_tokens``. Without either, ``max_tokens`` defaults to OpenAI's 16 on completions and
 the rest of the context window on chat. Limits of one request (``msllm/serving/validate.py``):
-``--max_body_bytes`` (413 beyond), ``--max_prompts`` (prompts x ``n``). The API key comes from
+``--max_body_bytes`` (413 beyond), ``--max_prompts`` (prompts x ``n``), ``--max_echo_logprobs_tokens``
+(the prompt tokens ``echo`` with ``logprobs`` scores in one pass). The API key comes from
 ``--api_key``, else the first line of ``--api_key_file``, else the environment variable
 ``MSLLM_API_KEY`` (vLLM reads ``VLLM_API_KEY`` the same way).
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_name", help="the model id clients send (default: the checkpoint's name)")
     p.add_argument("--max_batch", type=int, default=8, help="rows decoded together")
     p.add_argument("--batch_window_ms", type=float, default=20.0, help="when idle, how long a batch being gathered waits for one more request (at most 10 windows in all)")
-    p.add_argument("--max_queue", type=int, default=64, help="requests waiting at most (then 429)")
+    p.add_argument("--max_queue", type=int, default=64, help="choices (prompts x n) waiting at most (then 429)")
     p.add_argument("--api_key_file", help="file whose first line is the API key")
     p.add_argument("--max_tokens_default", type=int,
                    help="max_tokens of requests that leave it out (default: generation_config.max_new_tokens, "
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_body_bytes", type=int, default=Limits.max_body_bytes, help="request body size (then 413)")
     p.add_argument("--max_prompts", type=int, default=Limits.max_prompts,
                    help="choices one request may ask for (prompts x n)")
+    p.add_argument("--max_echo_logprobs_tokens", type=int, default=Limits.max_echo_logprobs_tokens,
+                   help="prompt tokens that 'echo' with 'logprobs' may score (one pass that pauses every other "
+                        "request)")
     p.add_argument("--enable_prefix_caching", action="store_true",
                    help="reuse the keys and values of prompt prefixes already computed (default: off)")
     p.add_argument("--prefix_cache_mb", type=int, default=1024,
@@ -147,7 +151,8 @@ def main(argv=None) -> int:
     if not is_loopback(args.host) and not args.api_key:
         raise MsllmError(f"--host {args.host} is not a loopback address: pass --api_key KEY (or --api_key_file, "
                          "or MSLLM_API_KEY) so that only clients with the key are served")
-    for key in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "prefix_cache_mb"):
+    for key in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "prefix_cache_mb",
+                "max_echo_logprobs_tokens"):
         if getattr(args, key) < 1:
             raise MsllmError(f"--{key} must be >= 1, got {getattr(args, key)}")
     if args.prefill_chunk_size < 0 or args.prefill_chunk_size % 32:
@@ -171,7 +176,8 @@ def main(argv=None) -> int:
     from msllm.serving.app import build_app
 
     say = logging.getLogger("msllm").info
-    limits = Limits(max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts)
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
+                    max_echo_logprobs_tokens=args.max_echo_logprobs_tokens)
     app = build_app(engine, name, tok, template, context, args.api_key, limits, defaults)
     say("serve: request defaults %s (from generation_config%s)%s", defaults,
         " and --max_tokens_default" if args.max_tokens_default else "", "; " + "; ".join(notes) if notes else "")

@@ -11,7 +11,9 @@ A request's body is read up to :attr:`Limits.max_body_bytes` (413 beyond, whatev
 tokenized and chat templates rendered in Starlette's thread pool (``run_in_threadpool``), never on
 the event loop that streams the other clients' tokens. A streamed response is
 ``text/event-stream``; when its client disconnects Starlette cancels the body generator and the
-jobs are cancelled there (their rows stop at the engine's next step). Formats and status codes:
+jobs are cancelled there (their rows stop at the engine's next step). A request answered whole
+watches its connection while it waits (every :data:`DISCONNECT_POLL_S` seconds) and cancels its
+jobs the same way when the client has gone. Formats and status codes:
 :mod:`msllm.serving.protocol`.
 """
 
@@ -24,12 +26,13 @@ import time
 from typing import Optional
 
 from msllm.serving.engine import Engine, QueueFull
-from msllm.serving.protocol import (SSE_DONE, ApiError, Request, RequestDefaults, chat_chunk, chat_logprobs,
+from msllm.serving.protocol import (SSE_DONE, ApiError, Request, RequestDefaults, bad, chat_chunk, chat_logprobs,
                                     chat_request, chat_response, completion_chunk, completion_request,
                                     completion_response, logprobs_object, sse, usage_chunk)
 from msllm.serving.validate import Limits, check_request, parse_body, too_large
 
 log = logging.getLogger("msllm")
+DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 
 
 def build_app(engine: Engine, model_name: str, tokenizer, template, context: int, api_key: Optional[str] = None,
@@ -75,6 +78,10 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
         """Queue every job of ``req``; returns (per-job asyncio queues, works)."""
         if not engine.alive():
             raise ApiError(503, "the engine is not running; see the server's log", code="engine_dead")
+        cap = engine.queue.maxsize                    # 0: unbounded (queue.Queue's convention)
+        if cap and len(req.jobs) > cap:               # a 429 it could never get past
+            raise bad(f"this request asks for {len(req.jobs)} choices (prompts x n); this server queues at most "
+                      f"{cap} (--max_queue)", "n")
         loop = asyncio.get_running_loop()
         queues, works = [], []
         try:
@@ -111,6 +118,11 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
         f = check_request(body, chat, model_name, limits, vocab)
         req = (chat_request(f, tokenizer, template, context, defaults) if chat
                else completion_request(f, tokenizer, context, defaults))
+        scored = max((len(j.prompt) for j in req.jobs if j.echo and j.logprobs is not None), default=0)
+        if scored > limits.max_echo_logprobs_tokens:
+            raise bad(f"'echo' with 'logprobs' scores the prompt in one pass that pauses every other request: at "
+                      f"most {limits.max_echo_logprobs_tokens} prompt tokens (--max_echo_logprobs_tokens), got "
+                      f"{scored}", "echo")
         if f.get("response_format") is not None:      # a JSON schema: every choice follows its grammar
             grammar = engine.structured.grammar(f["response_format"])
             for job in req.jobs:
@@ -128,11 +140,19 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
         if req.stream:
             return StreamingResponse(stream(req, queues, works), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+        collecting = asyncio.ensure_future(collect_all(queues))
+        watching = asyncio.ensure_future(until_disconnected(request))
         try:
-            results = [await collect(q) for q in queues]
+            await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if not collecting.done():       # the client went away: its rows stop at the next step
+                collecting.cancel()
+                log.info("serving: a client left before its answer; its %d choice(s) cancelled", len(works))
+                return Response(status_code=499)      # nginx's "client closed request": nobody reads it
+            results = collecting.result()
         except ApiError as exc:
             return error(exc)
         finally:
+            watching.cancel()
             for w in works:      # the client may be gone: nothing left to compute either way
                 w.cancel()
         # a prompt counts once however many choices it has (OpenAI's usage)
@@ -152,6 +172,15 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
         def text(t):
             return tokenizer.decode([t])
         return chat_logprobs([(text(row[3]), row[1], [(text(a), b) for a, b in row[4]]) for row in r["logprobs"]])
+
+    async def collect_all(queues: list) -> list:
+        return [await collect(q) for q in queues]
+
+    async def until_disconnected(request: HttpRequest) -> None:
+        """Returns once the client has closed its connection (polled: Starlette's receive says so
+        only when asked)."""
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
 
     async def collect(q: asyncio.Queue) -> dict:
         text = []
@@ -191,8 +220,8 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
                 if kind == "text":
                     yield sse(chat_chunk(req, {"content": a}, None, index) if req.chat else
                               completion_chunk(req, index, a, None))
-                elif kind == "error":
-                    yield sse(a.body())
+                elif kind == "error":               # this choice failed: its index says which
+                    yield sse(dict(a.body(), index=index))
                     del pending[i]
                 else:
                     finish = "length" if a == "cancelled" else a

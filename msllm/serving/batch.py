@@ -319,7 +319,9 @@ class ContinuousBatch(StagedJoins):
         r = self.rows[b]
         scores = logits_row if r.guide is None else r.guide.mask(logits_row)    # grammar: others at -inf
         tok = r.step.choose(scores)
-        if r.guide is not None and tok not in self.eos:
+        if r.guide is not None and tok in self.eos:
+            r.guide.finish()           # a "stop" answer parses: 400 for this row otherwise
+        elif r.guide is not None:
             r.guide.accept(tok)
         r.last = tok
         r.work.tokens.append(tok)

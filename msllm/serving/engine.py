@@ -14,9 +14,11 @@ start a stop string is held back while streaming, as ``tools/chat.py`` does) or 
 a cancelled job (client gone) stops at the next step and frees its row.
 
 Log-probabilities: of generated tokens from each step's raw logits; of the prompt (``echo`` with
-``logprobs``) from one forward pass over the prompt (right-padded to a multiple of 32 tokens: a
-causal model's logits at a position do not depend on later positions), position i scored from
-the logits at i - 1, as lm-evaluation-harness and msllm's evaluation score a continuation.
+``logprobs``) from one forward pass over the prompt (right-padded to a power of two of at least 32
+tokens, so that few graphs are compiled: a causal model's logits at a position do not depend on
+later positions), position i scored from the logits at i - 1, as lm-evaluation-harness and msllm's
+evaluation score a continuation. That pass runs on the engine thread between decode steps, so the
+app caps the prompts it scores (``Limits.max_echo_logprobs_tokens``).
 
 Events go to each job's ``sink(event)`` (called from the engine thread; the app forwards them to
 its event loop): ``("text", piece, token_info)`` as text becomes final, then ``("done", finish_reason,
@@ -24,7 +26,9 @@ result)``, or ``("error", ApiError)``.
 
 Failures. A failure inside one row (setting it up, its prefill group, choosing its token) answers
 that job alone with a 500 whose message is generic (:data:`GENERATION_FAILED`; MindSpore's internal
-text stays in the server's log with the traceback); the other rows and the caches go on. Only a
+text stays in the server's log with the traceback), or, when the request itself is the cause (a
+``response_format`` schema the grammar engine cannot follow to its end), with that
+:class:`~msllm.serving.protocol.ApiError`; the other rows and the caches go on. Only a
 failed decode step, which computes every row at once, answers every row in the batch so. The
 thread's state is :meth:`Engine.alive` (``GET /health`` answers 503 when it is not).
 """
@@ -171,11 +175,17 @@ class Engine:
             self.metrics.on_done(work, reason)
 
     def _row_failed(self, work, exc: BaseException) -> None:
-        """One job failed inside its row: the traceback to the log, a generic 500 to its client."""
-        log.error("serving: one row failed (%d prompt tokens); the other rows go on", len(work.job.prompt),
-                  exc_info=exc)
+        """One job failed inside its row: an ApiError (the request's own fault, its message written
+        for the client) goes to its client as it is; anything else puts the traceback in the log and
+        a generic 500 to the client."""
         self.failed_rows += 1
         self.metrics.on_error(work)
+        if isinstance(exc, ApiError):
+            log.warning("serving: one row failed: %s", exc.message)
+            work.sink(("error", exc))
+            return
+        log.error("serving: one row failed (%d prompt tokens); the other rows go on", len(work.job.prompt),
+                  exc_info=exc)
         work.sink(("error", generation_error()))
 
     def start(self) -> None:
@@ -341,10 +351,8 @@ class Engine:
         first), top dict): one forward pass over the prompt (module docstring)."""
         import mindspore as ms
 
-        from msllm.generation.passes import round_up
-
         ids = job.prompt
-        width = round_up(len(ids), SCORE_MULTIPLE)
+        width = max(SCORE_MULTIPLE, 1 << (len(ids) - 1).bit_length())   # a power of two: few graphs
         x = np.full((1, width), self.pad_id, np.int32)
         x[0, :len(ids)] = ids
         logits = self.net(ms.Tensor(x)).asnumpy()[0]             # (W, V) float32

@@ -11,7 +11,7 @@ what lm-evaluation-harness's ``local-completions`` backend sends and reads
 * ``POST /v1/completions``: ``prompt`` as text, a list of texts, token ids or a list of id lists;
   text gets the tokenizer's BOS rule, ids are used as given (as vLLM); ``n`` choices per prompt
   (index ``i * n + j``). ``max_tokens`` (default 16, or the server's default), ``temperature``
-  (default 1; 0 = greedy), ``top_p``, ``top_k`` (extension; 0 or -1 = off), ``stop``, ``seed``,
+  (default 1; 0, or below 1e-5 as in vLLM, = greedy), ``top_p``, ``top_k`` (extension; 0 or -1 = off), ``stop``, ``seed``,
   ``echo`` (the prompt's text, and with ``logprobs`` its tokens' log-probabilities, the first
   ``null``), ``logprobs`` (0..5), ``stream``, ``stream_options.include_usage``.
 * ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (the one
@@ -117,10 +117,17 @@ class RequestDefaults:
     max_tokens: Optional[int] = None
 
 
+# below this temperature a request is greedy, as in vLLM (sampling_params.py ``_SAMPLING_EPS``): dividing
+# float32 logits by 1e-38 or less overflows them to inf, and sampling from that is noise
+SAMPLING_EPS = 1e-5
+
+
 def _sampling(f: dict, d: RequestDefaults) -> dict:
-    """The validated sampling fields (``msllm.serving.validate``) -> :class:`Job` keyword arguments."""
+    """The validated sampling fields (``msllm.serving.validate``) -> :class:`Job` keyword arguments
+    (a temperature below :data:`SAMPLING_EPS` is greedy)."""
     temperature = f.get("temperature", d.temperature)
-    return dict(greedy=temperature == 0.0, temperature=float(temperature) or 1.0,
+    greedy = temperature < SAMPLING_EPS
+    return dict(greedy=greedy, temperature=1.0 if greedy else float(temperature),
                 top_p=float(f.get("top_p", d.top_p)), top_k=max(0, int(f.get("top_k", d.top_k))),
                 seed=f.get("seed"), stop=f.get("stop", ()))
 

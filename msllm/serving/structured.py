@@ -104,6 +104,10 @@ class StructuredOutput:
         problem = llguidance.LLMatcher.validate_grammar(g, ll)
         if problem:
             raise bad(f"'response_format': the schema cannot be followed: {problem}", "response_format")
+        # its first token: a schema no finite value satisfies ({"$ref": "#"}) fails here, where
+        # validate_grammar passed it; the matcher would then allow only EOS and the answer be empty
+        probe = RowGuide(ll, g, self.vocab_size)
+        probe.first_mask()
         return g
 
     def guide(self, grammar: str) -> "RowGuide":
@@ -119,23 +123,49 @@ class RowGuide:
         from llguidance.numpy import allocate_token_bitmask
 
         self.matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
-        if self.matcher.is_error():
-            raise RuntimeError(f"llguidance refused the grammar: {self.matcher.get_error()}")
+        self._check()
         self.bits = allocate_token_bitmask(1, vocab_size)
 
+    def _check(self) -> None:
+        """ApiError 400 (the request's schema is the cause) once the matcher is in its error state;
+        the message keeps llguidance's first line (the rest dumps the parser's state)."""
+        if self.matcher.is_error():
+            first = self.matcher.get_error().strip().splitlines()[0][:300]
+            raise bad(f"'response_format': the schema could not be followed to a complete value: {first}",
+                      "response_format", "schema_not_followed")
+
+    def first_mask(self) -> None:
+        """Compute the first token's mask only to see that the grammar can start (400 otherwise)."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self.matcher, self.bits, 0)
+        self._check()
+
     def mask(self, logits_row: np.ndarray) -> np.ndarray:
-        """(V,) float32 -> a copy with every token the grammar forbids next at -inf."""
+        """(V,) float32 -> a copy with every token the grammar forbids next at -inf; ApiError 400
+        when the grammar has failed (llguidance then allows only EOS)."""
         from llguidance.numpy import apply_token_bitmask_inplace, fill_next_token_bitmask
 
         fill_next_token_bitmask(self.matcher, self.bits, 0)
+        self._check()
         out = np.array(logits_row, dtype=np.float32)[None]
         apply_token_bitmask_inplace(out, self.bits)
         return out[0]
 
     def accept(self, token: int) -> None:
-        """Advance past ``token``; RuntimeError if the grammar refuses it (a failure of that row)."""
+        """Advance past ``token``; ApiError 400 if the grammar fails on it (that row fails alone)."""
         if not self.matcher.consume_token(int(token)):
-            raise RuntimeError(f"llguidance refused token {token}: {self.matcher.get_error()}")
+            self._check()
+            raise bad(f"'response_format': the grammar refused token {int(token)}", "response_format",
+                      "schema_not_followed")
+
+    def finish(self) -> None:
+        """At EOS: ApiError 400 unless the text so far is a complete value of the schema (never
+        answer ``stop`` with text that does not parse)."""
+        self._check()
+        if not self.matcher.is_accepting():
+            raise bad("'response_format': the output ended before the schema's value was complete",
+                      "response_format", "schema_not_followed")
 
 
 __all__ = ["StructuredOutput", "RowGuide", "check_response_format"]

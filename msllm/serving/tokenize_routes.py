@@ -23,6 +23,8 @@ from msllm.serving.validate import Limits, check_bool, is_int, check_messages
 
 def _model(body: dict, served: str) -> None:
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {type(model).__name__}", "model")
     if model is not None and model != served:
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{served}'", "model",
                        "model_not_found", kind="invalid_request_error")

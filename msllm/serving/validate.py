@@ -30,10 +30,25 @@ from msllm.serving.structured import check_response_format
 SEED_MAX = 2 ** 63 - 1
 MAX_COMPLETION_LOGPROBS = 5     # OpenAI: completions' logprobs <= 5
 MAX_TOP_LOGPROBS = 20           # OpenAI: chat's top_logprobs in [0, 20]
-# fields msllm refuses unless they are off (field -> value that means "off")
+# fields msllm refuses unless they are off (field -> value that means "off"): OpenAI's that this server
+# does not serve, and vLLM's extensions (entrypoints/openai/protocol.py) that would change the output
 UNSUPPORTED = {"suffix": None, "logit_bias": None, "tools": None, "tool_choice": None, "functions": None,
                "function_call": None, "presence_penalty": 0, "frequency_penalty": 0,
-               "audio": None, "modalities": None, "prediction": None, "parallel_tool_calls": None}
+               "audio": None, "modalities": None, "prediction": None, "parallel_tool_calls": None,
+               "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+               "use_beam_search": False, "length_penalty": 1, "include_stop_str_in_output": False,
+               "skip_special_tokens": True, "prompt_logprobs": None, "truncate_prompt_tokens": None,
+               "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None}
+
+
+def is_off(value, off) -> bool:
+    """True when a request's ``value`` of an :data:`UNSUPPORTED` field means what ``off`` means, of
+    the same JSON type (``false`` is not the number 0, ``0`` is not ``false``)."""
+    if off is None or isinstance(off, bool):
+        return value is off
+    if isinstance(off, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == off
+    return isinstance(value, type(off)) and value == off
 
 
 @dataclass(frozen=True)
@@ -43,7 +58,9 @@ class Limits:
     max_body_bytes: the request body's size (413 above it); max_json_depth: nesting of arrays and
     objects in it; max_prompts: choices in one request (prompts x ``n``); max_n: ``n``;
     max_stops / max_stop_chars: stop strings and each one's length in characters;
-    max_messages: chat messages.
+    max_messages: chat messages; max_echo_logprobs_tokens: the prompt tokens ``echo`` with
+    ``logprobs`` scores (one forward pass over the whole prompt on the engine thread, which pauses
+    every other row's decoding meanwhile, and a (prompt, vocabulary) float32 logits array).
     """
 
     max_body_bytes: int = 4 << 20
@@ -53,6 +70,7 @@ class Limits:
     max_stops: int = 4
     max_stop_chars: int = 256
     max_messages: int = 512
+    max_echo_logprobs_tokens: int = 2048
 
 
 # ---- the body ---------------------------------------------------------------------------------
@@ -93,7 +111,39 @@ def parse_body(raw: bytes, limits: Limits) -> dict:
         raise bad("the request body must be a JSON object")
     if json_depth(body) > limits.max_json_depth:
         raise bad(f"the request body nests deeper than {limits.max_json_depth} levels")
+    check_values(body)
     return body
+
+
+def check_values(body: dict) -> None:
+    """Raises ApiError 400 naming the first string (a key or a value) of the parsed body that is not
+    valid Unicode (JSON's ``\\uD800``-style escapes may encode a lone surrogate, which Python's ``json``
+    accepts but no tokenizer, template or UTF-8 writer does), or the first number that overflowed to
+    infinity (``1e309``), in any field, read or not."""
+    todo = [(body, None, "")]
+    while todo:
+        v, top, path = todo.pop()
+        if isinstance(v, dict):
+            items = [(k, c) for k, c in v.items()]
+            for k, _ in items:
+                _utf8(k, top or k, f"{path}.{k}" if path else "a key")
+            todo.extend((c, top or k, f"{path}.{k}" if path else k) for k, c in items)
+        elif isinstance(v, list):
+            todo.extend((c, top, f"{path}[{i}]") for i, c in enumerate(v))
+        elif isinstance(v, str):
+            _utf8(v, top, path)
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise bad(f"'{path}' must be a finite number (it overflows float64)", top)
+
+
+def _utf8(s: str, top, path: str) -> None:
+    if s.isascii():
+        return
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad_char = s[exc.start]
+        raise bad(f"'{path}' is not valid Unicode: it holds a lone surrogate (U+{ord(bad_char):04X})", top) from None
 
 
 def too_large(limits: Limits) -> ApiError:
@@ -197,7 +247,7 @@ def check_messages(key, v, limits) -> list:
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
                 raise bad(f"messages[{t}]: only text content parts are supported", key)
-            content = "".join(p["text"] for p in content)
+            content = "\n".join(p["text"] for p in content)   # as vLLM (entrypoints/chat_utils.py) joins them
         elif not isinstance(content, str):
             raise bad(f"messages[{t}].content must be a string or a list of text parts", key)
         out.append(dict(m, content=content))
@@ -234,8 +284,8 @@ def check_request(body: dict, chat: bool, served: str, limits: Limits, vocab_siz
         if body.get(key) is None:
             raise bad(f"'{key}' is required", key)
     for key, off in UNSUPPORTED.items():
-        if body.get(key) is not None and body[key] != off:
-            raise bad(f"'{key}' is not supported by this server (text only; no tools, logit bias or penalties)",
+        if key in body and body[key] is not None and not is_off(body[key], off):
+            raise bad(f"'{key}' is not supported by this server (leave it out{'' if off is None else f' or send {json.dumps(off)}'})",
                       key, "unsupported_parameter")
     out = {key: table[key](key, v, limits) for key, v in body.items() if key in table and v is not None}
     if out["model"] != served:

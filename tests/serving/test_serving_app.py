@@ -138,3 +138,28 @@ def test_cache_slots_never_exceed_the_context():
         [512, 512, 512, 1024, 8192, 8192, 8224]
     b.gen = SimpleNamespace(context=300)
     assert (b.buffer_for(300), b.buffer_for(331)) == (320, 331)      # a short context: below MIN_BUFFER
+
+
+def test_requests_the_queue_or_the_scoring_limit_cannot_take_are_400s():
+    """A request asking for more choices than the whole queue holds would get a 429 at every retry:
+    400 naming ``n``; ``echo`` with ``logprobs`` scores at most ``max_echo_logprobs_tokens`` prompt
+    tokens (one pass on the engine thread): 400 naming ``echo`` beyond, nothing queued either way."""
+    from starlette.testclient import TestClient
+
+    from msllm.data.tokenizer import load_tokenizer
+    from msllm.serving.app import build_app
+
+    eng = FakeEngine()
+    eng.queue = queue.Queue(maxsize=4)
+    app = build_app(eng, MODEL, load_tokenizer(TOKENIZER), None, 64, None, Limits(max_echo_logprobs_tokens=5))
+    with TestClient(app) as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "--max_queue" in r.json()["error"]["message"]
+        assert c.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"], "n": 2,
+                                               "max_tokens": 1}).status_code == 200
+        scored = {"model": MODEL, "echo": True, "logprobs": 0, "max_tokens": 0}
+        r = c.post("/v1/completions", json=dict(scored, prompt=[1] * 6))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+        assert c.post("/v1/completions", json=dict(scored, prompt=[1] * 5)).status_code == 200
+        assert c.post("/v1/completions", json=dict(scored, prompt=[1] * 6, logprobs=None)).status_code == 200
+    assert len(eng.submitted) == 4 + 1 + 1

@@ -49,6 +49,13 @@ BAD = [  # (what, body or raw bytes, endpoint, status, param)
     ("tools", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "chat", 400,
      "tools"),
     ("not JSON", b"{oops", "chat", 400, None),
+    ("lone surrogate", b'{"model": "%s", "prompt": "ab\\ud800cd"}' % MODEL.encode(), "c", 400, "prompt"),
+    ("more choices than the queue holds", {"prompt": ["a", "b", "c"], "n": 8}, "c", 400, "n"),   # --max_queue 16
+    ("repetition_penalty (vLLM)", {"prompt": "x", "repetition_penalty": 5}, "c", 400, "repetition_penalty"),
+    ("echo+logprobs over the scoring limit", {"prompt": [1] * 2049, "echo": True, "logprobs": 0, "max_tokens": 0},
+     "c", 400, "echo"),
+    ("schema with no finite value", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}, "chat", 400, "response_format"),
 ]
 
 
@@ -131,6 +138,41 @@ def test_bad_requests_get_their_4xx_while_honest_streams_decode(server, client, 
     assert m[("msllm:num_requests_running", ())] == 0
     again = client.completions.create(model=MODEL, prompt=HONEST[0], max_tokens=NEW, temperature=0)
     assert again.choices[0].text == greedy_ref[0]
+    # a temperature float32 cannot divide by (1e-300 underflows to 0) is greedy, as in vLLM (below 1e-5)
+    tiny = client.completions.create(model=MODEL, prompt=HONEST[0], max_tokens=NEW, temperature=1e-300, seed=3)
+    assert tiny.choices[0].text == greedy_ref[0]
+
+
+def test_a_client_gone_before_its_whole_answer_stops_its_rows(server):
+    """A request answered whole (no stream) whose client closes the connection is cancelled within
+    the app's disconnect poll, not decoded to its end (470 tokens here) while others wait."""
+    import http.client
+    import time
+
+    before = server.health()
+    port = int(server.url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
+                       "max_tokens": 470, "temperature": 0, "n": 2})
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json",
+                                                        "Authorization": f"Bearer {KEY}"})
+    t0 = time.time()
+    while server.health()["tokens_generated"] <= before["tokens_generated"]:   # its rows are decoding
+        assert time.time() - t0 < 120
+        time.sleep(0.05)
+    conn.sock.close()                                # the client leaves
+    conn.close()
+    t1 = time.time()
+    while True:
+        h = server.health()
+        if h["cancelled_rows"] >= before["cancelled_rows"] + 2 and not h["busy"]:
+            break
+        assert time.time() - t1 < 30, h
+        time.sleep(0.05)
+    made = h["tokens_generated"] - before["tokens_generated"]
+    print(f"cancelled {time.time() - t1:.2f} s after the client left; {made} tokens made of 2 x 470")
+    assert made < 2 * 470
+    assert server.post("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2})[0] == 200
 
 
 def test_warmup_is_logged(server):

@@ -72,6 +72,20 @@ def test_defaults_apply_only_to_fields_left_out(tok):
     assert not j.greedy and j.temperature == 0.7 and j.top_k == 2
 
 
+def test_temperatures_below_vllms_epsilon_are_greedy(tok):
+    """vLLM's sampling_params.py: temperature < _SAMPLING_EPS (1e-5) is greedy. Dividing float32 logits
+    by 1e-300 (0 in float32) would make every score inf or NaN, and sampling from them noise."""
+    import numpy as np
+
+    from msllm.serving.protocol import SAMPLING_EPS
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert not np.isfinite(np.float32([1.5, -2.0]) / np.float32(1e-300)).any()
+    for t, greedy in [(0, True), (1e-300, True), (9.9e-6, True), (SAMPLING_EPS, False), (0.5, False)]:
+        j = completion_request(fields({"prompt": "x", "temperature": t}), tok, CONTEXT).jobs[0]
+        assert j.greedy == greedy, t
+
+
 def test_chat_jobs_are_the_template_s_ids(tok, template):
     from msllm.data.templates import encode_prompt
     from msllm.generation.prompts import GPT, HUMAN
@@ -165,7 +179,7 @@ def test_tokenize_and_detokenize_have_vllms_shapes(tok, template):
     assert chat["tokens"] == encode_prompt(tok, template, [(HUMAN, "Hi")])
     assert detokenize_body({"tokens": want}, MODEL, tok, 32000) == {"prompt": tok.decode(want)}
     for body, status, param in [({"tokens": [32000]}, 400, "tokens"), ({"tokens": "1"}, 400, "tokens"),
-                                ({"model": "x", "tokens": [1]}, 404, "model")]:
+                                ({"model": "x", "tokens": [1]}, 404, "model"), ({"model": 5, "tokens": [1]}, 400, "model")]:
         with pytest.raises(ApiError) as e:
             detokenize_body(body, MODEL, tok, 32000)
         assert (e.value.status, e.value.param) == (status, param)

@@ -63,12 +63,22 @@ def test_json_object_and_bad_schemas(structured):
     masked = guide.mask(np.zeros(49152, np.float32))
     allowed = np.flatnonzero(np.isfinite(masked))
     assert 0 < len(allowed) < 49152 and all(tok.decode([int(t)]).lstrip().startswith("{") for t in allowed[:50])
-    for schema in ({"type": "nope"}, {"$ref": "#/missing"}):
+    # {"$ref": "#"} has no finite value: llguidance's validate_grammar passes it and its matcher then
+    # allows only EOS (an empty "stop" answer before the probe of the first token)
+    for schema in ({"type": "nope"}, {"$ref": "#/missing"}, {"$ref": "#"}):
         with pytest.raises(ApiError) as e:
             so.grammar(schema)
-        assert e.value.status == 400 and e.value.param == "response_format"
-    with pytest.raises(RuntimeError):
+        assert e.value.status == 400 and e.value.param == "response_format", schema
+    with pytest.raises(ApiError) as e:
+        guide.finish()                                 # EOS before the object began: no "stop" answer
+    assert e.value.status == 400 and "complete" in e.value.message
+    with pytest.raises(ApiError) as e:
         guide.accept(int(tok.encode("hello")[0]))      # a token the grammar forbids: that row's failure
+    assert e.value.status == 400 and e.value.param == "response_format"
+    done = so.guide(so.grammar({"type": "integer"}))
+    for t in tok.encode("42"):
+        done.accept(t)
+    done.finish()                                      # a complete value: EOS is a "stop"
 
 
 def test_a_sentencepiece_tokenizer_is_refused_by_name():

@@ -97,6 +97,17 @@ BAD = [
     ("logit_bias", comp(logit_bias={"1": 5}), False, 400, "logit_bias"),
     ("presence_penalty", comp(presence_penalty=0.5), False, 400, "presence_penalty"),
     ("suffix", comp(suffix="x"), False, 400, "suffix"),
+    ("presence_penalty false", comp(presence_penalty=False), False, 400, "presence_penalty"),
+    ("frequency_penalty string 0", comp(frequency_penalty="0"), False, 400, "frequency_penalty"),
+    # vLLM's extensions that would change the output if msllm ignored them
+    ("repetition_penalty", comp(repetition_penalty=5), False, 400, "repetition_penalty"),
+    ("min_p", chat(min_p=0.1), True, 400, "min_p"),
+    ("min_tokens", comp(min_tokens=3), False, 400, "min_tokens"),
+    ("ignore_eos", comp(ignore_eos=True), False, 400, "ignore_eos"),
+    ("stop_token_ids", comp(stop_token_ids=[2]), False, 400, "stop_token_ids"),
+    ("guided_json", chat(guided_json={"type": "object"}), True, 400, "guided_json"),
+    ("guided_choice", comp(guided_choice=["a", "b"]), False, 400, "guided_choice"),
+    ("skip_special_tokens false", comp(skip_special_tokens=False), False, 400, "skip_special_tokens"),
     ("response_format unknown type", chat(response_format={"type": "xml"}), True, 400, "response_format"),
     ("response_format not object", chat(response_format="json"), True, 400, "response_format"),
     ("json_schema without name", chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
@@ -126,9 +137,13 @@ GOOD = [
     ("top_logprobs 20", chat(logprobs=True, top_logprobs=20), True, "top_logprobs", 20),
     ("text parts joined", chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                      {"type": "text", "text": "b"}]}]),
-     True, "messages", [{"role": "user", "content": "ab"}]),
+     True, "messages", [{"role": "user", "content": "a\nb"}]),   # vLLM's chat_utils: "\n".join(texts)
     ("nulls are absent", comp(seed=None, stop=None, n=None), False, "seed", None),
     ("presence_penalty 0 is off", comp(presence_penalty=0), False, "model", MODEL),
+    ("presence_penalty 0.0 is off", comp(presence_penalty=0.0), False, "model", MODEL),
+    ("vLLM extensions at their off values", comp(repetition_penalty=1.0, min_p=0, min_tokens=0, ignore_eos=False,
+                                                 stop_token_ids=[], skip_special_tokens=True, guided_json=None),
+     False, "model", MODEL),
     ("unknown field ignored", comp(until=["x"], do_sample=False), False, "model", MODEL),
     ("json_object", chat(response_format={"type": "json_object"}), True, "response_format", {"type": "object"}),
     ("json_schema", chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
@@ -188,11 +203,14 @@ def test_bodies_refused(raw, status, what):
     assert e.value.status == status and what in e.value.message, e.value.message
 
 
-def test_number_overflowing_to_infinity_is_refused():
-    body = parse_body(b'{"model": "m", "prompt": "x", "temperature": 1e999}', LIM)
-    with pytest.raises(ApiError) as e:
-        check_request(body, False, MODEL, LIM, VOCAB)
-    assert e.value.param == "temperature" and "finite" in e.value.message
+def test_number_overflowing_to_infinity_is_refused_in_any_field():
+    """Python's json reads 1e999 as inf (no parse_constant call): refused where it is, read or not."""
+    assert json.loads(b'{"t": 1e999}')["t"] == float("inf")
+    for raw, param in [(b'{"model": "m", "prompt": "x", "temperature": 1e999}', "temperature"),
+                       (b'{"model": "m", "prompt": "x", "do_sample_extra": [1, -1e309]}', "do_sample_extra")]:
+        with pytest.raises(ApiError) as e:
+            parse_body(raw, LIM)
+        assert e.value.param == param and "finite" in e.value.message
 
 
 def test_depth_limit_counts_levels_and_allows_a_realistic_chat():
@@ -215,3 +233,24 @@ def test_limits_are_configurable():
         with pytest.raises(ApiError) as e:
             check_request(body, False, MODEL, small, VOCAB)
         assert e.value.param == param
+
+
+@pytest.mark.parametrize("raw,param,path", [
+    (b'{"model": "m", "prompt": "ab\\ud800cd"}', "prompt", "prompt"),
+    (b'{"model": "\\ud800", "prompt": "x"}', "model", "model"),
+    (b'{"model": "m", "prompt": ["ok", "\\udfff"]}', "prompt", "prompt[1]"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "a\\ud800"}]}', "messages", "messages[0].content"),
+    (b'{"model": "m", "prompt": "x", "stop": ["\\ud83d"]}', "stop", "stop[0]"),
+])
+def test_lone_surrogates_are_refused_naming_where(raw, param, path):
+    """JSON's \\u escapes can spell a lone surrogate, which Python's json accepts and no tokenizer or
+    UTF-8 writer does (a 500 before this check): 400 naming the field and the path to the string."""
+    with pytest.raises(ApiError) as e:
+        parse_body(raw, LIM)
+    assert (e.value.status, e.value.param) == (400, param), e.value.body()
+    assert f"'{path}'" in e.value.message and "surrogate" in e.value.message
+
+
+def test_valid_non_ascii_and_surrogate_pairs_pass():
+    body = parse_body(rb'{"model": "m", "prompt": "h\u00e9llo \ud83d\ude00 \u4e2d"}', LIM)   # a pair: one emoji
+    assert body["prompt"] == "h\u00e9llo \U0001F600 \u4e2d"
