@@ -24,6 +24,11 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
   ``decode_values_ab_{float32,int8}_amd_zen4.json``: 1.00x / 1.08x the step): decode attention's value
   sums per slot and head through memory (axpy, ``csrc/decode.cc``) or each kv head's query group held
   in registers; the kernel no longer reads that variable.
+* ``--var MSLLM_DECODE_WARM_BYTES --values 0 33554432`` (and ``67108864``): a trial, not kept (2026-11-29, Intel
+  Xeon, ``decode_warm_next_ab_int8_{32,64}mb_intel_xeon.json``: 1.01x / 1.06x the int8 step): after the decoder
+  stack's operator, a thread of its own prefetched (``prefetcht2``) the first 32 / 64 MB of the next step's
+  weights once no kernel had run for 100 us, i.e. while MindSpore ran the rest of the step; the kernels no
+  longer read that variable.
 
     .venv/bin/python benchmarks/decode_gemv_rows_ab.py --dtype float32 --rounds 6 --out benchmarks/results/decode_gemv_rows_ab_<machine>.json
 
