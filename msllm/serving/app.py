@@ -144,15 +144,20 @@ def build_app(engine: Engine, model_name: str, tokenizer, template, context: int
         watching = asyncio.ensure_future(until_disconnected(request))
         try:
             await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
-            if not collecting.done():       # the client went away: its rows stop at the next step
-                collecting.cancel()
+            gone = watching.done() and not watching.cancelled() and watching.exception() is None
+            if not collecting.done() and gone:     # the client went away: its rows stop at the next step
                 log.info("serving: a client left before its answer; its %d choice(s) cancelled", len(works))
                 return Response(status_code=499)      # nginx's "client closed request": nobody reads it
+            if not collecting.done():              # the watcher itself failed: wait for the answer
+                log.warning("serving: watching a connection failed (%r); waiting for the answer",
+                            watching.exception())
+                await collecting
             results = collecting.result()
         except ApiError as exc:
             return error(exc)
-        finally:
-            watching.cancel()
+        finally:                 # both tasks end with this request, however it ends (a cancel included)
+            for task in (collecting, watching):
+                task.cancel()
             for w in works:      # the client may be gone: nothing left to compute either way
                 w.cancel()
         # a prompt counts once however many choices it has (OpenAI's usage)

@@ -210,8 +210,9 @@ class ContinuousBatch(StagedJoins):
         self._accept(b, row_logits)
 
     def fail_work(self, work, exc: BaseException) -> None:
-        """Answer one work with the engine's error for ``exc`` (``on_error``: logs the traceback,
-        answers a generic 500): that row alone fails."""
+        """Answer one work with the engine's error for ``exc`` (``on_error``: an ApiError, the
+        request's own fault, as it is; anything else a generic 500 and the traceback to the log):
+        that row alone fails."""
         self.on_error(work, exc)
 
     def _groups(self, plans: list) -> list:

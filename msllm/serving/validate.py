@@ -79,17 +79,69 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth of arrays / objects in a parsed JSON value (a scalar: 0), iteratively."""
-    deepest, todo = 0, [(value, 1)]
+def _is_bad(v) -> bool:
+    """A string that is not valid Unicode (a lone surrogate) or a float that overflowed to infinity."""
+    if isinstance(v, str):
+        if v.isascii():
+            return False
+        try:
+            v.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def scan(value: Any) -> tuple:
+    """(nesting depth of arrays / objects (a scalar: 0), whether any key or value is bad
+    (:func:`_is_bad`)) of a parsed JSON value, in one iterative walk; a list of plain integers (token
+    ids, the bulk of a large body) is passed over without a look at each."""
+    deepest, bad_seen, todo = 0, False, [(value, 1)]
     while todo:
         v, d = todo.pop()
-        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, d)
-        todo.extend((c, d + 1) for c in children)
-    return deepest
+        if isinstance(v, dict):
+            deepest = max(deepest, d)
+            bad_seen = bad_seen or any(_is_bad(k) for k in v)
+            todo.extend((c, d + 1) for c in v.values())
+        elif isinstance(v, list):
+            deepest = max(deepest, d)
+            if not all(type(c) is int for c in v):
+                todo.extend((c, d + 1) for c in v)
+        elif not bad_seen:
+            bad_seen = _is_bad(v)
+    return deepest, bad_seen
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of arrays / objects in a parsed JSON value (a scalar: 0), iteratively."""
+    return scan(value)[0]
+
+
+def _printable(key: str) -> str:
+    """A key as it can be written back in an error message (a lone surrogate as its escape)."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _name_the_bad_value(body: dict) -> ApiError:
+    """The 400 naming where :func:`scan` found a bad key or value: its path (``messages[0].content``)
+    and its top-level field (``param``; None when that field's own name is the bad string)."""
+    todo = [(body, None, "")]
+    while todo:
+        v, top, path = todo.pop()
+        if isinstance(v, dict):
+            for k, c in v.items():
+                here = f"{path}.{_printable(k)}" if path else _printable(k)
+                if _is_bad(k):
+                    return bad(f"the key '{here}' is not valid Unicode: it holds a lone surrogate", top)
+                todo.append((c, top or k, here))
+        elif isinstance(v, list):
+            todo.extend((c, top, f"{path}[{i}]") for i, c in enumerate(v))
+        elif isinstance(v, str) and _is_bad(v):
+            i = next(i for i, ch in enumerate(v) if 0xD800 <= ord(ch) <= 0xDFFF)
+            return bad(f"'{path}' is not valid Unicode: it holds a lone surrogate (U+{ord(v[i]):04X})", top)
+        elif _is_bad(v):
+            return bad(f"'{path}' must be a finite number (it overflows float64)", top)
+    raise AssertionError("scan() found a bad value that this walk did not")
 
 
 def parse_body(raw: bytes, limits: Limits) -> dict:
@@ -97,7 +149,11 @@ def parse_body(raw: bytes, limits: Limits) -> dict:
 
     Raises:
         ApiError: 413 over ``limits.max_body_bytes``; 400 for invalid JSON (NaN / Infinity
-            included), nesting deeper than ``limits.max_json_depth``, or anything but an object.
+            included), nesting deeper than ``limits.max_json_depth``, anything but an object, or a
+            key or value anywhere in it, read or not, that is a string with a lone surrogate (JSON's
+            ``\\uD800``-style escapes encode one, which Python's ``json`` accepts but no tokenizer,
+            template or UTF-8 writer does) or a number that overflowed to infinity (``1e309``), naming
+            its path.
     """
     if len(raw) > limits.max_body_bytes:
         raise too_large(limits)
@@ -109,41 +165,12 @@ def parse_body(raw: bytes, limits: Limits) -> dict:
         raise bad(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    if json_depth(body) > limits.max_json_depth:
+    depth, has_bad = scan(body)
+    if depth > limits.max_json_depth:
         raise bad(f"the request body nests deeper than {limits.max_json_depth} levels")
-    check_values(body)
+    if has_bad:
+        raise _name_the_bad_value(body)
     return body
-
-
-def check_values(body: dict) -> None:
-    """Raises ApiError 400 naming the first string (a key or a value) of the parsed body that is not
-    valid Unicode (JSON's ``\\uD800``-style escapes may encode a lone surrogate, which Python's ``json``
-    accepts but no tokenizer, template or UTF-8 writer does), or the first number that overflowed to
-    infinity (``1e309``), in any field, read or not."""
-    todo = [(body, None, "")]
-    while todo:
-        v, top, path = todo.pop()
-        if isinstance(v, dict):
-            items = [(k, c) for k, c in v.items()]
-            for k, _ in items:
-                _utf8(k, top or k, f"{path}.{k}" if path else "a key")
-            todo.extend((c, top or k, f"{path}.{k}" if path else k) for k, c in items)
-        elif isinstance(v, list):
-            todo.extend((c, top, f"{path}[{i}]") for i, c in enumerate(v))
-        elif isinstance(v, str):
-            _utf8(v, top, path)
-        elif isinstance(v, float) and not math.isfinite(v):
-            raise bad(f"'{path}' must be a finite number (it overflows float64)", top)
-
-
-def _utf8(s: str, top, path: str) -> None:
-    if s.isascii():
-        return
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad_char = s[exc.start]
-        raise bad(f"'{path}' is not valid Unicode: it holds a lone surrogate (U+{ord(bad_char):04X})", top) from None
 
 
 def too_large(limits: Limits) -> ApiError:

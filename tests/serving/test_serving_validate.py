@@ -251,6 +251,28 @@ def test_lone_surrogates_are_refused_naming_where(raw, param, path):
     assert f"'{path}'" in e.value.message and "surrogate" in e.value.message
 
 
+@pytest.mark.parametrize("raw,param", [
+    (rb'{"\ud800": 1, "model": "m"}', None),                           # a top-level key: no field to name
+    (rb'{"model": "m", "x": {"a\ud800": 1}}', "x"),
+    (rb'{"model": "m", "messages": [{"role": "user", "content": "a", "\udfff": 2}]}', "messages"),
+])
+def test_lone_surrogates_in_keys_are_refused_and_the_error_renders(raw, param):
+    """The error names a bad key with its escape, so the answer itself encodes as UTF-8 (Starlette's
+    JSONResponse does: a message holding the raw surrogate would turn the 400 into a 500)."""
+    from starlette.responses import JSONResponse
+
+    with pytest.raises(ApiError) as e:
+        parse_body(raw, LIM)
+    assert (e.value.status, e.value.param) == (400, param) and "surrogate" in e.value.message
+    assert b"\\ud" in JSONResponse(e.value.body()).body
+
+
+def test_a_large_id_list_is_scanned_without_a_look_at_each_id():
+    ids = list(range(400_000))
+    body = parse_body(json.dumps({"model": "m", "prompt": ids}).encode(), LIM)
+    assert body["prompt"] == ids and json_depth(body) == 2
+
+
 def test_valid_non_ascii_and_surrogate_pairs_pass():
     body = parse_body(rb'{"model": "m", "prompt": "h\u00e9llo \ud83d\ude00 \u4e2d"}', LIM)   # a pair: one emoji
     assert body["prompt"] == "h\u00e9llo \U0001F600 \u4e2d"

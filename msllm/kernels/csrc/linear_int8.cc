@@ -10,7 +10,7 @@
 // Paths, chosen per call:
 //   * 1-8 rows of x (decoding: one token per sequence): each thread streams its share of W's rows,
 //     two at a time (eight with MSLLM_GEMV_ROWS=8: measured slower here, stream_rows_at_once in
-//     common.h), against every row of x held in cache (memory-bound: the read of W is the step);
+//     stream.h), against every row of x held in cache (memory-bound: the read of W is the step);
 //     instruction set by the CPU's flags at run time (__builtin_cpu_supports): AVX-512F (16 lanes),
 //     else AVX2 + FMA (8 lanes), else plain C++. Both vector variants are compiled into every build
 //     with GCC target attributes, so an AVX2-only machine runs the AVX2 one and a test can run either
