@@ -93,6 +93,15 @@ def _compile(source: str, where: str):
             from None
 
 
+class TemplateRefused(MsllmError):
+    """A chat template could not render a conversation. ``reason`` is the template's own words
+    without the file it came from (a server answers its clients with that part alone)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class ChatTemplate:
     """A Jinja chat template bound to a tokenizer's special-token strings.
 
@@ -140,10 +149,13 @@ class ChatTemplate:
             return self._tmpl.render(messages=messages, tools=None, documents=None,
                                      add_generation_prompt=add_generation_prompt, **self._tokens)
         except jinja2.exceptions.TemplateError as exc:
-            raise MsllmError(f"chat template {self.name} of {self.where} refused the conversation: {exc}") from None
+            reason = f"the chat template refused the conversation: {exc}"
+            raise TemplateRefused(f"chat template {self.name} of {self.where} refused the conversation: {exc}",
+                                  reason) from None
         except Exception as exc:  # a template bug (e.g. indexing an empty list) on this conversation
-            raise MsllmError(f"chat template {self.name} of {self.where} failed to render the conversation: "
-                             f"{type(exc).__name__}: {exc}") from None
+            reason = f"the chat template failed to render the conversation: {type(exc).__name__}: {exc}"
+            raise TemplateRefused(f"chat template {self.name} of {self.where} failed to render the conversation: "
+                                  f"{type(exc).__name__}: {exc}", reason) from None
 
     def prompt(self, turns: Sequence[tuple[str, str]]) -> str:
         """The text to generate the next assistant turn from (``add_generation_prompt=True``)."""

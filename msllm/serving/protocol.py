@@ -61,6 +61,13 @@ def bad(message: str, param: Optional[str] = None, code: Optional[str] = None) -
     return ApiError(400, message, param, code)
 
 
+def messages_error(exc: Exception) -> ApiError:
+    """The 400 naming ``messages`` for a conversation that cannot be rendered (an MsllmError of
+    ``msllm.generation.prompts`` or the chat template); a template's refusal is told without the
+    path of the file it came from (``TemplateRefused.reason``: the server's layout is its own)."""
+    return bad(getattr(exc, "reason", str(exc)), "messages")
+
+
 @dataclass
 class Job:
     """One prompt to continue (one choice of a response).
@@ -196,7 +203,7 @@ def chat_request(f: dict, tokenizer, template, context: int, defaults: RequestDe
             raise bad("the last message must be a user message (this server answers it)", "messages")
         ids = encode_turns(tokenizer, template, record.turns)
     except MsllmError as exc:
-        raise bad(str(exc), "messages") from None
+        raise messages_error(exc) from None
     default = defaults.max_tokens if defaults.max_tokens is not None else context
     m = _max_tokens(f, ("max_completion_tokens", "max_tokens"), len(ids), context, default)
     top = f.get("top_logprobs", 0) if f.get("logprobs") else None

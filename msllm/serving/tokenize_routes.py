@@ -17,7 +17,7 @@ OpenAI's error object, naming the field.
 
 from __future__ import annotations
 
-from msllm.serving.protocol import ApiError, bad
+from msllm.serving.protocol import ApiError, bad, messages_error
 from msllm.serving.validate import Limits, check_bool, is_int, check_messages
 
 
@@ -54,7 +54,7 @@ def tokenize_body(body: dict, served: str, tokenizer, template, context: int, li
                 raise bad("the last message must be a user message", "messages")
             ids = encode_turns(tokenizer, template, record.turns)
         except MsllmError as exc:
-            raise bad(str(exc), "messages") from None
+            raise messages_error(exc) from None
     pieces = [tokenizer.id_to_token(int(t)) for t in ids] if strs else None
     return {"count": len(ids), "max_model_len": context, "tokens": [int(t) for t in ids], "token_strs": pieces}
 

@@ -38,7 +38,11 @@ UNSUPPORTED = {"suffix": None, "logit_bias": None, "tools": None, "tool_choice":
                "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
                "use_beam_search": False, "length_penalty": 1, "include_stop_str_in_output": False,
                "skip_special_tokens": True, "prompt_logprobs": None, "truncate_prompt_tokens": None,
-               "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None}
+               "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+               "structured_outputs": None, "bad_words": [], "allowed_token_ids": None}
+# and on chat only: vLLM's chat-rendering extensions (msllm renders with the server's template, as is)
+CHAT_UNSUPPORTED = {"echo": False, "continue_final_message": False, "add_generation_prompt": True,
+                    "chat_template": None, "chat_template_kwargs": None}
 
 
 def is_off(value, off) -> bool:
@@ -310,7 +314,7 @@ def check_request(body: dict, chat: bool, served: str, limits: Limits, vocab_siz
     for key in REQUIRED["chat" if chat else "completion"]:
         if body.get(key) is None:
             raise bad(f"'{key}' is required", key)
-    for key, off in UNSUPPORTED.items():
+    for key, off in (dict(UNSUPPORTED, **CHAT_UNSUPPORTED) if chat else UNSUPPORTED).items():
         if key in body and body[key] is not None and not is_off(body[key], off):
             raise bad(f"'{key}' is not supported by this server (leave it out{'' if off is None else f' or send {json.dumps(off)}'})",
                       key, "unsupported_parameter")
@@ -340,4 +344,5 @@ def check_request(body: dict, chat: bool, served: str, limits: Limits, vocab_siz
     return out
 
 
-__all__ = ["Limits", "parse_body", "check_request", "json_depth", "too_large", "SEED_MAX", "UNSUPPORTED"]
+__all__ = ["Limits", "parse_body", "check_request", "json_depth", "too_large", "SEED_MAX", "UNSUPPORTED",
+           "CHAT_UNSUPPORTED"]

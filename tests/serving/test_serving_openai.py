@@ -136,15 +136,37 @@ def test_concurrent_clients_get_their_own_greedy_outputs_and_bad_requests_their_
 
 
 def test_a_full_queue_answers_429(server):
-    """More requests than 8 running + 16 waiting: the rest get 429 with Retry-After (the queue
-    holds 16), and the server answers afterwards. At least 17 are served: the 16 the queue holds
-    and one running; 24 when the first 8 reach the idle engine within its burst windows (one run on
-    a loaded machine saw 23: the first batch started with 7 rows)."""
-    body = {"model": MODEL, "prompt": "Count to one hundred:", "max_tokens": 24, "temperature": 0}
-    with cf.ThreadPoolExecutor(40) as pool:
-        codes = [f.result(timeout=900)[0] for f in [pool.submit(server.post, "/v1/completions", body)
-                                                    for _ in range(40)]]
-    assert codes.count(429) >= 1 and codes.count(200) >= 17 and set(codes) <= {200, 429}
+    """With the 8 rows busy (8 long streams, each read until its first token) 24 more requests get
+    exactly 16 places in the queue (``--max_queue 16``) and 8 answers 429 with Retry-After; once the
+    long streams' clients leave, the 16 queued ones are served, and the server answers afterwards."""
+    import http.client
+
+    port = int(server.url.rsplit(":", 1)[1])
+    long_body = json.dumps({"model": MODEL, "prompt": "Count to one thousand:", "stream": True, "max_tokens": 2000,
+                            "temperature": 0})
+    streams = []
+    for _ in range(8):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("POST", "/v1/completions", long_body, {"Content-Type": "application/json",
+                                                            "Authorization": f"Bearer {KEY}"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert resp.readline().startswith(b"data: ")          # its row is decoding
+        streams.append(conn)
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    with cf.ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(server.post, "/v1/completions", body) for _ in range(24)]
+        t = time.time()
+        while sum(f.done() for f in futures) < 8:              # the 8 the queue cannot take answer at once
+            assert time.time() - t < 120
+            time.sleep(0.05)
+        early = [f.result()[0] for f in futures if f.done()]
+        for conn in streams:                                   # the long streams' clients leave
+            conn.sock.close()
+            conn.close()
+        codes = [f.result(timeout=600)[0] for f in futures]
+    assert early == [429] * 8, early
+    assert codes.count(429) == 8 and codes.count(200) == 16, codes
     assert server.post("/v1/completions", dict(body, max_tokens=2))[0] == 200
 
 

@@ -222,3 +222,23 @@ def test_metrics_exposition_parses_back():
     assert samples[("msllm:request_failure_total", ())] == 1
     assert samples[("msllm:kv_cache_slots_in_use", ())] == 32
     assert samples[("msllm:kv_cache_usage_perc", ())] == pytest.approx(32 / 1024)
+
+
+def test_a_template_refusal_is_a_400_without_the_servers_file_paths(tok):
+    """A chat template's raise_exception reaches the client as a 400 naming ``messages`` in the
+    template's own words; the message the CLI prints names the template's file, the client's does not."""
+    from msllm.data.chat_template import ChatTemplate, TemplateRefused
+    from msllm.serving.tokenize_routes import tokenize_body
+
+    refusing = ChatTemplate("{{ raise_exception('roles must alternate') }}", tok)
+    assert refusing.where.endswith("tokenizer.model")          # a path on the server's disk
+    with pytest.raises(TemplateRefused) as cli:
+        refusing.prompt([("human", "hi")])
+    assert refusing.where in str(cli.value)
+    msgs = [{"role": "user", "content": "hi"}]
+    for build in (lambda: chat_request(fields({"messages": msgs}, chat=True), tok, refusing, CONTEXT),
+                  lambda: tokenize_body({"messages": msgs}, MODEL, tok, refusing, CONTEXT, Limits())):
+        with pytest.raises(ApiError) as e:
+            build()
+        assert (e.value.status, e.value.param) == (400, "messages")
+        assert "roles must alternate" in e.value.message and refusing.where not in e.value.message
