@@ -5,16 +5,16 @@
         [--tokenizer PATH] [--template NAME] [--host 127.0.0.1] [--port 8000]
         [--api_key KEY | --api_key_file FILE | env MSLLM_API_KEY] [--model_name NAME] [--max_batch 8]
         [--batch_window_ms 20] [--max_queue 64] [--max_tokens_default N] [--max_body_bytes 4194304]
-        [--max_prompts 64] [--max_echo_logprobs_tokens 2048] [--enable_prefix_caching] [--prefix_cache_mb 1024] [--prefill_chunk_size 512]
-        [--no_warmup] [--warmup_slots 4096] [--section.key=value ...]
+        [--max_prompts 64] [--max_echo_logprobs_tokens 2048] [--enable_prefix_caching] [--prefix_cache_mb 1024]
+        [--prefill_chunk_size 512] [--no_warmup] [--warmup_slots 4096] [--section.key=value ...]
 
 Requests decode in one continuous batch on the key/value cache (``--max_batch`` rows): waiting
 requests join between two decode steps, a finished row is free at the next; when idle, the first
 request waits ``--batch_window_ms`` after each arrival for another (at most 10 windows), so a burst
 starts together. Each row has its own settings; a request's greedy output is the same alone and in
-a batch. ``--max_queue`` choices (prompts x ``n`` of every request) wait at most, more are answered 429
-(a single request asking for more gets a 400). It listens on 127.0.0.1 unless ``--host`` says otherwise, and
-any other address needs ``--api_key`` (clients send ``Authorization: Bearer KEY``). SIGTERM (or
+a batch. ``--max_queue`` choices (prompts x ``n`` of every request) wait at most, more are answered
+429 (a single request asking for more gets a 400). It listens on 127.0.0.1 unless ``--host`` says
+otherwise, and any other address needs ``--api_key`` (clients send ``Authorization: Bearer KEY``). SIGTERM (or
 Ctrl-C) stops accepting connections, finishes the requests in flight, and exits 0.
 The model name clients send is ``--model_name`` (default: the checkpoint's directory or file name).
 Chat messages are rendered with ``--template`` (default: the checkpoint's, else the tokenizer's chat

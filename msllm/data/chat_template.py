@@ -94,12 +94,13 @@ def _compile(source: str, where: str):
 
 
 class TemplateRefused(MsllmError):
-    """A chat template could not render a conversation. ``reason`` is the template's own words
-    without the file it came from (a server answers its clients with that part alone)."""
+    """A chat template could not render a conversation: ``what`` happened (the template's own words).
+    The message names the template and its file; ``reason`` says the same without them (a server
+    answers its clients with that part alone)."""
 
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
+    def __init__(self, template: "ChatTemplate", what: str):
+        super().__init__(f"chat template {template.name} of {template.where} {what}")
+        self.reason = f"the chat template {what}"
 
 
 class ChatTemplate:
@@ -149,13 +150,9 @@ class ChatTemplate:
             return self._tmpl.render(messages=messages, tools=None, documents=None,
                                      add_generation_prompt=add_generation_prompt, **self._tokens)
         except jinja2.exceptions.TemplateError as exc:
-            reason = f"the chat template refused the conversation: {exc}"
-            raise TemplateRefused(f"chat template {self.name} of {self.where} refused the conversation: {exc}",
-                                  reason) from None
+            raise TemplateRefused(self, f"refused the conversation: {exc}") from None
         except Exception as exc:  # a template bug (e.g. indexing an empty list) on this conversation
-            reason = f"the chat template failed to render the conversation: {type(exc).__name__}: {exc}"
-            raise TemplateRefused(f"chat template {self.name} of {self.where} failed to render the conversation: "
-                                  f"{type(exc).__name__}: {exc}", reason) from None
+            raise TemplateRefused(self, f"failed to render the conversation: {type(exc).__name__}: {exc}") from None
 
     def prompt(self, turns: Sequence[tuple[str, str]]) -> str:
         """The text to generate the next assistant turn from (``add_generation_prompt=True``)."""

@@ -11,7 +11,8 @@ what lm-evaluation-harness's ``local-completions`` backend sends and reads
 * ``POST /v1/completions``: ``prompt`` as text, a list of texts, token ids or a list of id lists;
   text gets the tokenizer's BOS rule, ids are used as given (as vLLM); ``n`` choices per prompt
   (index ``i * n + j``). ``max_tokens`` (default 16, or the server's default), ``temperature``
-  (default 1; 0, or below 1e-5 as in vLLM, = greedy), ``top_p``, ``top_k`` (extension; 0 or -1 = off), ``stop``, ``seed``,
+  (default 1; 0, or below 1e-5 as in vLLM, = greedy), ``top_p``, ``top_k`` (extension; 0 or -1 =
+  off), ``stop``, ``seed``,
   ``echo`` (the prompt's text, and with ``logprobs`` its tokens' log-probabilities, the first
   ``null``), ``logprobs`` (0..5), ``stream``, ``stream_options.include_usage``.
 * ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (the one

@@ -17,17 +17,13 @@ OpenAI's error object, naming the field.
 
 from __future__ import annotations
 
-from msllm.serving.protocol import ApiError, bad, messages_error
-from msllm.serving.validate import Limits, check_bool, is_int, check_messages
+from msllm.serving.protocol import bad, messages_error
+from msllm.serving.validate import Limits, check_bool, check_messages, check_model, is_int
 
 
 def _model(body: dict, served: str) -> None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad(f"'model' must be a string, got {type(model).__name__}", "model")
-    if model is not None and model != served:
-        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{served}'", "model",
-                       "model_not_found", kind="invalid_request_error")
+    if body.get("model") is not None:        # optional here (vLLM); when given, checked as on /v1
+        check_model(body["model"], served)
 
 
 def tokenize_body(body: dict, served: str, tokenizer, template, context: int, limits: Limits) -> dict:

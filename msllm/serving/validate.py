@@ -43,6 +43,7 @@ UNSUPPORTED = {"suffix": None, "logit_bias": None, "tools": None, "tool_choice":
 # and on chat only: vLLM's chat-rendering extensions (msllm renders with the server's template, as is)
 CHAT_UNSUPPORTED = {"echo": False, "continue_final_message": False, "add_generation_prompt": True,
                     "chat_template": None, "chat_template_kwargs": None}
+_CHAT_REFUSED = dict(UNSUPPORTED, **CHAT_UNSUPPORTED)
 
 
 def is_off(value, off) -> bool:
@@ -301,6 +302,16 @@ CHAT_FIELDS = dict(COMMON_FIELDS, messages=check_messages, logprobs=check_bool,
 REQUIRED = {"completion": ("model", "prompt"), "chat": ("model", "messages")}
 
 
+def check_model(model, served: str) -> str:
+    """A request's ``model``: 400 unless a string, 404 (``model_not_found``, as OpenAI answers) unless
+    the one this server serves."""
+    _string("model", model, None)
+    if model != served:
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{served}'",
+                       "model", "model_not_found", kind="invalid_request_error")
+    return model
+
+
 def check_request(body: dict, chat: bool, served: str, limits: Limits, vocab_size: int) -> dict:
     """Every field of a ``/v1/completions`` (``chat`` False) or ``/v1/chat/completions`` body ->
     {field: normalised value} for the fields present and not null.
@@ -314,14 +325,12 @@ def check_request(body: dict, chat: bool, served: str, limits: Limits, vocab_siz
     for key in REQUIRED["chat" if chat else "completion"]:
         if body.get(key) is None:
             raise bad(f"'{key}' is required", key)
-    for key, off in (dict(UNSUPPORTED, **CHAT_UNSUPPORTED) if chat else UNSUPPORTED).items():
+    for key, off in (_CHAT_REFUSED if chat else UNSUPPORTED).items():
         if key in body and body[key] is not None and not is_off(body[key], off):
-            raise bad(f"'{key}' is not supported by this server (leave it out{'' if off is None else f' or send {json.dumps(off)}'})",
-                      key, "unsupported_parameter")
+            send = "" if off is None else f" or send {json.dumps(off)}"
+            raise bad(f"'{key}' is not supported by this server (leave it out{send})", key, "unsupported_parameter")
     out = {key: table[key](key, v, limits) for key, v in body.items() if key in table and v is not None}
-    if out["model"] != served:
-        raise ApiError(404, f"The model '{out['model']}' does not exist; this server serves '{served}'",
-                       "model", "model_not_found", kind="invalid_request_error")
+    check_model(out["model"], served)
     n = out.get("n", 1)
     if "best_of" in out and out["best_of"] != n:
         raise bad("'best_of' other than 'n' is not supported", "best_of", "unsupported_parameter")
@@ -344,5 +353,5 @@ def check_request(body: dict, chat: bool, served: str, limits: Limits, vocab_siz
     return out
 
 
-__all__ = ["Limits", "parse_body", "check_request", "json_depth", "too_large", "SEED_MAX", "UNSUPPORTED",
-           "CHAT_UNSUPPORTED"]
+__all__ = ["Limits", "parse_body", "check_request", "check_model", "json_depth", "too_large", "SEED_MAX",
+           "UNSUPPORTED", "CHAT_UNSUPPORTED"]

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "pool.h"
 #include "scratch.h"
-#include "switches.h"
 #include "vec.h"
 
 namespace msllm {
