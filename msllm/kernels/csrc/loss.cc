@@ -33,23 +33,7 @@ MSLLM_AOT(msllm_cross_entropy) {
     for (int64_t r = r0; r < r1; ++r) {
       const float *row = z + r * v;
       const float m = row_max(row, v);
-      float s = 0.f;
-#if defined(MSLLM_VEC_AVX512)
-      __m512 acc = _mm512_setzero_ps(), vm = _mm512_set1_ps(m);
-      for (int64_t j = 0; j < v; j += 16) {
-        __mmask16 k = tail_mask(v - j);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vm))));
-      }
-      s = _mm512_reduce_add_ps(acc);
-#else
-      int64_t j = 0;
-#if defined(MSLLM_VEC_AVX2)
-      __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
-      for (; j + 8 <= v; j += 8) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm)));
-      s = hsum8(acc);
-#endif
-      for (; j < v; ++j) s += exp_scalar(row[j] - m);
-#endif
+      const float s = exp_sum(row, v, m);   // vec.h: summed in blocks
       const float lse = m + std::log(s);
       const int32_t t = y[r];
       out[2 * r] = (t >= 0 && t < v) ? lse - row[t] : 0.f;

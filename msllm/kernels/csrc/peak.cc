@@ -4,7 +4,13 @@
 // clock the CPU describes (a KVM guest's /proc/cpuinfo gives the TSC rate, below the turbo clock),
 // so that MFU cannot exceed 100%. Built alone (not part of libmsllm_kernels.so) and measured once by
 // msllm/kernels/clock_probe.py, which ``python -m msllm.kernels.build`` runs first.
-#include <chrono>
+//
+// Each thread's loop is timed by the CPU time that thread ran (CLOCK_THREAD_CPUTIME_ID), not by the wall
+// clock: `make install` may run while other work shares the cores (a compile, a test run), and a thread
+// descheduled half the time would halve the clock measured. On the AMD EPYC Zen 3 (2 cores), with a
+// 2-thread llama.cpp compile running beside it, the wall-clock probe read 80.2 GFLOP/s against 196.2 idle,
+// which would have made every MFU figure 2.4x too high.
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -13,6 +19,13 @@
 #endif
 
 namespace {
+
+// seconds of CPU time the calling thread has run
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // 12 independent accumulators: enough to cover a 4-cycle FMA latency on two pipes.
 constexpr int kChains = 12;
@@ -41,12 +54,12 @@ double fma_loop_seconds(long iters) {
   V acc[kChains];
   for (int i = 0; i < kChains; i++) acc[i] = set(1.0f + i * 1e-7f);
   const V b = set(0.999999f), c = set(1e-7f);
-  auto t0 = std::chrono::steady_clock::now();
+  const double t0 = thread_cpu_seconds();
   for (long i = 0; i < iters; i++) {
 #pragma GCC unroll 12
     for (int j = 0; j < kChains; j++) acc[j] = fma(acc[j], b, c);
   }
-  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double dt = thread_cpu_seconds() - t0;
   volatile float keep = 0;
   for (int j = 0; j < kChains; j++) keep = keep + sum(acc[j]);
   return dt;
@@ -65,8 +78,8 @@ extern "C" __attribute__((visibility("default"))) int msllm_fma_lanes() {
 #endif
 }
 
-// GFLOP/s of ``threads`` threads each running the loop at once for about ``seconds`` (the
-// slowest thread's time counts): threads x iterations x chains x lanes x 2 FLOPs / seconds.
+// GFLOP/s of ``threads`` threads each running the loop at once for about ``seconds`` of CPU time (the
+// slowest thread's CPU time counts): threads x iterations x chains x lanes x 2 FLOPs / seconds.
 extern "C" __attribute__((visibility("default"))) double msllm_fma_gflops(int threads, double seconds) {
   const long probe = 1 << 20;
   double per_iter = fma_loop_seconds(probe) / probe;

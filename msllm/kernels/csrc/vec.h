@@ -130,36 +130,69 @@ inline float row_max(const float *x, int64_t n) {
   return m;
 }
 
-// y[j] = exp(alpha * x[j] - shift) for j < n; returns the sum (y may alias x)
-inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, float shift) {
+// Sums of exponentials over long rows (a vocabulary of 49k-150k logits, a decode row of up to 131k cached
+// slots) are taken in blocks of kExpSumBlock terms: each block summed in its own vector, then added to the
+// total. One running float32 sum per lane instead lost every term below half a unit in the last place of
+// that lane's sum, always downwards: SmolLM2's log-sum-exp came out ~1e-5 low on AVX2, whose 8 lanes each
+// summed 6144 of its 49152 logits (AVX-512's 16 lanes, half that). tests/kernels/test_kernels_exp_sum.py.
+constexpr int64_t kExpSumBlock = 256;
+
+// y[j] = exp(alpha * x[j] - shift) for j < n when kStore; returns the sum (y may alias x)
+template <bool kStore>
+inline float exp_shift_sum_blocked(const float *x, float *y, int64_t n, float alpha, float shift) {
   int64_t j = 0;
   float s = 0.f;
 #if defined(MSLLM_VEC_AVX512)
-  __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
-  for (; j < n; j += 16) {
-    __mmask16 k = tail_mask(n - j);
-    __m512 e = exp512(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, x + j), va, vs));
-    e = _mm512_maskz_mov_ps(k, e);
-    _mm512_mask_storeu_ps(y + j, k, e);
-    acc = _mm512_add_ps(acc, e);
+  __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(shift), total = _mm512_setzero_ps();
+  while (j < n) {   // kExpSumBlock is a multiple of 16: only the last vector is partial
+    const int64_t end = std::min(n, j + kExpSumBlock);
+    __m512 acc = _mm512_setzero_ps();
+    for (; j < end; j += 16) {
+      __mmask16 k = tail_mask(end - j);
+      __m512 e = exp512(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, x + j), va, vs));
+      e = _mm512_maskz_mov_ps(k, e);
+      if constexpr (kStore) _mm512_mask_storeu_ps(y + j, k, e);
+      acc = _mm512_add_ps(acc, e);
+    }
+    total = _mm512_add_ps(total, acc);
   }
-  s = _mm512_reduce_add_ps(acc);
+  s = _mm512_reduce_add_ps(total);
 #else
 #if defined(MSLLM_VEC_AVX2)
-  __m256 va = _mm256_set1_ps(alpha), vs = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp256(_mm256_fmsub_ps(_mm256_loadu_ps(x + j), va, vs));
-    _mm256_storeu_ps(y + j, e);
-    acc = _mm256_add_ps(acc, e);
+  __m256 va = _mm256_set1_ps(alpha), vs = _mm256_set1_ps(shift), total = _mm256_setzero_ps();
+  const int64_t vec = n / 8 * 8;
+  while (j < vec) {
+    const int64_t end = std::min(vec, j + kExpSumBlock);
+    __m256 acc = _mm256_setzero_ps();
+    for (; j < end; j += 8) {
+      const __m256 e = exp256(_mm256_fmsub_ps(_mm256_loadu_ps(x + j), va, vs));
+      if constexpr (kStore) _mm256_storeu_ps(y + j, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    total = _mm256_add_ps(total, acc);
   }
-  s = hsum8(acc);
+  s = hsum8(total);
 #endif
-  for (; j < n; ++j) {
-    y[j] = exp_scalar(alpha * x[j] - shift);
-    s += y[j];
+  float block = 0.f;
+  for (int64_t b = 0; j < n; ++j) {
+    const float e = exp_scalar(alpha * x[j] - shift);
+    if constexpr (kStore) y[j] = e;
+    block += e;
+    if (++b == kExpSumBlock) s += block, block = 0.f, b = 0;
   }
+  s += block;
 #endif
   return s;
+}
+
+// y[j] = exp(alpha * x[j] - shift) for j < n; returns the sum (y may alias x)
+inline float exp_shift_sum(const float *x, float *y, int64_t n, float alpha, float shift) {
+  return exp_shift_sum_blocked<true>(x, y, n, alpha, shift);
+}
+
+// sum_j exp(x[j] - shift) for j < n
+inline float exp_sum(const float *x, int64_t n, float shift) {
+  return exp_shift_sum_blocked<false>(x, nullptr, n, 1.f, shift);
 }
 
 // sum_j a[j] * b[j]
