@@ -1,7 +1,7 @@
 """Read bandwidth of batch-1 matrix-vector products over SmolLM2-135M's float32 weight set on 2
 threads, outside any framework (issue #32: why msllm's decode kernels read ~15 GB/s where the
 floor's 1 GiB ``torch.mv`` reads ~30). Compiles ``weight_stream_bandwidth.cc`` (g++ -O3
--march=native, AVX-512 intrinsics: an AVX-512 machine only) into ``benchmarks/.cache`` and runs
+-march=native: AVX-512 vectors, or AVX2 + FMA ones on a CPU without AVX-512) into ``benchmarks/.cache`` and runs
 each variant once per round, the variants in alternating order, ``--passes`` passes over the
 538 MB each (the first not counted); per variant the median over rounds of the best pass.
 

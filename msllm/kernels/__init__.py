@@ -50,8 +50,8 @@ KERNEL_SWITCHES = {
     "MSLLM_GEMV_SPLIT": (("ranges", "chunks"), "'ranges' (each thread a contiguous share of a weight-streaming "
                                                "product's rows; the default) or 'chunks' (chunks handed out one "
                                                "by one)"),
-    "MSLLM_GEMV_ROWS": (("2", "8"), "'2' or '8' (weight rows the AVX-512 streaming products read at once at 1-2 "
-                                    "rows of x)"),
+    "MSLLM_GEMV_ROWS": (("2", "8"), "'2' or '8' (weight rows the streaming products read at once: AVX-512 at 1-2 "
+                                    "rows of x, AVX2 at 1)"),
     "MSLLM_GEMV_MAX_ROWS": (("4", "8"), "'4' or '8' (rows of x up to which float32 weights are streamed, more on "
                                         "oneDNN)"),
     "MSLLM_GEMV_ISA": (("avx512", "avx2", "none"), "'avx512' (the widest the CPU has), 'avx2' or 'none' (oneDNN's "

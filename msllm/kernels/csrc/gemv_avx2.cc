@@ -2,7 +2,7 @@
 // or bfloat16) with AVX2 + FMA, 8 lanes: the path of a CPU without AVX-512 (linear.cc chooses it at
 // run time from the CPU's flags, or MSLLM_GEMV_ISA=avx2 on any AVX2 machine). Compiled into every build
 // with a GCC target attribute, as linear_int8.cc's AVX2 variant. Each thread streams its share of W's
-// rows, R at a time, against every row of x held in cache; sums per 8 lanes (two sets, even and odd blocks of
+// rows, R at a time (2, or 8 at one row of x for float32 weights on AMD cores), against every row of x held in cache; sums per 8 lanes (two sets, even and odd blocks of
 // 8 inputs, at 1-2 rows of x), then the lanes reduced, the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32 rounding).
 #include "common.h"
 #include "avx2.h"
@@ -86,9 +86,23 @@ MSLLM_AVX2 void rows(const float *x, const W *w, float *y, int64_t in, int64_t o
 template <int M, class W>
 void stream(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread
+  // at one row of x, 8 weight rows at once where stream_rows_at_once says 8 (float32 weights on AMD cores),
+  // each output still with its two chains (the same bits as 2 rows; the 16 accumulators spill a little).
+  // SmolLM2's float32 batch-1 step on an AMD EPYC Zen 3, alternated in one process (decode_gemv_rows_ab.py,
+  // benchmarks/results/decode_avx2_rows8_ab_float32_amd_zen3.json): 0.92x (every round below 1, 0.81-0.98);
+  // 4 rows: 0.98x (0.86-1.03, decode_avx2_rows4_ab_float32_amd_zen3.json). Outside any framework 2 threads
+  // read the float32 weight set at 32.1 GB/s with 8 rows against 25.4 with 2 (weight_stream_bandwidth.py)
+  const int wide = M == 1 && stream_rows_at_once(sizeof(W)) == 8 ? 8 : 2;
   const StreamPrefetch pf = stream_prefetch();
-  for_row_chunks(in, sizeof(W), out,
-                 [&](int64_t o0, int64_t o1) { rows<M, (M <= 4 ? 2 : 1), W>(x, w, y, in, out, o0, o1, pf); });
+  for_row_chunks(
+      in, sizeof(W), out,
+      [&](int64_t o0, int64_t o1) {
+        if (M == 1 && wide == 8)
+          rows<1, 8, W>(x, w, y, in, out, o0, o1, pf);
+        else
+          rows<M, (M <= 4 ? 2 : 1), W>(x, w, y, in, out, o0, o1, pf);
+      },
+      wide);
 }
 
 template <class W>

@@ -313,14 +313,10 @@ extern "C" __attribute__((visibility("default"))) int msllm_gemv_isa() { return 
 // The form of the vector helpers (softmax, norms, SwiGLU, loss, attention's dots) this build was compiled
 // with: 2 = AVX-512F, 1 = AVX2 + FMA, 0 = plain C++ (vec.h vector_isa).
 extern "C" __attribute__((visibility("default"))) int msllm_vector_isa() { return vector_isa(); }
-// The weight rows the AVX-512 streaming path reads at once at batch 1 and 2 for float32 weights
-// (stream_rows_at_once; 2 in a build without AVX-512).
+// The weight rows the streaming path in use reads at once at batch 1 for float32 weights
+// (stream_rows_at_once: the AVX-512 path also at batch 2; 2 without a streaming path).
 extern "C" __attribute__((visibility("default"))) int msllm_gemv_rows() {
-#if defined(__AVX512F__)
-  return stream_rows_at_once(4);
-#else
-  return 2;
-#endif
+  return gemv_isa() == GemvIsa::kNone ? 2 : stream_rows_at_once(4);
 }
 
 // Which parallel GEMM the kernels run (Python: msllm.kernels.gemm_path): 1 = oneDNN's threadpool
