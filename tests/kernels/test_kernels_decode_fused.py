@@ -1,8 +1,8 @@
 """The fused decode step (msllm/kernels/csrc/decode_fused.cc): ``decode_front`` (RMSNorm, q / k / v
 projections, rotary, the attention scale) and ``decode_back`` (decode attention, o projection,
 residual add + RMSNorm, SwiGLU MLP, residual add), for float32, bfloat16 and int8 weights (int8 on
-each instruction-set path this CPU can execute, ``MSLLM_INT8_ISA``), and a mix of them. The whole file also runs against the
-library compiled as for an AVX2-only machine (``-march=haswell``: tests/kernels/test_kernels_avx2_build.py).
+each instruction-set path this CPU can execute, ``MSLLM_INT8_ISA``), and a mix of them. The whole file
+also runs against the library compiled as for an AVX2-only machine (``-march=haswell``: tests/kernels/test_kernels_avx2_build.py).
 
 Two references: (1) numpy float64 of the layer's formulas (HF ``LlamaDecoderLayer`` with
 ``rotate_half`` rotary; weights as the kernel reads them: bfloat16 values widened, int8 dequantised

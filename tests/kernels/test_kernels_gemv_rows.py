@@ -1,6 +1,7 @@
 """The weight-streaming products (decoding's y = x W^T for 1-8 rows of x: float32 / bfloat16 weights in
 ``csrc/linear.cc`` and ``csrc/gemv_avx2.cc``, int8 in ``csrc/linear_int8.cc``) stream 8 weight rows at once
-(float32 weights on AMD cores) or 2 (``stream_rows_at_once`` in stream.h; MSLLM_GEMV_ROWS forces one for every weight type):
+(float32 weights on AMD cores) or 2 (``stream_rows_at_once`` in stream.h; MSLLM_GEMV_ROWS forces one for every
+weight type):
 both give the same bits and float64's product; so does every software prefetch distance
 (``stream_prefetch``: MSLLM_GEMV_PREFETCH into L1, MSLLM_GEMV_PREFETCH_FAR into L2; 0 = none), either split
 of a product's rows between the threads (``for_row_chunks``, MSLLM_GEMV_SPLIT) and any thread count. The

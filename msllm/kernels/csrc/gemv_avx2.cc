@@ -2,8 +2,10 @@
 // or bfloat16) with AVX2 + FMA, 8 lanes: the path of a CPU without AVX-512 (linear.cc chooses it at
 // run time from the CPU's flags, or MSLLM_GEMV_ISA=avx2 on any AVX2 machine). Compiled into every build
 // with a GCC target attribute, as linear_int8.cc's AVX2 variant. Each thread streams its share of W's
-// rows, R at a time (2, or 8 at one row of x for float32 weights on AMD cores), against every row of x held in cache; sums per 8 lanes (two sets, even and odd blocks of
-// 8 inputs, at 1-2 rows of x), then the lanes reduced, the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32 rounding).
+// rows, R at a time (2, or 8 at one row of x for float32 weights on AMD cores), against every row of x
+// held in cache; sums per 8 lanes (two sets, even and odd blocks of 8 inputs, at 1-2 rows of x), then the
+// lanes reduced, the last in % 8 inputs in scalar code (another order than the AVX-512 path: float32
+// rounding).
 #include "common.h"
 #include "avx2.h"
 #include "parts.h"

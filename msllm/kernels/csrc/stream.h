@@ -45,8 +45,8 @@ inline void huge_pages_for(const void *p, int64_t bytes) {
 // Weight rows the streaming products (linear.cc's float32 / bfloat16 on AVX-512 at batch 1 and 2,
 // gemv_avx2.cc's at batch 1, linear_int8.cc's int8 on AVX-512) read at once, for weights of elem_bytes
 // bytes: 8 for float32 weights on AMD cores, else 2. On AMD EPYC Zen 3 (AVX2 only) 8 rows made the float32
-// batch-1 step 0.92x (gemv_avx2.cc says where measured). Measured on AMD EPYC Zen 4 (2 cores): outside any framework 8 float32 rows read 27.5 GB/s
-// against 24.5 with 2 (benchmarks/weight_stream_bandwidth.py: more streams in flight per core); in
+// batch-1 step 0.92x (gemv_avx2.cc says where measured). Measured on AMD EPYC Zen 4 (2 cores): outside
+// any framework 8 float32 rows read 27.5 GB/s against 24.5 with 2 (benchmarks/weight_stream_bandwidth.py: more streams in flight per core); in
 // SmolLM2's decode step, the two alternated in one process (benchmarks/decode_gemv_rows_ab.py,
 // results decode_gemv_rows_ab_*_amd_zen4.json), 8 rows over 2: float32 0.93x the step time, bfloat16
 // 1.02x, int8 1.08x (their widening instructions, not the reads, set the pace there). On the Intel Xeon
