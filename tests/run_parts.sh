@@ -19,7 +19,8 @@
 # one thread per process here (OMP_NUM_THREADS=1 unless set): two workers on 2 cores already fill the machine,
 # and two spinning OpenMP threads per process beside the other worker's made the references several times
 # slower (two concurrent runs of tests/generation/test_generation_beam.py: 29.5 s -> 19.4 s with it, 2026-11-27).
-# Tests that time a 2-thread run set their own (tests/training/test_dpo_trl.py's workers).
+# Child processes inherit it (tests/training/test_dpo_trl.py's TRL side: 84 s with 2 threads, 54 s with 1, beside
+# a busy core).
 #
 # Each pytest process writes its per-test durations (MSLLM_DURATIONS_FILE; the worker of each test,
 # and each worker's RSS growth per test); they are joined into tests/durations.txt. Every part runs

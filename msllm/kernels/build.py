@@ -20,6 +20,7 @@ is written under a temporary name and renamed, so an interrupted build leaves no
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -143,18 +144,12 @@ def _build(d: str, force: bool, verbose: bool) -> str:
         return lib
     cxx, _, version = compiler()
     ms_lib = mindspore_lib_dir()
-    fd, tmp = tempfile.mkstemp(prefix=".libmsllm_kernels.", suffix=".so", dir=d)
-    os.close(fd)
     flags = library_cxxflags()
-    cmd = [cxx, *flags, "-I", CSRC, "-o", tmp, *[s for s in sources() if s.endswith(".cc")],
-           f"-L{ms_lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{ms_lib}"]
-    if verbose:
-        print("msllm kernels: " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        os.unlink(tmp)
-        raise MsllmError(f"msllm kernels: compiling {CSRC} failed ({version}):\n{p.stderr[-4000:]}")
-    os.replace(tmp, lib)
+    with tempfile.TemporaryDirectory(prefix=".objects.", dir=d) as objects:
+        tmp = os.path.join(objects, LIB_NAME)
+        compile_and_link(cxx, flags, objects, tmp, [f"-L{ms_lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{ms_lib}"],
+                         version, verbose)
+        os.replace(tmp, lib)
     info = {"digest": source_digest(), "compiler": version, "flags": flags, "mindspore": mindspore_version(),
             "mindspore_lib": ms_lib, "isa": isa_of_build(cxx), "sources": [os.path.basename(s) for s in sources()]}
     fd, tmp = tempfile.mkstemp(prefix=".build_info.", suffix=".json", dir=d)
@@ -164,6 +159,29 @@ def _build(d: str, force: bool, verbose: bool) -> str:
     if verbose:
         print(f"msllm kernels: built {lib} (instruction sets: {', '.join(info['isa']) or 'baseline'})")
     return lib
+
+
+def compile_and_link(cxx: str, flags: list[str], objects: str, out: str, link: list[str], version: str,
+                     verbose: bool) -> None:
+    """Compile every ``csrc/*.cc`` to an object in ``objects``, as many at once as this process has CPUs (each
+    file is its own translation unit either way: the library is the same as from one ``g++`` call, which took
+    about twice as long on 2 cores), then link them into ``out``. Raises MsllmError with the compiler's
+    message when a file does not compile or the link fails."""
+    units = [s for s in sources() if s.endswith(".cc")]
+    commands = [[cxx, *flags, "-c", "-I", CSRC, "-o", os.path.join(objects, os.path.basename(s) + ".o"), s]
+                for s in units]
+    linking = [cxx, *flags, "-o", out, *[c[c.index("-o") + 1] for c in commands], *link]
+    if verbose:
+        print(f"msllm kernels: {' '.join(commands[0][:-3])} OBJECT FILE.cc for each of {len(units)} files in {CSRC}, "
+              f"then one link with {' '.join(link)}", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool:
+        done = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands))
+    failed = [(c[-1], p) for c, p in zip(commands, done) if p.returncode != 0]
+    if failed:
+        raise MsllmError(f"msllm kernels: compiling {failed[0][0]} failed ({version}):\n{failed[0][1].stderr[-4000:]}")
+    p = subprocess.run(linking, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise MsllmError(f"msllm kernels: linking {out} failed ({version}):\n{p.stderr[-4000:]}")
 
 
 @cli_main

@@ -58,7 +58,9 @@ class TensorBoardLogger:
     def _scalar(self, tag: str, value: float, step: int, vs_samples: bool = True) -> None:
         self.writer.add_scalar(tag, float(value), global_step=step)
         if vs_samples:
-            self.writer.add_scalar(f"{tag} vs samples", float(value), global_step=step * self.global_batch_size)
+            # the name tensorboardX stores for MindFormers' "<tag> vs samples"; given with the space, it warns
+            # ("Summary name ... is illegal") on every call, 4 lines per logged step
+            self.writer.add_scalar(f"{tag}_vs_samples", float(value), global_step=step * self.global_batch_size)
 
     def log_step(self, record, tgs: Optional[float] = None) -> None:
         """One :class:`msllm.training.monitor.StepRecord` (+ its tokens/s/device)."""

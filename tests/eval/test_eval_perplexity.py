@@ -16,7 +16,7 @@ import torch
 from evaltest_helpers import DATA, HF_CONFIG, REPO
 from msllm.eval.perplexity import evaluate_loss, record_rows, summarise, text_rows
 from msllm.eval.runner import evaluate
-from msllm.eval.scoring import score_rows, scorer_for
+from msllm.eval.scoring import query_bucket, score_rows, scorer_for
 
 
 def guide_nll(model, ids, max_length, stride):
@@ -131,5 +131,13 @@ def test_evaluate_loss_for_the_training_loop(models, alpaca_mindrecord):
     ref_nll, ref_n = mindrecord_reference(hf, ids, labels)
     assert tokens == ref_n and abs(mean_nll - ref_nll) / ref_nll < 1e-5
     assert math.isclose(ppl, math.exp(mean_nll), rel_tol=1e-12)
-    assert len(record_rows(ids, labels, -100)) <= 40
+    rows = record_rows(ids, labels, -100)
+    assert len(rows) <= 40
+    # each batch has its own number of label tokens (5 batches, 5 counts here); the graphs compiled are one per
+    # rounded count (query_bucket), not one per batch: a training run's first evaluation compiled 37 graphs in 62 s
+    scorer = scorer_for(net, 8, 0, 0, set_eval=False)
+    counts = [sum(len(pos) for i in item.rows for _, pos, _ in rows[i].queries) for item in scorer.plan(rows)]
+    buckets = {query_bucket(n, scorer.max_batch_tokens) for n in counts}
+    print("label tokens per batch", counts, "-> graph shapes", sorted(buckets))
+    assert len(set(counts)) > len(buckets) and len(scorer.plain.compile_cache) == len(buckets)
     assert HF_CONFIG["hidden_size"] == net.config.hidden_size

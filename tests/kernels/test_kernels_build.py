@@ -66,6 +66,23 @@ def test_missing_compiler_is_one_clear_error(monkeypatch, tmp_path):
     assert os.listdir(tmp_path) in ([], [".build.lock"])          # nothing half-made (the lock is no build)
 
 
+def test_a_file_that_does_not_compile_is_named_and_nothing_is_left(monkeypatch, tmp_path):
+    """The files compile at the same time (one compiler per CPU), then link: a broken one is named in the
+    error with the compiler's message, and the build directory holds no object file or half-made library."""
+    from msllm.kernels import clock_probe
+
+    src, out = tmp_path / "csrc", tmp_path / "build"
+    src.mkdir()
+    (src / "good.cc").write_text("int good() { return 1; }\n")
+    (src / "broken.cc").write_text("int broken( { return 1; }\n")
+    monkeypatch.setattr(build, "CSRC", str(src))
+    monkeypatch.setattr(clock_probe, "ensure_clock_probe", lambda **kw: None)   # it builds csrc/peak.cc
+    monkeypatch.setenv("MSLLM_KERNELS_DIR", str(out))
+    with pytest.raises(MsllmError, match=r"(?s)compiling .*broken\.cc failed.*error"):
+        build.build(verbose=False)
+    assert os.listdir(out) == [".build.lock"]
+
+
 def test_cpu_fast_path_selection(kernels, copied_build):
     cfg = small()
     chosen = select.choose(cfg, True, "CPU")

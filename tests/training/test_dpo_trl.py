@@ -43,8 +43,10 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dpo_trl_worke
 
 
 def run_side(side: str, mode: str, model_dir: str, out, *extra) -> dict:
-    """Run one side in its own process (2 threads: nothing else runs meanwhile); its result.json."""
-    env = dict(os.environ, OMP_NUM_THREADS="2", GLOG_v="3")
+    """Run one side in its own process; its result.json. PyTorch on one OpenMP thread, as the suite's other
+    processes (tests/run_parts.sh): the other pytest worker keeps the second core busy, and TRL's side with 2
+    spinning threads beside it took 84 s against 54 s with one (a busy loop on one core, 2026-12-07)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOG_v="3")
     r = subprocess.run([sys.executable, WORKER, side, mode, model_dir, str(out), *extra], capture_output=True,
                        text=True, timeout=1800, env=env)
     assert r.returncode == 0, f"{side} {mode}: " + (r.stdout + r.stderr)[-4000:]
