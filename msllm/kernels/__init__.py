@@ -18,6 +18,7 @@ and tolerances: docs/kernels.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -127,12 +128,23 @@ def vector_isa() -> str:
     return {2: "AVX-512F", 1: "AVX2+FMA"}.get(ctypes.CDLL(library_path()).msllm_vector_isa(), "plain C++")
 
 
+@functools.lru_cache(maxsize=1)
+def _loaded_library():
+    """The built library through ctypes: the handle of the one MindSpore loaded (same counters). Opened once
+    per process: :func:`library_path` re-checks the build (the sources' digest, MindSpore's version) at
+    every call (about 3 ms warm), which benchmarks/decode_profile.py paid twice between every two decode steps (the
+    second core idle meanwhile, so the next step started slower)."""
+    import ctypes
+
+    return ctypes.CDLL(library_path())
+
+
 def kernel_stats(reset: bool = False) -> dict:
     """Calls and wall seconds per kernel since the start (or the last reset), recorded only when
     the process runs with ``MSLLM_KERNEL_PROFILE=1``: ``{"msllm_linear": (calls, seconds), ...}``."""
     import ctypes
 
-    lib = ctypes.CDLL(library_path())  # the library MindSpore loaded: same handle, same counters
+    lib = _loaded_library()
     buf = ctypes.create_string_buffer(1 << 16)
     n = lib.msllm_kernel_stats(buf, len(buf), int(reset))
     out = {}

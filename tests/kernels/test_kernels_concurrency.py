@@ -89,6 +89,33 @@ print(full, n, raw[15], raw[16:] == b"\\xAA" * 48, raw[:15].decode())
     assert head.startswith("msllm_swiglu")
 
 
+def test_kernel_stats_from_python_count_the_calls_and_reset():
+    """msllm.kernels.kernel_stats (benchmarks/decode_profile.py calls it between decode steps) reads the
+    counters of the library the process loaded: three msllm_linear calls are three, with positive wall time;
+    reset=True returns them and zeroes them; the library is opened once however often it is called."""
+    import subprocess
+    import sys
+
+    code = f"""
+import ctypes, sys
+import numpy as np
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_kernels_concurrency import _lib, _linear
+import msllm.kernels as k
+lib = _lib()
+x = np.ones((1, 64), np.float32); w = np.ones((32, 64), np.float32)
+for _ in range(3):
+    _linear(lib, x, w)
+first = k.kernel_stats(reset=True)
+again = k.kernel_stats()
+print(first["msllm_linear"][0], first["msllm_linear"][1] > 0, again["msllm_linear"][0], k._loaded_library.cache_info().misses)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, MSLLM_KERNEL_PROFILE="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["3", "True", "0", "1"]
+
+
 def _linear(lib, x, w):
     """msllm_linear: y = x W^T (W (out, in))."""
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
