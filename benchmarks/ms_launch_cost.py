@@ -73,9 +73,8 @@ def main(argv=None):
     x, y = Tensor(np.ones((1, 64), np.float32)), Tensor(np.full((1, 64), 0.5, np.float32))
     chains = {n: Chain(n) for n in LINKS}
     many = {k: Many(k) for k in INPUTS}
-    for net in list(chains.values()) + list(many.values()):   # compile and warm up
-        for _ in range(20):
-            net(x, y) if isinstance(net, Chain) else net(x)
+    alternate(chains, (x, y), 1, 20)   # compile and warm up
+    alternate(many, (x,), 1, 20)
     per_call = alternate(chains, (x, y), a.rounds, a.calls)
     per_input = alternate(many, (x,), a.rounds, a.calls)
     med = {n: float(np.median(v)) for n, v in per_call.items()}

@@ -109,13 +109,24 @@ def cpu_kernels(gemm_dtype: str = "float32"):
     return _make(library_path(), gemm_dtype)
 
 
+@functools.lru_cache(maxsize=1)
+def _loaded_library():
+    """The built library through ctypes: the handle of the one MindSpore loaded (same counters).
+    Opened once per process: :func:`library_path` re-checks the build (the sources' digest, MindSpore's
+    version) at every call (about 3 ms warm), which benchmarks/decode_profile.py paid twice between every two
+    decode steps through :func:`kernel_stats` (the second core idle meanwhile, so the next step started slower)
+    and the start-up line three times (:func:`gemm_path`, :func:`vector_isa`, :func:`gemm_bf16_native`).
+    Raises MsllmError as :func:`library_path` does (not cached: the next call checks again)."""
+    import ctypes
+
+    return ctypes.CDLL(library_path())
+
+
 def gemm_bf16_native() -> bool:
     """True when oneDNN runs bfloat16-input GEMMs with this CPU's bfloat16 arithmetic (AMX-BF16,
     AVX512_BF16, AVX2-VNNI-2); False when msllm emulates them (rounded inputs, float32 sgemm: the
     same results up to summation order, slower than float32). ``csrc/gemm_bf16.cc``."""
-    import ctypes
-
-    return bool(ctypes.CDLL(library_path()).msllm_gemm_bf16_native())
+    return bool(_loaded_library().msllm_gemm_bf16_native())
 
 
 def vector_isa() -> str:
@@ -123,20 +134,7 @@ def vector_isa() -> str:
     dot products; ``csrc/vec.h``) was compiled for: ``"AVX-512F"``, ``"AVX2+FMA"`` or ``"plain C++"``.
     Set when the library is built (``-march=native``, or ``MSLLM_KERNELS_MARCH``); the weight-streaming
     and int8 linears choose AVX-512 or AVX2 again at run time from the CPU's flags."""
-    import ctypes
-
-    return {2: "AVX-512F", 1: "AVX2+FMA"}.get(ctypes.CDLL(library_path()).msllm_vector_isa(), "plain C++")
-
-
-@functools.lru_cache(maxsize=1)
-def _loaded_library():
-    """The built library through ctypes: the handle of the one MindSpore loaded (same counters). Opened once
-    per process: :func:`library_path` re-checks the build (the sources' digest, MindSpore's version) at
-    every call (about 3 ms warm), which benchmarks/decode_profile.py paid twice between every two decode steps (the
-    second core idle meanwhile, so the next step started slower)."""
-    import ctypes
-
-    return ctypes.CDLL(library_path())
+    return {2: "AVX-512F", 1: "AVX2+FMA"}.get(_loaded_library().msllm_vector_isa(), "plain C++")
 
 
 def kernel_stats(reset: bool = False) -> dict:
@@ -161,7 +159,7 @@ def gemm_path() -> str:
     a mismatch fails closed to slabs) or ``MSLLM_GEMM=slabs`` is set."""
     import ctypes
 
-    lib = ctypes.CDLL(library_path())
+    lib = _loaded_library()
     major, minor, patch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     interop = lib.msllm_gemm_interop(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
     found = f"oneDNN {major.value}.{minor.value}.{patch.value}"

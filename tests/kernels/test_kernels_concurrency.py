@@ -97,7 +97,7 @@ def test_kernel_stats_from_python_count_the_calls_and_reset():
     import sys
 
     code = f"""
-import ctypes, sys
+import sys
 import numpy as np
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from test_kernels_concurrency import _lib, _linear
@@ -108,7 +108,8 @@ for _ in range(3):
     _linear(lib, x, w)
 first = k.kernel_stats(reset=True)
 again = k.kernel_stats()
-print(first["msllm_linear"][0], first["msllm_linear"][1] > 0, again["msllm_linear"][0], k._loaded_library.cache_info().misses)
+opened = k._loaded_library.cache_info().misses
+print(first["msllm_linear"][0], first["msllm_linear"][1] > 0, again["msllm_linear"][0], opened)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, MSLLM_KERNEL_PROFILE="1"))
