@@ -14,6 +14,8 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
   operators each or as one operator for the whole stack (``LlamaModel.decode_layers``); read when the model
   is built, so ``--at build`` builds two models (same weights, each its own caches and compiled graph)
   and alternates between them;
+* ``--var MSLLM_STACK_WEIGHTS --values 0 1 --at build``: the decoder stack operator's weights one layer after
+  another or each kind stacked over the layers (``msllm/models/llama/stacked.py``; read when the model is loaded);
 * ``--var MSLLM_DECODE_ATTENTION --values generic ''``: decode attention's generic loops or its fixed-width ones
   (each head's query and output in registers; ``head_kernels`` in ``msllm/kernels/csrc/decode.cc``; the same bits);
 * ``--var MSLLM_BF16_PAIRS --values 0 1``: a trial, not kept (2026-11-28, AMD EPYC Zen 4,

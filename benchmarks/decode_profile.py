@@ -147,7 +147,8 @@ def main(argv=None):
     walls, kern = np.array(walls[3:]) * 1e3, np.array(kern[3:]) * 1e3
     n = len(walls)
     row = {"dtype": a.dtype, "tiny": a.tiny, "layers": a.layers if a.tiny else None,
-           "decode_stack": os.environ.get("MSLLM_DECODE_STACK", "1") != "0", "prompt": a.prompt, "steps": n,
+           "decode_stack": os.environ.get("MSLLM_DECODE_STACK", "1") != "0",
+           "stacked_weights": os.environ.get("MSLLM_STACK_WEIGHTS", "1") != "0", "prompt": a.prompt, "steps": n,
            "step_ms_median": round(float(np.median(walls)), 3), "kernel_ms_median": round(float(np.median(kern)), 3),
            "other_ms_median": round(float(np.median(walls - kern)), 3),
            "kernels": {k: {"calls_per_step": c / n, "ms_per_step": round(s * 1e3 / n, 3)}

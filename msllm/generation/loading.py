@@ -241,7 +241,8 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
         or bfloat16 parameters with ``param_init_type: bfloat16``; with ``quantization_config`` the
         linear layers then quantized to int8, :func:`msllm.models.llama.int8_model.quantize_model`)
         with the weights loaded, the :class:`LlamaConfig` it was built from, and
-        :class:`InferenceInfo`.
+        :class:`InferenceInfo`. On msllm's CPU kernels each kind of decoder-layer weight is then stacked
+        over the layers (:func:`msllm.models.llama.stacked.stack_decoder_weights`; inference only).
 
     Raises:
         MsllmError: nothing to load, a missing/unreadable/corrupt checkpoint, a shape or config
@@ -265,6 +266,10 @@ def load_for_inference(cfg, path: Optional[str] = None, adapter: Optional[str] =
         from msllm.models.llama.int8_model import quantize_model
 
         quantize_model(net, mc.quantization_config, net.kernels.cpu)
+    if net.kernels.cpu is not None:   # the decode step's one operator takes each kind of weight once
+        from msllm.models.llama.stacked import stack_decoder_weights
+
+        stack_decoder_weights(net.model, net.kernels.cpu)
     for note in info.notes:
         log.info("%s", note)
     net.set_train(False)

@@ -50,11 +50,15 @@ class CpuKernels:
         operators, the cache writes between them (csrc/decode_fused.cc; :meth:`decode_front`,
         ``DecoderLayer.decode_fused`` in msllm/models/llama/model.py); inference only
     decode_stack(x (B,1,C), cos, sin (B,1,1,D), scale (1,), mask (B or 1,1,1,S), index (1,B) int32, then
-        per layer its front's and back's weights with its k / v caches) -> (B,1,C): every layer's
-        decode step in one operator, the caches written in place (``LlamaModel.decode_layers``)
+        per layer its front's and back's weights with its k / v caches, or each kind of weight stacked over
+        the L layers followed by the 2L caches) -> (B,1,C): every layer's decode step in one operator, the
+        caches written in place (``LlamaModel.decode_layers``; csrc/decode_fused.cc has the two layouts)
     linear_int8(x (..., in) float32, q (out, in) int8, scale (out, G) float32, group (1,) float32)
         -> x (q * scale)^T (..., out) float32: weight-only int8 (inference, no gradient); scale[o, g]
         covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
+    linear_layer(x (..., in), w (L, out, in) float32 or bfloat16, layer (1,) int32) -> x w[layer]^T (..., out),
+        and linear_int8_layer(x, q (L, out, in) int8, scale (L, out, G), group (1,), layer (1,) int32): the two
+        products on one layer's slice of weights stacked over the decoder layers (inference, no gradient)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
     adamw(p, m, v, g (any shape, N elements), hyper (8,)) -> (1,) 0: MindSpore's AdamWeightDecay rule on
@@ -188,6 +192,12 @@ class CpuKernels:
         # weight-only int8 linear layer (csrc/linear_int8.cc), float32 out, no gradient (inference)
         self.linear_int8 = prim("linear_int8", lambda x, q, s, g: list(x[:-1]) + [q[0]],
                                 lambda x, q, s, g: ms.float32)
+        # the same two products on slice ``layer`` of a weight stacked over the decoder layers, read where it
+        # lies (csrc/linear.cc, csrc/linear_int8.cc; msllm/models/llama/stacked.py), no gradient
+        self.linear_layer = prim("linear_layer", lambda x, w, layer: list(x[:-1]) + [w[1]],
+                                 lambda x, w, layer: ms.float32)
+        self.linear_int8_layer = prim("linear_int8_layer", lambda x, q, s, g, layer: list(x[:-1]) + [q[1]],
+                                      lambda x, q, s, g, layer: ms.float32)
         # a decoder layer's decode step in two operators (csrc/decode_fused.cc), no gradient; the
         # front's output shapes need the head counts: decode_front(heads, kv_heads, head_dim)
         self._prim = prim
@@ -221,6 +231,13 @@ class CpuKernels:
         for ``benchmarks/decode_gemv_rows_ab.py --var MSLLM_DECODE_STACK --at build`` and the tests that
         compare the two)."""
         return os.environ.get("MSLLM_DECODE_STACK", "1") != "0"
+
+    @staticmethod
+    def stacked_weights_enabled() -> bool:
+        """Whether :func:`msllm.models.llama.stacked.stack_decoder_weights` stacks a model loaded for
+        inference: yes unless the environment says ``MSLLM_STACK_WEIGHTS=0`` (each layer's own weights
+        then, the same bits; for the benchmark and the tests that compare the two)."""
+        return os.environ.get("MSLLM_STACK_WEIGHTS", "1") != "0"
 
     @staticmethod
     def window_tensor(window) -> Tensor:

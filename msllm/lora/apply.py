@@ -83,7 +83,8 @@ def apply_lora(network, pet_config, seed: int = 0, modules=None, dropout=None) -
     Returns a :class:`LoraInfo`, also recorded on the network as ``network.lora_info`` (read by
     :func:`msllm.lora.layout.apply_lora_layout`: the model config carries no LoRA settings).
     Raises MsllmError for an invalid ``pet_config``, a regex that
-    matches nothing (listing the modules there are), or a network that already has LoRA.
+    matches nothing (listing the modules there are), or a network that already has LoRA or whose layers read weights
+    stacked for the decode step (:mod:`msllm.models.llama.stacked`).
     """
     import numpy as np
 
@@ -100,6 +101,10 @@ def apply_lora(network, pet_config, seed: int = 0, modules=None, dropout=None) -
         parent, attr, base = resolve_cell(network, module)
         if not hasattr(base, "weight") or not hasattr(base, "matmul"):
             raise MsllmError(f"LoRA target {module} is not a linear layer")
+        if getattr(base, "layer_index", None) is not None:
+            raise MsllmError(f"LoRA target {module} reads a slice of weights stacked over the decoder layers for "
+                             "msllm's decode step (msllm/models/llama/stacked.py): apply the adapter when loading "
+                             "(load_for_inference(adapter=...), --adapter), or load with MSLLM_STACK_WEIGHTS=0")
         out_f, in_f = base.weight.shape
         a = init_a((rank, in_f), pet_config.lora_a_init, seed, f"{module}.lora_A.weight")
         cell = LoRALinear(base, rank, alpha, drop, a, np.zeros((out_f, rank), np.float32))

@@ -154,7 +154,7 @@ def test_bad_input_is_one_clear_error_and_no_output(model, tmp_path, capsys, cas
     assert not (tmp_path / "out" / "predict").exists()
 
 
-def test_adapter_is_applied_on_top_of_the_base(model, tmp_path):
+def test_adapter_is_applied_on_top_of_the_base(model, tmp_path, monkeypatch):
     """``--adapter``: a LoRA adapter checkpoint (as LoRA training writes it) changes the logits
     exactly as the adapted network computes them; an adapter of another base is refused."""
     import mindspore as ms
@@ -168,8 +168,13 @@ def test_adapter_is_applied_on_top_of_the_base(model, tmp_path):
     from msllm.config_lora import PetConfig
 
     cfg = load_config(model["yaml"])
-    ref, _, _ = load_for_inference(cfg, model["ckpt"])
     pet = PetConfig(lora_rank=4, lora_alpha=8.0, target_modules=".*q_proj|.*v_proj")
+    stacked, _, _ = load_for_inference(cfg, model["ckpt"])   # layers' weights stacked: LoRA comes at loading
+    with pytest.raises(MsllmError, match="stacked over the decoder layers"):
+        apply_lora(stacked, pet, seed=SEED, dropout=0.0)
+    monkeypatch.setenv("MSLLM_STACK_WEIGHTS", "0")            # the reference: each layer's own weights
+    ref, _, _ = load_for_inference(cfg, model["ckpt"])
+    monkeypatch.delenv("MSLLM_STACK_WEIGHTS")
     info = apply_lora(ref, pet, seed=SEED, dropout=0.0)
     rng = np.random.default_rng(SEED)
     for p in ref.get_parameters():

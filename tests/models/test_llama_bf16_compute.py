@@ -28,18 +28,27 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytestmark = pytest.mark.usefixtures("pynative")
 
 
+
+def load_unstacked(*args, **kw):
+    """``load_for_inference`` keeping each layer's own weights (``MSLLM_STACK_WEIGHTS=0``): this module copies
+    them by name into a model built for bfloat16 compute (msllm/models/llama/stacked.py)."""
+    from msllm.generation.loading import load_for_inference
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MSLLM_STACK_WEIGHTS", "0")
+        return load_for_inference(*args, **kw)
+
 @pytest.fixture(scope="module")
 def smollm2_pair(smollm2_dir):
     """(float32 model, bf16-compute model with the same weights, model config, 2 token rows (2, 48))."""
     from msllm.config import load_config
-    from msllm.generation.loading import load_for_inference
     from msllm.kernels import build
     from msllm.models.llama.model import LlamaForCausalLM
 
     build.build(verbose=False)
     cfg = load_config(os.path.join(REPO, "configs", "smollm2", "run_smollm2_135m.yaml"),
                       [f"--load_checkpoint={smollm2_dir}", "--model.model_config.seq_length=48"])
-    net, mc, _ = load_for_inference(cfg, fast_paths=True)
+    net, mc, _ = load_unstacked(cfg, fast_paths=True)
     bf = LlamaForCausalLM(dataclasses.replace(mc, compute_dtype="bfloat16"), fast_paths=True)
     assert bf.kernels.bf16_gemms and not net.kernels.bf16_gemms
     weights = {p.name: p.asnumpy() for p in net.get_parameters()}
@@ -84,7 +93,6 @@ def test_bf16_compute_logits_are_hf_float64_with_bf16_gemm_inputs(tmp_path, tie)
 
     from msllm.config import RunConfig
     from msllm.convert.verify import make_random_hf_model
-    from msllm.generation.loading import load_for_inference
     from msllm.models.llama.model import LlamaForCausalLM
 
     seed = 20261128
@@ -92,7 +100,7 @@ def test_bf16_compute_logits_are_hf_float64_with_bf16_gemm_inputs(tmp_path, tie)
     make_random_hf_model(str(tmp_path), seed=seed, vocab_size=300, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, tie_word_embeddings=tie)
-    net, mc, _ = load_for_inference(RunConfig(), str(tmp_path), fast_paths=True)
+    net, mc, _ = load_unstacked(RunConfig(), str(tmp_path), fast_paths=True)
     bf = LlamaForCausalLM(dataclasses.replace(mc, compute_dtype="bfloat16"), fast_paths=True)
     weights = {p.name: p.asnumpy() for p in net.get_parameters()}
     for p in bf.get_parameters():

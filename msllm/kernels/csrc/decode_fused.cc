@@ -282,19 +282,149 @@ MSLLM_AOT(msllm_decode_back) {
   return 0;
 }
 
+namespace {
+
+// The weights of every layer stacked over the layers, as msllm_decode_stack's second layout takes them:
+// a weight (L, out, in) float32 / bfloat16 in one input, or int8 q (L, out, in), scale (L, out, G) and group
+// (1,) in three; layer l's is slice l, read where it lies.
+struct StackedWeight {
+  Weight first;                       // layer 0's
+  int64_t w_bytes = 0, s_elems = 0;   // one layer's weight bytes and scale elements
+  Weight at(int64_t l) const {
+    Weight w = first;
+    w.w = static_cast<const char *>(first.w) + l * w_bytes;
+    if (w.scale) w.scale = first.scale + l * s_elems;
+    return w;
+  }
+};
+
+bool read_stacked_weight(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         int64_t layers, StackedWeight &sw) {
+  if (i >= inputs || ndims[i] != 3 || shapes[i][0] != layers) return false;
+  Weight &wt = sw.first;
+  wt.w = params[i];
+  wt.out = shapes[i][1];
+  wt.in = shapes[i][2];
+  if (f32(dtypes[i]) || is(dtypes[i], "bfloat16")) {
+    wt.kind = f32(dtypes[i]) ? Weight::kF32 : Weight::kBf16;
+    sw.w_bytes = wt.out * wt.in * (f32(dtypes[i]) ? 4 : 2);
+    ++i;
+    return true;
+  }
+  if (!is(dtypes[i], "int8") || i + 2 >= inputs || !f32(dtypes[i + 1]) || !f32(dtypes[i + 2])) return false;
+  if (ndims[i + 1] != 3 || shapes[i + 1][0] != layers || shapes[i + 1][1] != wt.out) return false;
+  wt.kind = Weight::kInt8;
+  wt.scale = static_cast<const float *>(params[i + 1]);
+  wt.groups = shapes[i + 1][2];
+  wt.group = static_cast<int64_t>(*static_cast<const float *>(params[i + 2]));
+  sw.w_bytes = wt.out * wt.in;
+  sw.s_elems = wt.out * wt.groups;
+  i += 3;
+  return wt.groups >= 1 && wt.group >= 1 && (wt.in + wt.group - 1) / wt.group == wt.groups;
+}
+
+// A norm weight stacked over the layers, (L, C) float32 / bfloat16, and its eps (1,) float32.
+struct StackedNorm {
+  const char *w = nullptr, *dtype = nullptr;
+  int64_t bytes = 0;                  // one layer's
+  float eps = 0.f;
+  void *at(int64_t l) const { return const_cast<char *>(w + l * bytes); }
+};
+
+bool read_stacked_norm(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                       int64_t layers, int64_t c, StackedNorm &sn) {
+  if (i + 2 > inputs || !(f32(dtypes[i]) || is(dtypes[i], "bfloat16")) || !f32(dtypes[i + 1])) return false;
+  if (ndims[i] != 2 || shapes[i][0] != layers || shapes[i][1] != c) return false;
+  sn.w = static_cast<const char *>(params[i]);
+  sn.dtype = dtypes[i];
+  sn.bytes = c * (f32(dtypes[i]) ? 4 : 2);
+  sn.eps = *static_cast<const float *>(params[i + 1]);
+  i += 2;
+  return true;
+}
+
+// One layer of msllm_decode_stack: its weights and its caches.
+struct StackLayer {
+  FrontWeights fw;
+  BackWeights bw;
+  float *kcache, *vcache;
+};
+
+// msllm_decode_stack's layers from inputs [6, inputs) given one layer after another (norm weight, eps, Wq, Wk,
+// Wv, k cache, v cache, Wo, norm weight, eps, Wgate, Wup, Wdown); 0, or the kernel's error code.
+int layers_one_by_one(int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, Geometry &g,
+                      int64_t cache_rows, std::vector<StackLayer> &layers) {
+  for (int i = 6; i < inputs;) {
+    StackLayer l;
+    if (!read_front(i, inputs, params, ndims, shapes, dtypes, g.c, l.fw) || i + 2 > inputs) return 1;
+    if (l.fw.wq.out % g.d || l.fw.wk.out % g.d) return 2;
+    if (layers.empty()) g = Geometry{g.m, g.c, l.fw.wq.out / g.d, l.fw.wk.out / g.d, g.d};
+    if (g.kv <= 0 || g.h % g.kv || !front_fits(g, l.fw)) return 2;
+    for (int cache : {i, i + 1})
+      if (cache_rows_of(cache, ndims, shapes, dtypes, g) != cache_rows) return 2;
+    l.kcache = static_cast<float *>(params[i]);
+    l.vcache = static_cast<float *>(params[i + 1]);
+    i += 2;
+    if (!read_back(i, inputs, params, ndims, shapes, dtypes, g.c, l.bw)) return 1;
+    if (!back_fits(g, l.bw)) return 2;
+    layers.push_back(l);
+  }
+  return layers.empty() ? 1 : 0;
+}
+
+// msllm_decode_stack's layers from inputs [6, inputs) stacked over the L layers: norm weight (L, C), eps,
+// Wq, Wk, Wv, Wo (L, out, in) each, norm weight (L, C), eps, Wgate, Wup, Wdown, then the caches k 0, v 0,
+// k 1, v 1, ...; 0, or the kernel's error code.
+int layers_stacked(int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, Geometry &g,
+                   int64_t cache_rows, std::vector<StackLayer> &layers) {
+  const int64_t nl = shapes[6][0];
+  StackedNorm n1, n2;
+  StackedWeight wq, wk, wv, wo, wg, wu, wd;
+  int i = 6;
+  if (!read_stacked_norm(i, inputs, params, ndims, shapes, dtypes, nl, g.c, n1)) return 1;
+  for (StackedWeight *w : {&wq, &wk, &wv, &wo})
+    if (!read_stacked_weight(i, inputs, params, ndims, shapes, dtypes, nl, *w)) return 1;
+  if (!read_stacked_norm(i, inputs, params, ndims, shapes, dtypes, nl, g.c, n2)) return 1;
+  for (StackedWeight *w : {&wg, &wu, &wd})
+    if (!read_stacked_weight(i, inputs, params, ndims, shapes, dtypes, nl, *w)) return 1;
+  if (nl <= 0 || i + 2 * nl != inputs) return 1;
+  if (wq.first.out % g.d || wk.first.out % g.d) return 2;
+  g = Geometry{g.m, g.c, wq.first.out / g.d, wk.first.out / g.d, g.d};
+  for (int64_t l = 0; l < nl; ++l, i += 2) {
+    StackLayer s;
+    s.fw = FrontWeights{n1.at(l), n1.dtype, n1.eps, wq.at(l), wk.at(l), wv.at(l)};
+    s.bw = BackWeights{wo.at(l), n2.at(l), n2.dtype, n2.eps, wg.at(l), wu.at(l), wd.at(l)};
+    if (g.kv <= 0 || g.h % g.kv || !front_fits(g, s.fw) || !back_fits(g, s.bw)) return 2;
+    for (int cache : {i, i + 1})
+      if (cache_rows_of(cache, ndims, shapes, dtypes, g) != cache_rows) return 2;
+    s.kcache = static_cast<float *>(params[i]);
+    s.vcache = static_cast<float *>(params[i + 1]);
+    layers.push_back(s);
+  }
+  return 0;
+}
+
+}  // namespace
+
 // The whole decoder stack's decode step in one operator: MindSpore launches 2 operators per layer
 // above (60 for SmolLM2, each launch costing tens of microseconds: benchmarks/decode_profile.py
 // --tiny), this one per step. Each layer runs front_step then back_step, the code of the two
 // operators above in the same order, so the result and the caches are bit for bit those of the
 // per-layer operators (tests/models/test_llama_decode_fused.py).
 // Inputs: x (B, 1, C) float32, cos, sin (B, .., D) float32, scale (1,), mask (B or 1, 1, 1, S) additive
-// (one for every layer: no per-layer window), index (1, B) int32 (row b's cache row), then per layer:
-// norm weight, eps, Wq, Wk, Wv, k cache, v cache (S * B, K, D) float32, Wo, norm weight, eps, Wgate,
-// Wup, Wdown (each weight one input, or three for int8). Output: (B, 1, C) the last layer's output.
-// The caches are written in place, as decode_front writes them.
+// (one for every layer: no per-layer window), index (1, B) int32 (row b's cache row), then the layers in
+// one of two layouts:
+// - one after another: per layer norm weight, eps, Wq, Wk, Wv, k cache, v cache (S * B, K, D) float32, Wo,
+//   norm weight, eps, Wgate, Wup, Wdown (each weight one input, or three for int8);
+// - stacked (the first norm weight has two dimensions): each kind of weight once for all L layers, norm
+//   weight (L, C), eps, Wq, Wk, Wv, Wo (L, out, in) (or int8's three: q (L, out, in), scale (L, out, G),
+//   group), norm weight (L, C), eps, Wgate, Wup, Wdown, then the caches k 0, v 0, ..., k L-1, v L-1.
+//   MindSpore's runtime spends microseconds per operator input at every launch: ~25 + 2L inputs instead of
+//   ~20 L (msllm/models/llama/stacked.py).
+// Output: (B, 1, C) the last layer's output. The caches are written in place, as decode_front writes them.
 MSLLM_AOT(msllm_decode_stack) {
   const int inputs = nparam - 1;
-  if (inputs < 6) return 1;
+  if (inputs < 7) return 1;
   for (int j = 0; j < 5; ++j)
     if (!f32(dtypes[j])) return 1;
   if (!is(dtypes[5], "int32") || ndims[4] != 4) return 1;
@@ -308,39 +438,21 @@ MSLLM_AOT(msllm_decode_stack) {
   const int32_t *rows = static_cast<const int32_t *>(params[5]);
   for (int64_t b = 0; b < m; ++b)
     if (rows[b] < 0 || rows[b] >= cache_rows) return 2;
-  // every layer's inputs are read and checked before anything is computed or written
-  struct Layer {
-    FrontWeights fw;
-    BackWeights bw;
-    float *kcache, *vcache;
-  };
-  // kept between calls (per thread: MindSpore may run two kernels at once): a list grown per call cost
-  // a few reallocations every step in glibc's malloc (scratch.h)
-  static thread_local std::vector<Layer> layers;
+  // every layer's inputs are read and checked before anything is computed or written; the list is kept
+  // between calls (per thread: MindSpore may run two kernels at once): a list grown per call cost a few
+  // reallocations every step in glibc's malloc (scratch.h)
+  static thread_local std::vector<StackLayer> layers;
   layers.clear();
   Geometry g{m, c, 0, 0, d};
-  for (int i = 6; i < inputs;) {
-    Layer l;
-    if (!read_front(i, inputs, params, ndims, shapes, dtypes, c, l.fw) || i + 2 > inputs) return 1;
-    if (l.fw.wq.out % d || l.fw.wk.out % d) return 2;
-    if (layers.empty()) g = Geometry{m, c, l.fw.wq.out / d, l.fw.wk.out / d, d};
-    if (g.kv <= 0 || g.h % g.kv || !front_fits(g, l.fw)) return 2;
-    for (int cache : {i, i + 1})
-      if (cache_rows_of(cache, ndims, shapes, dtypes, g) != cache_rows) return 2;
-    l.kcache = static_cast<float *>(params[i]);
-    l.vcache = static_cast<float *>(params[i + 1]);
-    i += 2;
-    if (!read_back(i, inputs, params, ndims, shapes, dtypes, c, l.bw)) return 1;
-    if (!back_fits(g, l.bw)) return 2;
-    layers.push_back(l);
-  }
-  if (layers.empty()) return 1;
+  const int err = ndims[6] == 2 ? layers_stacked(inputs, params, ndims, shapes, dtypes, g, cache_rows, layers)
+                                : layers_one_by_one(inputs, params, ndims, shapes, dtypes, g, cache_rows, layers);
+  if (err) return err;
   const float *cs = static_cast<const float *>(params[1]), *sn = static_cast<const float *>(params[2]);
   const float scale = *static_cast<const float *>(params[3]), *mask = static_cast<const float *>(params[4]);
   float *x = static_cast<float *>(params[inputs]);            // the running hidden state, (B, 1, C)
   std::memcpy(x, params[0], m * c * sizeof(float));
   float *q = buffer(8, m * g.h * d).data(), *k = buffer(9, m * g.kv * d).data(), *v = buffer(10, m * g.kv * d).data();
-  for (const Layer &l : layers) {
+  for (const StackLayer &l : layers) {
     front_step(g, l.fw, x, cs, sn, scale, q, k, v, l.kcache, l.vcache, rows);
     back_step(g, l.bw, x, q, l.kcache, l.vcache, mask, shapes[4][0], s, x);
   }

@@ -237,6 +237,24 @@ MSLLM_AOT(msllm_linear) {
 MSLLM_AOT(msllm_linear_dx) { return linear_dx(false, nparam, params, ndims, shapes, dtypes); }
 MSLLM_AOT(msllm_linear_dw) { return linear_dw(false, nparam, params, ndims, shapes, dtypes); }
 
+// x (..., in) float32, w (L, out, in) float32 or bfloat16, layer (1,) int32 -> y (..., out) float32 = x w[layer]^T:
+// linear_forward on one slice of a weight stacked over the decoder layers, read where it lies (no copy). The
+// model's projections run this once their weights are stacked for msllm_decode_stack (inference only, no
+// gradient; msllm/models/llama/stacked.py). Returns 1 for other dtypes, 2 for inconsistent shapes or a layer
+// out of [0, L).
+MSLLM_AOT(msllm_linear_layer) {
+  if (nparam != 4 || !all_f32(1, dtypes) || !all_f32(1, dtypes + 3) || std::strcmp(dtypes[2], "int32") != 0) return 1;
+  const bool bf16 = std::strcmp(dtypes[1], "bfloat16") == 0;
+  if (!bf16 && !all_f32(1, dtypes + 1)) return 1;
+  if (ndims[1] != 3 || numel(ndims[2], shapes[2]) != 1) return 2;
+  const int64_t in = shapes[0][ndims[0] - 1], out = shapes[1][1], m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
+  const int32_t layer = *static_cast<const int32_t *>(params[2]);
+  if (shapes[1][2] != in || layer < 0 || layer >= shapes[1][0] || numel(ndims[3], shapes[3]) != m * out) return 2;
+  const char *w = static_cast<const char *>(params[1]) + layer * out * in * (bf16 ? 2 : 4);
+  linear_forward(static_cast<const float *>(params[0]), w, bf16, static_cast<float *>(params[3]), m, in, out);
+  return 0;
+}
+
 // compute_dtype bfloat16: the same three operators with bfloat16-input GEMMs, float32 tensors (no
 // streaming path for float32 w: every row count takes the GEMM, so the rounding is the same); the
 // forward also takes bfloat16 w for inference (param_init_type and compute_dtype bfloat16): the same

@@ -321,6 +321,29 @@ MSLLM_AOT(msllm_linear_int8) {
   return 0;
 }
 
+// x (..., in) float32, q (L, out, in) int8, scale (L, out, G) float32, group (1,) float32, layer (1,) int32 ->
+// y (..., out) float32: msllm_linear_int8 on slice ``layer`` of weights stacked over the decoder layers, read
+// where they lie (msllm_linear_layer says when; inference only). Returns 1 for other dtypes, 2 for inconsistent
+// shapes or a layer out of [0, L).
+MSLLM_AOT(msllm_linear_int8_layer) {
+  if (nparam != 6) return 1;
+  const char *f32[] = {dtypes[0], dtypes[2], dtypes[3], dtypes[5]};
+  if (!all_f32(4, f32) || std::strcmp(dtypes[1], "int8") != 0 || std::strcmp(dtypes[4], "int32") != 0) return 1;
+  if (ndims[1] != 3 || ndims[2] != 3 || numel(ndims[4], shapes[4]) != 1) return 2;
+  const int64_t layers = shapes[1][0], in = shapes[0][ndims[0] - 1], out = shapes[1][1], groups = shapes[2][2];
+  const int64_t group = static_cast<int64_t>(*static_cast<const float *>(params[3]));
+  const int32_t layer = *static_cast<const int32_t *>(params[4]);
+  if (shapes[1][2] != in || shapes[2][0] != layers || shapes[2][1] != out || groups < 1 || group < 1) return 2;
+  if ((in + group - 1) / group != groups && in > 0) return 2;
+  if (layer < 0 || layer >= layers) return 2;
+  const int64_t m = numel(ndims[0], shapes[0]) / std::max<int64_t>(in, 1);
+  if (numel(ndims[5], shapes[5]) != m * out) return 2;
+  linear_int8_forward(static_cast<const float *>(params[0]), static_cast<const int8_t *>(params[1]) + layer * out * in,
+                      static_cast<const float *>(params[2]) + layer * out * groups, groups, group,
+                      static_cast<float *>(params[5]), m, in, out);
+  return 0;
+}
+
 // y (m, out) = x (m, in) (q * s)^T (parts.h): 1-8 rows streamed, more through dequantised slabs.
 void msllm::linear_int8_forward(const float *x, const int8_t *q, const float *s, int64_t groups, int64_t group,
                                 float *y, int64_t m, int64_t in, int64_t out) {

@@ -109,6 +109,7 @@ class Linear(nn.Cell):
         # whether msllm's fused decode step may read this layer's weight directly (no bias; a
         # LoRALinear around the layer says False): DecoderLayer.decode_fused
         self.fusable = kernels is not None and not bias
+        self.layer_index = None   # (1,) int32 once the weight is a slice of a stacked one: see use_stacked
 
     def use_int8(self, q: np.ndarray, scale: np.ndarray, group: int, kernels) -> None:
         """Hold the weight as int8 q (out, in) with float32 scales (out, G), each covering ``group``
@@ -121,6 +122,19 @@ class Linear(nn.Cell):
         self.group = kernels.group_tensor(group)
         self.matmul_int8 = kernels.linear_int8
         self.int8 = True
+
+    def use_stacked(self, weight: Parameter, scale: Parameter | None, layer: int, kernels) -> None:
+        """Read the weight as slice ``layer`` of ``weight`` (L, out, in), shared by every decoder layer's
+        same projection (and with int8 ``scale`` (L, out, G)), on msllm's ``linear_layer`` /
+        ``linear_int8_layer`` kernels, which read the slice where it lies: the same products and bits
+        (inference only: no gradient). Made by :func:`msllm.models.llama.stacked.stack_decoder_weights`."""
+        self.weight = weight
+        if self.int8:
+            self.weight_scale = scale
+            self.matmul_int8 = kernels.linear_int8_layer
+        else:
+            self.matmul_static = self.matmul = kernels.linear_layer
+        self.layer_index = Tensor(np.array([layer], np.int32))
 
     def decode_weights(self):
         """This layer's weight as msllm's fused decode step takes it (csrc/decode_fused.cc): a
@@ -135,10 +149,17 @@ class Linear(nn.Cell):
         known when the graph compiles, so a ``dynamic_rows`` layer runs the plain kernel
         (generation and scoring through the output head)."""
         if self.int8:   # weight-only int8 (msllm/kernels/csrc/linear_int8.cc), float32 arithmetic
-            y = self.matmul_int8(self.cast(x, ms.float32), self.weight, self.weight_scale, self.group)
+            if self.layer_index is None:
+                y = self.matmul_int8(self.cast(x, ms.float32), self.weight, self.weight_scale, self.group)
+            else:       # a slice of the stacked weights (use_stacked)
+                y = self.matmul_int8(self.cast(x, ms.float32), self.weight, self.weight_scale, self.group,
+                                     self.layer_index)
             if self.bias is None:
                 return y
             return self.add_bias(y, self.cast(self.bias, ms.float32))
+        if self.layer_index is not None:   # a slice of the stacked weights (use_stacked): float32 x
+            y = self.matmul(self.cast(x, ms.float32), self.weight, self.layer_index)
+            return y if self.bias is None else self.add_bias(y, self.cast(self.bias, ms.float32))
         w = self.weight if self.weight_as_stored else self.cast(self.weight, self.compute_dtype)
         y = (self.matmul_static if static_rows else self.matmul)(self.cast(x, self.compute_dtype), w)
         if self.bias is None:
@@ -610,8 +631,10 @@ class DecoderLayer(nn.Cell):
         if self.decode_front is None:
             return False
         a, m = self.self_attn, self.mlp
-        return (a.q_proj.fusable and a.k_proj.fusable and a.v_proj.fusable and a.o_proj.fusable
-                and m.gate_proj.fusable and m.up_proj.fusable and m.down_proj.fusable)
+        plain = (a.q_proj.fusable and a.k_proj.fusable and a.v_proj.fusable and a.o_proj.fusable
+                 and m.gate_proj.fusable and m.up_proj.fusable and m.down_proj.fusable)
+        # stacked weights (msllm/models/llama/stacked.py): only the model's one decode operator reads them
+        return plain and a.q_proj.layer_index is None
 
     def front_weights(self):
         """The fused front's weights as csrc/decode_fused.cc reads them: input norm weight and eps,
@@ -722,6 +745,9 @@ class LlamaModel(nn.Cell):
                 and all(layer.decode_front is not None for layer in self.layers)):
             self.decode_stack = choice.cpu.decode_stack
             self.attn_scale = self.layers[0].attn_scale
+        # the norms' weights (L, C) each once the layers' weights are stacked for decode_stack
+        # (msllm/models/llama/stacked.py); None: each layer's own
+        self.stacked_norms = None
         # Gemma's embedding scale, rounded to the weights' dtype first as HF does
         self.embed_scale = Tensor(config.embedding_multiplier, embed_dtype)
         self.scale_embed = config.embedding_multiplier != 1.0
@@ -847,6 +873,8 @@ class LlamaModel(nn.Cell):
         layer's projections are plain :class:`Linear` (``DecoderLayer.fused_decode_ok``)."""
         if self.decode_stack is None:
             return False
+        if self.stacked_norms is not None:   # stacked weights: decode_stack's second layout
+            return True
         for layer in self.layers:
             if not layer.fused_decode_ok():
                 return False
@@ -858,6 +886,14 @@ class LlamaModel(nn.Cell):
         bits as the layers' :meth:`DecoderLayer.decode_fused` one after another (cos / sin (B, 1, 1,
         D), mask (B, 1, 1, S), caches and index as :meth:`forward_cached`)."""
         args = (x, cos, sin, self.attn_scale, mask, index)
+        if self.stacked_norms is not None:   # each kind of weight once, stacked over the layers (stacked.py)
+            first = self.layers[0]
+            a, m = first.self_attn, first.mlp
+            args = (args + (self.stacked_norms[0], first.input_layernorm.eps_tensor) + a.q_proj.decode_weights()
+                    + a.k_proj.decode_weights() + a.v_proj.decode_weights() + a.o_proj.decode_weights()
+                    + (self.stacked_norms[1], first.post_attention_layernorm.eps_tensor)
+                    + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
+            return self.decode_stack(*(args + tuple(caches)))                    # (B, 1, C)
         i = 0
         for layer in self.layers:
             args = args + layer.decode_inputs(caches[2 * i], caches[2 * i + 1])
