@@ -13,7 +13,8 @@ from then on multiply by their slice where it lies (``Linear.use_stacked``: csrc
 ``msllm_linear_int8_layer``), and copies the two norms' weights into (L, C) Parameters (2 x L x C values;
 the layers keep theirs for prefill). The decode step then takes each kind once, 25 + 2L inputs with the
 caches (the kernel's second layout). The weights are moved, not copied: the model holds one copy of them
-after the call, and at most one projection's L weights twice while it runs.
+after the call, and while it runs at most one projection's L weights three times (the layers', numpy's
+array, MindSpore's copy of it).
 
 Inference only: the stacked weights have no gradient and checkpoints are not written from such a model;
 :func:`msllm.generation.loading.load_for_inference` calls this last, after any adapter and quantization.
@@ -46,23 +47,30 @@ def can_stack(model) -> bool:
             and len(model.layers) > 0)
 
 
-def _values(param) -> np.ndarray:
-    """A parameter's values as numpy in its own dtype (bfloat16 as float32: exact)."""
+def _stored(param) -> np.ndarray:
+    """A parameter's values as stored, as numpy: bfloat16 as its 16-bit patterns (uint16; numpy has no
+    bfloat16), other dtypes as they are."""
     if param.dtype == ms.bfloat16:
-        return param.astype(ms.float32).asnumpy()
+        return param.view(ms.uint16).asnumpy()
     return param.asnumpy()
 
 
 def _stack(params, name: str) -> Parameter:
-    """One (L, ...) Parameter of ``params``' values (each (...), one dtype), named ``name``."""
+    """One (L, ...) Parameter of ``params``' values (each (...), one dtype), named ``name``. Built from the
+    stored bits (a bfloat16 weight is never widened): the model's memory grows by at most twice the stack's
+    bytes while this runs (numpy's array and MindSpore's copy of it), then by the stack's until the layers'
+    own weights are dropped (``Linear.use_stacked``)."""
     first = params[0]
-    out = np.empty((len(params),) + tuple(first.shape), np.float32 if first.dtype == ms.bfloat16 else
-                   _values(first).dtype)
+    out = None
     for i, p in enumerate(params):
-        out[i] = _values(p)
+        values = _stored(p)
+        if out is None:
+            out = np.empty((len(params),) + values.shape, values.dtype)
+        out[i] = values
     t = Tensor(out)
+    del out
     if first.dtype == ms.bfloat16:
-        t = t.astype(ms.bfloat16)   # exact: the values were bfloat16
+        t = t.view(ms.bfloat16)   # the same bits
     return Parameter(t, name=name, requires_grad=False)
 
 
