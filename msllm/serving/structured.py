@@ -26,7 +26,8 @@ OpenAI. Log-probabilities stay those of the raw logits.
 Request shapes (OpenAI API reference, ``response_format``): ``{"type": "text"}``;
 ``{"type": "json_object"}`` (any JSON object); ``{"type": "json_schema", "json_schema": {"name":
 str, "schema": {...}, "strict": bool, "description": str}}``. A schema llguidance cannot compile
-is a 400 naming ``response_format`` with llguidance's message.
+is a 400 naming ``response_format`` with llguidance's message, and so is one that no finite value
+satisfies (:mod:`msllm.serving.schema_finite`: every value would contain itself).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from msllm.serving.protocol import bad
+from msllm.serving.schema_finite import has_finite_value
 
 # JSON laid out as Python's json.dumps does (", " and ": ", no other whitespace): llguidance's
 # default allows any run of whitespace between tokens, and a model (or, in the tests, random
@@ -104,7 +106,10 @@ class StructuredOutput:
         problem = llguidance.LLMatcher.validate_grammar(g, ll)
         if problem:
             raise bad(f"'response_format': the schema cannot be followed: {problem}", "response_format")
-        # its first token: a schema no finite value satisfies ({"$ref": "#"}) fails here, where
+        if not has_finite_value(schema):   # it would compile, start, and never finish (schema_finite.py)
+            raise bad("'response_format': the schema has no finite value: a required property or item needs a "
+                      "value of its own schema at every depth", "response_format")
+        # its first token: whatever else llguidance's matcher cannot start fails here, where
         # validate_grammar passed it; the matcher would then allow only EOS and the answer be empty
         probe = RowGuide(ll, g, self.vocab_size)
         probe.first_mask()

@@ -64,11 +64,15 @@ def test_json_object_and_bad_schemas(structured):
     allowed = np.flatnonzero(np.isfinite(masked))
     assert 0 < len(allowed) < 49152 and all(tok.decode([int(t)]).lstrip().startswith("{") for t in allowed[:50])
     # {"$ref": "#"} has no finite value: llguidance's validate_grammar passes it and its matcher then
-    # allows only EOS (an empty "stop" answer before the probe of the first token)
-    for schema in ({"type": "nope"}, {"$ref": "#/missing"}, {"$ref": "#"}):
+    # allows only EOS (an empty "stop" answer before msllm's checks); an object that requires itself compiles
+    # and starts ("{"), and would never finish (msllm/serving/schema_finite.py)
+    itself = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    for schema in ({"type": "nope"}, {"$ref": "#/missing"}, {"$ref": "#"}, itself):
         with pytest.raises(ApiError) as e:
             so.grammar(schema)
         assert e.value.status == 400 and e.value.param == "response_format", schema
+    assert "finite" in e.value.message
+    assert so.grammar(dict(itself, required=[]))    # the same object with "a" optional: {} will do
     with pytest.raises(ApiError) as e:
         guide.finish()                                 # EOS before the object began: no "stop" answer
     assert e.value.status == 400 and "complete" in e.value.message
