@@ -11,8 +11,8 @@ SmolLM2's 30-layer decode step spent 57-92 us per layer outside msllm's kernels,
 (L, out, in) and scale (L, out, G)) shared by the L layers' :class:`~msllm.models.llama.model.Linear`, which
 from then on multiply by their slice where it lies (``Linear.use_stacked``: csrc ``msllm_linear_layer``,
 ``msllm_linear_int8_layer``), and copies the two norms' weights into (L, C) Parameters (2 x L x C values;
-the layers keep theirs for prefill). The decode step then takes each kind once, 25 + 2L inputs with the
-caches (the kernel's second layout). The weights are moved, not copied: the model holds one copy of them
+the layers keep theirs for prefill). The decode step then takes each kind once, 17 + 2L inputs with the
+caches (31 + 2L at int8; the kernel's second layout). The weights are moved, not copied: the model holds one copy of them
 after the call, and while it runs at most one projection's L weights three times (the layers', numpy's
 array, MindSpore's copy of it).
 
