@@ -53,22 +53,26 @@ bool is(const char *dtype, const char *name) { return std::strcmp(dtype, name) =
 bool f32(const char *dtype) { return is(dtype, "float32") || is(dtype, "float"); }
 
 // Reads the weight at params[i] (one input, or three for int8) and moves i past it; false if a
-// dtype or shape does not fit.
-bool read_weight(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, Weight &wt) {
-  if (i >= inputs || ndims[i] != 2) return false;
+// dtype or shape does not fit. With layers > 0 the weight is stacked over that many layers, (L, out, in)
+// (int8's scale (L, out, G)), and wt is layer 0's (StackedWeight::at gives the others).
+bool read_weight(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, Weight &wt,
+                 int64_t layers = 0) {
+  const int lead = layers > 0 ? 1 : 0;   // the leading layer dimension of a stacked weight
+  auto fits = [&](int j) { return ndims[j] == 2 + lead && (!lead || shapes[j][0] == layers); };
+  if (i >= inputs || !fits(i)) return false;
   wt.w = params[i];
-  wt.out = shapes[i][0];
-  wt.in = shapes[i][1];
+  wt.out = shapes[i][lead];
+  wt.in = shapes[i][lead + 1];
   if (f32(dtypes[i]) || is(dtypes[i], "bfloat16")) {
     wt.kind = f32(dtypes[i]) ? Weight::kF32 : Weight::kBf16;
     ++i;
     return true;
   }
   if (!is(dtypes[i], "int8") || i + 2 >= inputs) return false;
-  if (!f32(dtypes[i + 1]) || !f32(dtypes[i + 2]) || ndims[i + 1] != 2 || shapes[i + 1][0] != wt.out) return false;
+  if (!f32(dtypes[i + 1]) || !f32(dtypes[i + 2]) || !fits(i + 1) || shapes[i + 1][lead] != wt.out) return false;
   wt.kind = Weight::kInt8;
   wt.scale = static_cast<const float *>(params[i + 1]);
-  wt.groups = shapes[i + 1][1];
+  wt.groups = shapes[i + 1][lead + 1];
   wt.group = static_cast<int64_t>(*static_cast<const float *>(params[i + 2]));
   i += 3;
   return wt.groups >= 1 && wt.group >= 1 && (wt.in + wt.group - 1) / wt.group == wt.groups;
@@ -107,11 +111,13 @@ struct BackWeights {
   Weight wg, wu, wd;
 };
 
-// A norm weight (C,) and its eps (1,) float32 at params[i], params[i + 1]; moves i past them.
+// A norm weight (C,) and its eps (1,) float32 at params[i], params[i + 1]; moves i past them. With layers > 0
+// the weight is stacked over that many layers, (L, C), and w is layer 0's.
 bool read_norm(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t c,
-               void *&w, const char *&dtype, float &eps) {
+               void *&w, const char *&dtype, float &eps, int64_t layers = 0) {
   if (i + 2 > inputs || !(f32(dtypes[i]) || is(dtypes[i], "bfloat16")) || !f32(dtypes[i + 1])) return false;
-  if (ndims[i] != 1 || shapes[i][0] != c) return false;
+  const int lead = layers > 0 ? 1 : 0;
+  if (ndims[i] != 1 + lead || (lead && shapes[i][0] != layers) || shapes[i][lead] != c) return false;
   w = params[i];
   dtype = dtypes[i];
   eps = *static_cast<const float *>(params[i + 1]);
@@ -300,46 +306,26 @@ struct StackedWeight {
 
 bool read_stacked_weight(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                          int64_t layers, StackedWeight &sw) {
-  if (i >= inputs || ndims[i] != 3 || shapes[i][0] != layers) return false;
   Weight &wt = sw.first;
-  wt.w = params[i];
-  wt.out = shapes[i][1];
-  wt.in = shapes[i][2];
-  if (f32(dtypes[i]) || is(dtypes[i], "bfloat16")) {
-    wt.kind = f32(dtypes[i]) ? Weight::kF32 : Weight::kBf16;
-    sw.w_bytes = wt.out * wt.in * (f32(dtypes[i]) ? 4 : 2);
-    ++i;
-    return true;
-  }
-  if (!is(dtypes[i], "int8") || i + 2 >= inputs || !f32(dtypes[i + 1]) || !f32(dtypes[i + 2])) return false;
-  if (ndims[i + 1] != 3 || shapes[i + 1][0] != layers || shapes[i + 1][1] != wt.out) return false;
-  wt.kind = Weight::kInt8;
-  wt.scale = static_cast<const float *>(params[i + 1]);
-  wt.groups = shapes[i + 1][2];
-  wt.group = static_cast<int64_t>(*static_cast<const float *>(params[i + 2]));
-  sw.w_bytes = wt.out * wt.in;
-  sw.s_elems = wt.out * wt.groups;
-  i += 3;
-  return wt.groups >= 1 && wt.group >= 1 && (wt.in + wt.group - 1) / wt.group == wt.groups;
+  if (!read_weight(i, inputs, params, ndims, shapes, dtypes, wt, layers)) return false;
+  sw.w_bytes = wt.out * wt.in * (wt.kind == Weight::kF32 ? 4 : wt.kind == Weight::kBf16 ? 2 : 1);
+  sw.s_elems = wt.kind == Weight::kInt8 ? wt.out * wt.groups : 0;
+  return true;
 }
 
 // A norm weight stacked over the layers, (L, C) float32 / bfloat16, and its eps (1,) float32.
 struct StackedNorm {
-  const char *w = nullptr, *dtype = nullptr;
+  void *w = nullptr;
+  const char *dtype = nullptr;
   int64_t bytes = 0;                  // one layer's
   float eps = 0.f;
-  void *at(int64_t l) const { return const_cast<char *>(w + l * bytes); }
+  void *at(int64_t l) const { return static_cast<char *>(w) + l * bytes; }
 };
 
 bool read_stacked_norm(int &i, int inputs, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                        int64_t layers, int64_t c, StackedNorm &sn) {
-  if (i + 2 > inputs || !(f32(dtypes[i]) || is(dtypes[i], "bfloat16")) || !f32(dtypes[i + 1])) return false;
-  if (ndims[i] != 2 || shapes[i][0] != layers || shapes[i][1] != c) return false;
-  sn.w = static_cast<const char *>(params[i]);
-  sn.dtype = dtypes[i];
-  sn.bytes = c * (f32(dtypes[i]) ? 4 : 2);
-  sn.eps = *static_cast<const float *>(params[i + 1]);
-  i += 2;
+  if (!read_norm(i, inputs, params, ndims, shapes, dtypes, c, sn.w, sn.dtype, sn.eps, layers)) return false;
+  sn.bytes = c * (f32(sn.dtype) ? 4 : 2);
   return true;
 }
 
@@ -390,11 +376,14 @@ int layers_stacked(int inputs, void **params, int *ndims, int64_t **shapes, cons
   if (nl <= 0 || i + 2 * nl != inputs) return 1;
   if (wq.first.out % g.d || wk.first.out % g.d) return 2;
   g = Geometry{g.m, g.c, wq.first.out / g.d, wk.first.out / g.d, g.d};
+  // every layer's slices have layer 0's shapes: one check
+  const FrontWeights f0{n1.at(0), n1.dtype, n1.eps, wq.first, wk.first, wv.first};
+  const BackWeights b0{wo.first, n2.at(0), n2.dtype, n2.eps, wg.first, wu.first, wd.first};
+  if (g.kv <= 0 || g.h % g.kv || !front_fits(g, f0) || !back_fits(g, b0)) return 2;
   for (int64_t l = 0; l < nl; ++l, i += 2) {
     StackLayer s;
     s.fw = FrontWeights{n1.at(l), n1.dtype, n1.eps, wq.at(l), wk.at(l), wv.at(l)};
     s.bw = BackWeights{wo.at(l), n2.at(l), n2.dtype, n2.eps, wg.at(l), wu.at(l), wd.at(l)};
-    if (g.kv <= 0 || g.h % g.kv || !front_fits(g, s.fw) || !back_fits(g, s.bw)) return 2;
     for (int cache : {i, i + 1})
       if (cache_rows_of(cache, ndims, shapes, dtypes, g) != cache_rows) return 2;
     s.kcache = static_cast<float *>(params[i]);

@@ -91,16 +91,15 @@ def stack_decoder_weights(model, kernels) -> bool:
     if not can_stack(model):
         return False
     layers = list(model.layers)
-    for part, proj in PROJECTIONS:   # check every projection before moving any
-        lins = [getattr(getattr(layer, part), proj) for layer in layers]
+    projections = {proj: [getattr(getattr(layer, part), proj) for layer in layers] for part, proj in PROJECTIONS}
+    for proj, lins in projections.items():   # check every projection before moving any
         kinds = {(lin.weight.dtype, tuple(lin.weight.shape), lin.int8,
                   tuple(lin.weight_scale.shape) if lin.int8 else None) for lin in lins}
         if len(kinds) > 1:
             log.info("decode step: the layers' %s weights differ in dtype or shape (%s): each layer's own weights "
                      "are kept", proj, sorted(map(str, kinds)))
             return False
-    for part, proj in PROJECTIONS:
-        lins = [getattr(getattr(layer, part), proj) for layer in layers]
+    for proj, lins in projections.items():
         weight = _stack([lin.weight for lin in lins], f"model.layers.stacked.{proj}.weight")
         scale = None
         if lins[0].int8:
