@@ -5,6 +5,12 @@ steps through the generator. One process, one compiled graph, the same caches: w
 blocks is only a kernel's inner loop, so this pairs more tightly than two processes of
 ``ab_decode_checkouts.py`` on a drifting machine. Switches (both settings give the same bits):
 
+``--var`` may name several variables, comma-separated, and each of ``--values`` then gives one value per name
+(an empty one: unset, the kernels' default). The result's ``env`` records every other ``MSLLM_`` variable set.
+
+* ``--var MSLLM_GEMV_PREFETCH,MSLLM_GEMV_PREFETCH_FAR --values 8192,32768 ,``: both software prefetches at the
+  distances every loop had before 2026-12-07 against the defaults (none for a loop streaming 8 weight rows at
+  once: ``stream_prefetch`` in ``msllm/kernels/csrc/stream.h``);
 * ``--var MSLLM_GEMV_ROWS --values 2 8`` (default): the weight-streaming products reading 2 or 8 weight
   rows at once (``stream_rows_at_once`` in ``msllm/kernels/csrc/stream.h``; tests/kernels/test_kernels_gemv_rows.py);
 * ``--var MSLLM_GEMV_MAX_ROWS --values 4 8 --batch 8``: float32 products of 5-8 rows streaming W or on
@@ -68,16 +74,26 @@ def main(argv=None):
     common.use_repo()
     import numpy as np
 
+    names = a.var.split(",")
+    for value in a.values:
+        if len(value.split(",")) != len(names):
+            p.error(f"--values {value!r}: expected {len(names)} comma-separated values, one per name of --var {a.var}")
+    held = {k: v for k, v in os.environ.items() if k.startswith("MSLLM_") and k not in names}   # the fixed rest
+
+    def setting(value: str) -> None:
+        for name, v in zip(names, value.split(",")):
+            os.environ[name] = v
+
     runs = {}   # setting -> [generator, next tokens, caches, pads, buffer, next slot]
     for value in a.values if a.at == "build" else a.values[:1]:
-        os.environ[a.var] = value
+        setting(value)
         runs[value] = list(decode_profile.prefilled(a, a.batch, a.rounds * a.steps * (1 if a.at == "build" else 2)))
     if a.at == "call":
         runs[a.values[1]] = runs[a.values[0]]
     blocks = []
     for r in range(a.rounds):
         for value in a.values if r % 2 == 0 else a.values[::-1]:
-            os.environ[a.var] = value
+            setting(value)
             run = runs[value]
             gen, tok, caches, pads, buffer, slot = run
             ms, tok, caches, slot = decode_profile.timed_steps(gen, tok, slot, pads, buffer, caches, a.steps)
@@ -87,7 +103,8 @@ def main(argv=None):
             blocks.append(b)
     per_round = ratios.paired(blocks, a.values[1], a.values[0], "step_ms", label=a.var)   # b / a, round by round
     med = lambda v: round(float(np.median([b["step_ms"] for b in blocks if b[a.var] == v])), 3)  # noqa: E731
-    summary = {"dtype": a.dtype, "batch": a.batch, "env": {k: v for k, v in os.environ.items() if k in common.AVX2_ENV or k == "MSLLM_KERNELS_DIR"},
+    summary = {"dtype": a.dtype, "batch": a.batch,
+               "env": dict(held, **{k: os.environ[k] for k in common.AVX2_ENV if k in os.environ}),
                "prompt": a.prompt, "steps": a.steps, "rounds": a.rounds,
                "machine": common.machine(), "command": " ".join(sys.argv), "var": a.var, "values": a.values, "at": a.at,
                "a_step_ms": med(a.values[0]), "b_step_ms": med(a.values[1]), "b_over_a": [round(x, 3) for x in per_round],

@@ -268,7 +268,7 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
   // per chunk: scores (B*H*T, len), then max (B*H*T), sum (B*H*T), acc (B*H*T, D)
   const int64_t per = bh * len + 2 * bh + bh * d;
   float *const work = scratch(4, chunks * per);            // every element written before it is read
-  const int64_t ahead = stream_prefetch().near;             // the cache is read in slot order (stream.h prefetch_block)
+  const int64_t ahead = stream_prefetch(2).near;            // the cache is read in slot order (stream.h prefetch_block)
   const HeadKernels fixed = head_kernels(d);
   Pool::get().run(static_cast<int>(chunks), [&](int c) {
     FlushDenormals ftz;

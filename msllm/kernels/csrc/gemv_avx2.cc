@@ -95,7 +95,7 @@ void stream(const float *x, const W *w, float *y, int64_t in, int64_t out) {
   // 4 rows: 0.98x (0.86-1.03, decode_avx2_rows4_ab_float32_amd_zen3.json). Outside any framework 2 threads
   // read the float32 weight set at 32.1 GB/s with 8 rows against 25.4 with 2 (weight_stream_bandwidth.py)
   const int wide = M == 1 && stream_rows_at_once(sizeof(W)) == 8 ? 8 : 2;
-  const StreamPrefetch pf = stream_prefetch();
+  const StreamPrefetch pf = stream_prefetch(wide);
   for_row_chunks(
       in, sizeof(W), out,
       [&](int64_t o0, int64_t o1) {

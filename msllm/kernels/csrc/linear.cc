@@ -85,7 +85,7 @@ void gemv_parallel(const float *x, const W *w, float *y, int64_t in, int64_t out
   // chunks of output rows handed out dynamically: ~64 KiB of W each, at least 4 per thread, a
   // multiple of the rows streamed at once
   const int wide = M <= 2 ? stream_rows_at_once(sizeof(W)) : 2;
-  const StreamPrefetch pf = stream_prefetch();
+  const StreamPrefetch pf = stream_prefetch(wide);
   for_row_chunks(in, sizeof(W), out, [&](int64_t o0, int64_t o1) { gemv_rows<M, W>(x, w, y, in, out, o0, o1, wide, pf); },
                  wide);
 }

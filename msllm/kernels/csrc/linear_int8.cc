@@ -241,7 +241,7 @@ MSLLM_AVX512 void rows_avx512(const float *x, const Q8 &w, float *y, int64_t o0,
 template <int M>
 void stream(const float *x, const Q8 &w, float *y, Isa isa) {
   const int wide = isa == Isa::kAvx512 && M <= 2 ? stream_rows_at_once(1) : 2;
-  const StreamPrefetch pf = stream_prefetch();
+  const StreamPrefetch pf = stream_prefetch(wide);
   for_row_chunks(w.in, 1, w.out, [&](int64_t o0, int64_t o1) {
     const bool per_row = w.groups == 1;
     if (isa == Isa::kAvx512 && wide == 8)

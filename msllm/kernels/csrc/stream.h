@@ -80,15 +80,27 @@ inline int stream_rows_at_once(int64_t elem_bytes) {
 //   benchmarks/decode_gemv_rows_ab.py --var MSLLM_GEMV_PREFETCH_FAR, results
 //   decode_prefetch_far_ab_*_intel_xeon.json), batch 1: int8 0.90x (AVX-512) / 0.92x (AVX2), bfloat16
 //   0.92x / 0.91x, float32 0.99x / 0.99x; batch 8: int8 1.00x, float32 0.96x.
-// Both distances are switches (switches.h: their defaults; benchmarks/decode_gemv_rows_ab.py alternates
-// them in one process), MSLLM_GEMV_PREFETCH for decode attention's cache reads too (prefetch_block);
-// msllm.kernels refuses a value that is not a non-negative integer.
+// - none at all for a loop that streams 8 rows at once (float32 weights on AMD cores, stream_rows_at_once):
+//   its 8 streams x 8 KiB ahead put 64 KiB of lines in flight into an L1 of 32 KiB (Zen 3 / Zen 4) or 48 KiB
+//   (Zen 5), which evicts lines before they are read, and a loop of only a load and an FMA per weight keeps
+//   the hardware prefetcher ahead on its own (float32's small gains on the Intel Xeon above). SmolLM2's
+//   float32 batch-1 step on an AMD EPYC Zen 5 (family 26 model 2, 2 cores), alternated in one process
+//   (benchmarks/decode_gemv_rows_ab.py --var MSLLM_GEMV_PREFETCH,MSLLM_GEMV_PREFETCH_FAR --values 8192,32768 ,):
+//   0.85x the step (every one of 8 rounds below 1, 0.79-0.96) on the AVX-512 path, 0.96x on the AVX2 path
+//   (decode_prefetch_rows8_ab_float32{,_avx2path}_amd_zen5.json); bfloat16 and int8 stream 2 rows and keep
+//   both prefetches (8 rows without them: 1.03x / 1.26x their steps, decode_rows8_nopf_ab_*_amd_zen5.json).
+// Both distances are switches (switches.h; benchmarks/decode_gemv_rows_ab.py alternates them in one
+// process): set, they apply to every loop whatever its rows; MSLLM_GEMV_PREFETCH for decode attention's
+// cache reads too (prefetch_block); msllm.kernels refuses a value that is not a non-negative integer.
 struct StreamPrefetch {   // bytes ahead of the read: into L1 (near) and into L2 (far); 0 = none
   int64_t near = 0, far = 0;
 };
-inline StreamPrefetch stream_prefetch() {
+// The distances for a loop streaming `rows` weight rows at once (the defaults above unless set).
+inline StreamPrefetch stream_prefetch(int rows) {
   const Switches s = switches();
-  return {s.prefetch_near, s.prefetch_far};
+  const bool wide = rows >= 8;
+  return {s.prefetch_near >= 0 ? s.prefetch_near : (wide ? 0 : 8192),
+          s.prefetch_far >= 0 ? s.prefetch_far : (wide ? 0 : 32768)};
 }
 
 // Prefetches the lines pf.near and pf.far bytes past row + i when offset i (in elements of W) starts a
@@ -105,7 +117,7 @@ __attribute__((always_inline)) inline void prefetch_ahead(const W *row, int64_t 
 
 // Prefetches the lines of the block [p, p + n floats) shifted ``ahead`` bytes on (nothing when ahead is
 // 0): batch decode attention (decode.cc) reads the key and value caches slot by slot in memory order,
-// as the weight-streaming products read weights, with the same distance (stream_prefetch().near). In
+// as the weight-streaming products read weights, with the same distance (stream_prefetch(2).near). In
 // SmolLM2's decode step at 512 tokens of context, 8 KiB ahead against none, alternated in one process
 // (Intel Xeon; a trial switch since removed; benchmarks/results/decode_attention_prefetch_ab_*_intel_xeon.json):
 // int8 0.92x the step (AVX-512) and 0.93x (AVX2), float32 0.96x.

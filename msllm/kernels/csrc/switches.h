@@ -29,9 +29,9 @@ enum class IsaChoice : int8_t { kBest, kAvx2, kNone };
 
 struct Switches {
   // MSLLM_GEMV_PREFETCH / MSLLM_GEMV_PREFETCH_FAR: bytes ahead of its reads a weight-streaming loop
-  // prefetches into L1 / into L2, 0 = none (stream.h stream_prefetch); the first also for decode
-  // attention's cache reads (prefetch_block)
-  int64_t prefetch_near = 8192, prefetch_far = 32768;
+  // prefetches into L1 / into L2, 0 = none, -1 = unset: by the rows the loop streams at once (stream.h
+  // stream_prefetch); the first also for decode attention's cache reads (prefetch_block)
+  int64_t prefetch_near = -1, prefetch_far = -1;
   bool split_chunks = false;        // MSLLM_GEMV_SPLIT=chunks: chunks handed out one by one (for_row_chunks)
   int gemv_rows = 0;                // MSLLM_GEMV_ROWS=2|8: weight rows streamed at once; 0 = by CPU
   int gemv_max_rows = 8;            // MSLLM_GEMV_MAX_ROWS=4: float32 weights streamed up to 4 rows of x
