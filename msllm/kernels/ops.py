@@ -58,7 +58,8 @@ class CpuKernels:
         covers inputs g*group .. (g+1)*group - 1 (csrc/linear_int8.cc)
     linear_layer(x (..., in), w (L, out, in) float32 or bfloat16, layer (1,) int32) -> x w[layer]^T (..., out),
         and linear_int8_layer(x, q (L, out, in) int8, scale (L, out, G), group (1,), layer (1,) int32): the two
-        products on one layer's slice of weights stacked over the decoder layers (inference, no gradient)
+        products on one layer's slice of weights stacked over the decoder layers (inference, no gradient;
+        with ``gemm_dtype`` bfloat16 ``linear_layer`` rounds x as ``linear`` does)
     grouped_linear(x (M, in), w (E, out, in), offsets (E+1,) float32) -> (M, out): rows
         offsets[g] .. offsets[g+1]-1 times expert g's w[g]^T (the experts' dropless dispatch)
     adamw(p, m, v, g (any shape, N elements), hyper (8,)) -> (1,) 0: MindSpore's AdamWeightDecay rule on
@@ -194,7 +195,7 @@ class CpuKernels:
                                 lambda x, q, s, g: ms.float32)
         # the same two products on slice ``layer`` of a weight stacked over the decoder layers, read where it
         # lies (csrc/linear.cc, csrc/linear_int8.cc; msllm/models/llama/stacked.py), no gradient
-        self.linear_layer = prim("linear_layer", lambda x, w, layer: list(x[:-1]) + [w[1]],
+        self.linear_layer = prim(f"linear_layer{lin}", lambda x, w, layer: list(x[:-1]) + [w[1]],
                                  lambda x, w, layer: ms.float32)
         self.linear_int8_layer = prim("linear_int8_layer", lambda x, q, s, g, layer: list(x[:-1]) + [q[1]],
                                       lambda x, q, s, g, layer: ms.float32)

@@ -1,6 +1,6 @@
 """Decoder-layer weights stacked over the layers (msllm/models/llama/stacked.py): generation's logits and
-caches equal those of the same model with each layer's own weights bit for bit (float32, bfloat16, int8 per
-channel and per group; batch 1 and a left-padded batch of 3), the model holds one copy of the weights
+caches equal those of the same model with each layer's own weights bit for bit (float32, bfloat16 with float32
+or bfloat16 compute, int8 per channel and per group; batch 1 and a left-padded batch of 3), the model holds one copy of the weights
 afterwards, a model whose layers differ (int8 with a projection kept in float32 in one layer) stays as it
 was, and the slice products refuse a layer outside the stack.
 """
@@ -42,10 +42,11 @@ def unique_bytes(net):
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("dtype,group,rows", [("float32", None, 3), ("bfloat16", None, 1), ("float32", 0, 1),
-                                              ("float32", 32, 3)],
-                         ids=["f32_3rows", "bf16_1row", "int8_channel_1row", "int8_group_3rows"])
-def test_stacked_weights_give_the_layers_logits_and_caches_bit_for_bit(graph_mode, dtype, group, rows):
+@pytest.mark.parametrize("dtype,group,rows,compute", [("float32", None, 3, "float32"), ("bfloat16", None, 1, "float32"),
+                                                      ("bfloat16", None, 3, "bfloat16"), ("float32", 0, 1, "float32"),
+                                                      ("float32", 32, 3, "float32")],
+                         ids=["f32_3rows", "bf16_1row", "bf16_compute_3rows", "int8_channel_1row", "int8_group_3rows"])
+def test_stacked_weights_give_the_layers_logits_and_caches_bit_for_bit(graph_mode, dtype, group, rows, compute):
     from msllm.models.llama.quantization import QuantizationConfig
 
     print("seed", SEED)
@@ -53,7 +54,9 @@ def test_stacked_weights_give_the_layers_logits_and_caches_bit_for_bit(graph_mod
     if group is not None:
         qc = QuantizationConfig(quant_method="rtn", weight_quant_granularity="per_group" if group else "per_channel",
                                 group_size=group)
-    cfg = tiny(param_init_type=dtype, quantization_config=qc, num_layers=3)
+    # compute bfloat16: the prefill's products round x to bfloat16 (linear_bf16math / linear_layer_bf16math), so a
+    # stacked model that fell back to float32 arithmetic in its layers gives other logits
+    cfg = tiny(param_init_type=dtype, compute_dtype=compute, quantization_config=qc, num_layers=3)
     plain, stacked = pair(cfg, qc)
     assert stacked.model.stacked_norms is not None and plain.model.stacked_norms is None
     q = [layer.self_attn.q_proj for layer in stacked.model.layers]

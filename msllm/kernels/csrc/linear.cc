@@ -242,7 +242,10 @@ MSLLM_AOT(msllm_linear_dw) { return linear_dw(false, nparam, params, ndims, shap
 // model's projections run this once their weights are stacked for msllm_decode_stack (inference only, no
 // gradient; msllm/models/llama/stacked.py). Returns 1 for other dtypes, 2 for inconsistent shapes or a layer
 // out of [0, L).
-MSLLM_AOT(msllm_linear_layer) {
+namespace {
+// msllm_linear_layer's product y = x w[layer]^T on the checked slice, in float32 arithmetic (bf16math false:
+// linear_forward) or as msllm_linear_bf16math computes it (x rounded to bfloat16, sums in float32).
+int linear_layer(bool bf16math, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 4 || !all_f32(1, dtypes) || !all_f32(1, dtypes + 3) || std::strcmp(dtypes[2], "int32") != 0) return 1;
   const bool bf16 = std::strcmp(dtypes[1], "bfloat16") == 0;
   if (!bf16 && !all_f32(1, dtypes + 1)) return 1;
@@ -251,9 +254,19 @@ MSLLM_AOT(msllm_linear_layer) {
   const int32_t layer = *static_cast<const int32_t *>(params[2]);
   if (shapes[1][2] != in || layer < 0 || layer >= shapes[1][0] || numel(ndims[3], shapes[3]) != m * out) return 2;
   const char *w = static_cast<const char *>(params[1]) + layer * out * in * (bf16 ? 2 : 4);
-  linear_forward(static_cast<const float *>(params[0]), w, bf16, static_cast<float *>(params[3]), m, in, out);
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[3]);
+  if (!bf16math)
+    linear_forward(x, w, bf16, y, m, in, out);
+  else if (bf16)
+    gemm_bf16_weights(m, out, in, x, reinterpret_cast<const uint16_t *>(w), y);
+  else
+    gemm_bf16('N', 'T', m, out, in, x, in, reinterpret_cast<const float *>(w), in, y, out);
   return 0;
 }
+}  // namespace
+
+MSLLM_AOT(msllm_linear_layer) { return linear_layer(false, nparam, params, ndims, shapes, dtypes); }
 
 // compute_dtype bfloat16: the same three operators with bfloat16-input GEMMs, float32 tensors (no
 // streaming path for float32 w: every row count takes the GEMM, so the rounding is the same); the
@@ -273,6 +286,9 @@ MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..
     gemm_bf16('N', 'T', m, out, in, x, in, static_cast<const float *>(params[1]), in, y, out);
   return 0;
 }
+// the stacked weights' slice product (msllm_linear_layer) for compute_dtype bfloat16: a prefill through
+// stacked layers rounds x as the layers' own msllm_linear_bf16math does (the same bits)
+MSLLM_AOT(msllm_linear_layer_bf16math) { return linear_layer(true, nparam, params, ndims, shapes, dtypes); }
 MSLLM_AOT(msllm_linear_dx_bf16math) { return linear_dx(true, nparam, params, ndims, shapes, dtypes); }
 MSLLM_AOT(msllm_linear_dw_bf16math) { return linear_dw(true, nparam, params, ndims, shapes, dtypes); }
 
