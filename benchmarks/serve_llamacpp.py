@@ -10,7 +10,8 @@ streamed token. Completion tokens come from ``usage`` where the server sends it,
 streamed chunks with text (llama-server streams one token per chunk).
 
 * msllm: ``tools/serve.py`` with the SmolLM2 run YAML, ``--max_batch 8`` (continuous batching),
-  ``param_init_type`` float32 / bfloat16 / int8 (``--precision f32 | bf16 | int8``).
+  ``param_init_type`` float32 / bfloat16 / int8 (``--precision f32 | bf16 | int8``); ``--precision bf16c``: bfloat16
+  weights with ``compute_dtype: bfloat16``, against the same bf16 GGUF.
 * llama.cpp: ``llama-server`` of the cached build (``benchmarks/llamacpp_build.sh``) on the same directory
   converted to GGUF (``llamacpp_speed.gguf_file``: f32 / bf16 / q8_0), ``-t 2 -tb 2 --parallel 8``
   (continuous batching is llama-server's default), ``-c 8 x (512 + 64 + 16)`` so every slot holds its
@@ -47,7 +48,11 @@ import serve_throughput as st  # noqa: E402
 NO_PROMPT_REUSE = {"cache_prompt": False}
 
 # --precision -> (msllm param_init_type, GGUF outtype)
-PRECISIONS = {"f32": ("float32", "f32"), "bf16": ("bfloat16", "bf16"), "int8": ("int8", "q8_0")}
+PRECISIONS = {"f32": ("float32", "f32"), "bf16": ("bfloat16", "bf16"), "int8": ("int8", "q8_0"),
+              "bf16c": ("bfloat16", "bf16")}
+# further msllm overrides: bf16c = bf16 weights with compute_dtype bfloat16 (the prompt's GEMMs round the activations
+# to bf16, llama.cpp's bf16 arithmetic; docs/serving.md)
+EXTRA = {"bf16c": ("--model.model_config.compute_dtype=bfloat16",)}
 
 
 def start_llama_server(bin_dir: str, gguf: str, a, no_repack: bool):
@@ -88,7 +93,7 @@ def timed_waves(url: str, prompts: list, a, extra_body=None) -> dict:
 def msllm_round(model_dir, prompts, a) -> dict:
     weights = PRECISIONS[a.precision][0]
     load = common.loadavg()
-    proc, url, start_s = st.start_server(model_dir, weights, a.threads)
+    proc, url, start_s = st.start_server(model_dir, weights, a.threads, extra=EXTRA.get(a.precision, ()))
     try:
         r = timed_waves(url, prompts, a)
     finally:

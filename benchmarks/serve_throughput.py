@@ -47,12 +47,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model_dir: str, weights: str, threads: int, root: str = common.ROOT, max_batch: int = CLIENTS):
-    """``tools/serve.py`` of the checkout at ``root`` on a free port; (process, url, start seconds)."""
+def start_server(model_dir: str, weights: str, threads: int, root: str = common.ROOT, max_batch: int = CLIENTS,
+                 extra: tuple = ()):
+    """``tools/serve.py`` of the checkout at ``root`` on a free port, ``extra`` further overrides; (process, url,
+    start seconds)."""
     port = free_port()
     cmd = [sys.executable, os.path.join(root, "tools", "serve.py"), "--config", CONFIG,
            "--load_checkpoint", model_dir, "--port", str(port), "--model_name", "smollm2",
-           "--max_batch", str(max_batch), f"--model.model_config.param_init_type={weights}"]
+           "--max_batch", str(max_batch), f"--model.model_config.param_init_type={weights}", *extra]
     env = dict(os.environ, GLOG_v="3", OMP_NUM_THREADS=str(threads))
     log = open(os.path.join(common.CACHE, "serve_throughput_server.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
