@@ -243,8 +243,18 @@ MSLLM_AOT(msllm_linear_dw) { return linear_dw(false, nparam, params, ndims, shap
 // gradient; msllm/models/llama/stacked.py). Returns 1 for other dtypes, 2 for inconsistent shapes or a layer
 // out of [0, L).
 namespace {
+// y (m, out) = x (m, in) w^T with x rounded to bfloat16, sums in float32 (compute_dtype bfloat16): w bfloat16 as
+// stored (gemm_bf16_weights: up to 8 rows streamed, more on oneDNN's bf16 matmul) or float32 (gemm_bf16).
+// msllm_linear_bf16math's and msllm_linear_layer_bf16math's arithmetic, so the two give the same bits.
+void linear_bf16math_forward(const float *x, const void *w, bool bf16, float *y, int64_t m, int64_t in, int64_t out) {
+  if (bf16)
+    gemm_bf16_weights(m, out, in, x, static_cast<const uint16_t *>(w), y);
+  else
+    gemm_bf16('N', 'T', m, out, in, x, in, static_cast<const float *>(w), in, y, out);
+}
+
 // msllm_linear_layer's product y = x w[layer]^T on the checked slice, in float32 arithmetic (bf16math false:
-// linear_forward) or as msllm_linear_bf16math computes it (x rounded to bfloat16, sums in float32).
+// linear_forward) or as msllm_linear_bf16math computes it (linear_bf16math_forward).
 int linear_layer(bool bf16math, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 4 || !all_f32(1, dtypes) || !all_f32(1, dtypes + 3) || std::strcmp(dtypes[2], "int32") != 0) return 1;
   const bool bf16 = std::strcmp(dtypes[1], "bfloat16") == 0;
@@ -254,14 +264,8 @@ int linear_layer(bool bf16math, int nparam, void **params, int *ndims, int64_t *
   const int32_t layer = *static_cast<const int32_t *>(params[2]);
   if (shapes[1][2] != in || layer < 0 || layer >= shapes[1][0] || numel(ndims[3], shapes[3]) != m * out) return 2;
   const char *w = static_cast<const char *>(params[1]) + layer * out * in * (bf16 ? 2 : 4);
-  const float *x = static_cast<const float *>(params[0]);
-  float *y = static_cast<float *>(params[3]);
-  if (!bf16math)
-    linear_forward(x, w, bf16, y, m, in, out);
-  else if (bf16)
-    gemm_bf16_weights(m, out, in, x, reinterpret_cast<const uint16_t *>(w), y);
-  else
-    gemm_bf16('N', 'T', m, out, in, x, in, reinterpret_cast<const float *>(w), in, y, out);
+  (bf16math ? linear_bf16math_forward : linear_forward)(static_cast<const float *>(params[0]), w, bf16,
+                                                        static_cast<float *>(params[3]), m, in, out);
   return 0;
 }
 }  // namespace
@@ -278,12 +282,8 @@ MSLLM_AOT(msllm_linear_bf16math) {  // x (..., in), w (out, in) -> y = x w^T (..
   const bool bf16w = std::strcmp(dtypes[1], "bfloat16") == 0;
   if (!bf16w && !all_f32(1, dtypes + 1)) return 1;
   if (!forward_dims(ndims, shapes, &m, &in, &out)) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  float *y = static_cast<float *>(params[2]);
-  if (bf16w)
-    gemm_bf16_weights(m, out, in, x, static_cast<const uint16_t *>(params[1]), y);
-  else
-    gemm_bf16('N', 'T', m, out, in, x, in, static_cast<const float *>(params[1]), in, y, out);
+  linear_bf16math_forward(static_cast<const float *>(params[0]), params[1], bf16w, static_cast<float *>(params[2]), m,
+                          in, out);
   return 0;
 }
 // the stacked weights' slice product (msllm_linear_layer) for compute_dtype bfloat16: a prefill through
