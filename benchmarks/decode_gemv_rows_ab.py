@@ -20,6 +20,9 @@ blocks is only a kernel's inner loop, so this pairs more tightly than two proces
   operators each or as one operator for the whole stack (``LlamaModel.decode_layers``); read when the model
   is built, so ``--at build`` builds two models (same weights, each its own caches and compiled graph)
   and alternates between them;
+* ``--var MSLLM_DIRECT_DECODE --values 0 1 --at build``: every decode step through MindSpore's compiled graph, or
+  msllm's kernels called on the model's buffers (``msllm/generation/direct_step.py``; read when the generator is
+  made, so ``--at build``);
 * ``--var MSLLM_STACK_WEIGHTS --values 0 1 --at build``: the decoder stack operator's weights one layer after
   another or each kind stacked over the layers (``msllm/models/llama/stacked.py``; read when the model is loaded);
 * ``--var MSLLM_DECODE_ATTENTION --values generic ''``: decode attention's generic loops or its fixed-width ones

@@ -35,6 +35,7 @@ import numpy as np
 from msllm.errors import MsllmError
 from msllm.generation.beam import beam_search
 from msllm.generation.bound_caches import BoundCaches, budget_bytes
+from msllm.generation.direct_step import DirectDecode
 from msllm.config_generation import DecodeSettings
 from msllm.generation.passes import SLOT_MULTIPLE, GenerationResult, Passes, round_up  # noqa: F401 (re-exported)
 from msllm.generation.stepping import RowStep, choose_rows
@@ -117,6 +118,7 @@ class Generator:
         self.step = CachedStep(net)
         self.prefill_step = CachedStep(net, fresh=True)
         self.reorder_caches = ReorderCaches()
+        self.direct = DirectDecode.build(net)   # None: every decode step through the graph
         self.kept = BoundCaches(self.empty_cache, lambda caches: BoundStep(net, caches), self.cache_bytes,
                                 budget_bytes())
         self.shapes: list = []   # (kind, B, T, S) in first-call order
@@ -168,15 +170,24 @@ class Generator:
         key = (kind, ids.shape[0], ids.shape[1], kpos.shape[-1])
         new = key not in self.first_call_s
         t0 = time.perf_counter()
-        args = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(kpos), ms.Tensor(cache_index(slots, ids.shape[0])))
+        index = cache_index(slots, ids.shape[0])
+
+        def tensors():
+            return ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(kpos), ms.Tensor(index)
+
         if kind in ("prefill", "full"):        # rows attending over their own new tokens only
-            logits = self.prefill_step(*args, ms.mutable(caches))
+            logits = self.prefill_step(*tensors(), ms.mutable(caches)).asnumpy()
         else:
             if beam_idx is not None:             # a graph of its own, then the step
                 self.reorder_caches(ms.Tensor(beam_idx.astype(np.int32)), ms.mutable(caches)).asnumpy()
             bound = self.kept.cell_for(caches)   # a kept set: the step that holds it, no cache inputs
-            logits = self.step(*args, ms.mutable(caches)) if bound is None else bound(*args)
-        logits = logits.asnumpy()
+            if bound is None:
+                logits = self.step(*tensors(), ms.mutable(caches)).asnumpy()
+            elif self.direct is not None and kind == "decode" and ids.shape[1] == 1 and beam_idx is None:
+                # msllm's kernels called on the model's buffers (direct_step.py), checked against the graph
+                logits = self.direct.step(ids, positions, kpos, index, caches, lambda: bound(*tensors()).asnumpy())
+            else:
+                logits = bound(*tensors()).asnumpy()
         if new:
             self.shapes.append(key)
             self.first_call_s[key] = time.perf_counter() - t0
