@@ -104,8 +104,6 @@ class DirectDecode:
 
     def __init__(self, net, lib):
         model = net.model
-        first = model.layers[0]
-        a, m = first.self_attn, first.mlp
         self.net, self.lib = net, lib
         self.table = model.embed_tokens.embedding_table
         self.hidden = int(self.table.shape[1])
@@ -114,10 +112,7 @@ class DirectDecode:
         self.rope_factor = float(model.rope_factor)
         self.window = model.windows[0]
         self.attn_scale = model.attn_scale.asnumpy()
-        self.stack_weights = ((model.stacked_norms[0], first.input_layernorm.eps_tensor) + a.q_proj.decode_weights()
-                              + a.k_proj.decode_weights() + a.v_proj.decode_weights() + a.o_proj.decode_weights()
-                              + (model.stacked_norms[1], first.post_attention_layernorm.eps_tensor)
-                              + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
+        self.stack_weights = model.stacked_decode_weights()        # the graph's own input list
         self.norm_param = model.norm.weight
         self.norm_eps = model.norm.eps_tensor.asnumpy()
         if net.lm_head is None:

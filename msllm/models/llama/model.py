@@ -880,6 +880,18 @@ class LlamaModel(nn.Cell):
                 return False
         return True
 
+    def stacked_decode_weights(self):
+        """The weight inputs of ``msllm_decode_stack`` in its stacked layout (csrc/decode_fused.cc), in order:
+        norm weight (L, C), eps (1,), Wq, Wk, Wv, Wo (each ``Linear.decode_weights()``: (L, out, in), or int8's
+        three), norm weight (L, C), eps, Wgate, Wup, Wdown; for :meth:`decode_layers` and the generator's
+        direct step (msllm/generation/direct_step.py). Only with stacked weights (``stacked_norms`` set)."""
+        first = self.layers[0]
+        a, m = first.self_attn, first.mlp
+        return ((self.stacked_norms[0], first.input_layernorm.eps_tensor) + a.q_proj.decode_weights()
+                + a.k_proj.decode_weights() + a.v_proj.decode_weights() + a.o_proj.decode_weights()
+                + (self.stacked_norms[1], first.post_attention_layernorm.eps_tensor)
+                + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
+
     def decode_layers(self, x, cos, sin, mask, caches, index):
         """One new token per row through every decoder layer in one operator: x (B, 1, C) -> (B, 1,
         C), each layer's new keys and values written into its caches in place; the same code and
@@ -887,13 +899,7 @@ class LlamaModel(nn.Cell):
         D), mask (B, 1, 1, S), caches and index as :meth:`forward_cached`)."""
         args = (x, cos, sin, self.attn_scale, mask, index)
         if self.stacked_norms is not None:   # each kind of weight once, stacked over the layers (stacked.py)
-            first = self.layers[0]
-            a, m = first.self_attn, first.mlp
-            args = (args + (self.stacked_norms[0], first.input_layernorm.eps_tensor) + a.q_proj.decode_weights()
-                    + a.k_proj.decode_weights() + a.v_proj.decode_weights() + a.o_proj.decode_weights()
-                    + (self.stacked_norms[1], first.post_attention_layernorm.eps_tensor)
-                    + m.gate_proj.decode_weights() + m.up_proj.decode_weights() + m.down_proj.decode_weights())
-            return self.decode_stack(*(args + tuple(caches)))                    # (B, 1, C)
+            return self.decode_stack(*(args + self.stacked_decode_weights() + tuple(caches)))   # (B, 1, C)
         i = 0
         for layer in self.layers:
             args = args + layer.decode_inputs(caches[2 * i], caches[2 * i + 1])
