@@ -32,7 +32,9 @@ satisfies (:mod:`msllm.serving.schema_finite`: every value would contain itself)
 
 from __future__ import annotations
 
+import json
 import threading
+from collections import OrderedDict
 from typing import Optional
 
 import numpy as np
@@ -45,6 +47,7 @@ from msllm.serving.schema_finite import has_finite_value
 # logits) can then emit whitespace without end and never close the value. A schema's own
 # "x-guidance" options override these (llguidance applies defaults -> x-guidance -> overrides).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+GRAMMAR_CACHE = 64   # schemas whose checked grammar StructuredOutput keeps
 
 
 def check_response_format(key: str, v, limits) -> Optional[dict]:
@@ -79,6 +82,10 @@ class StructuredOutput:
         self.tokenizer, self.vocab_size, self.eos = tokenizer, int(vocab_size), [int(e) for e in eos_ids]
         self._ll = None
         self._lock = threading.Lock()
+        # schema (its JSON text, key order kept: llguidance writes properties in that order) -> checked grammar,
+        # the most recently used last; a client that sends one schema with every request compiles, checks and
+        # probes it once, not once per request
+        self._grammars: OrderedDict = OrderedDict()
 
     def ll_tokenizer(self):
         """llguidance's ``LLTokenizer`` of the served tokenizer. Raises ApiError 400 for a
@@ -95,7 +102,23 @@ class StructuredOutput:
         return self._ll
 
     def grammar(self, schema: dict) -> str:
-        """The llguidance grammar of a JSON schema, checked against the tokenizer. Raises ApiError 400."""
+        """The llguidance grammar of a JSON schema, checked against the tokenizer; the last
+        :data:`GRAMMAR_CACHE` schemas' grammars are kept (a refused schema is not, and is checked again).
+        Raises ApiError 400."""
+        key = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        with self._lock:
+            hit = self._grammars.get(key)
+            if hit is not None:
+                self._grammars.move_to_end(key)
+                return hit
+        g = self._checked_grammar(schema)
+        with self._lock:
+            self._grammars[key] = g
+            while len(self._grammars) > GRAMMAR_CACHE:
+                self._grammars.popitem(last=False)
+        return g
+
+    def _checked_grammar(self, schema: dict) -> str:
         import llguidance
 
         ll = self.ll_tokenizer()

@@ -93,3 +93,34 @@ def test_a_sentencepiece_tokenizer_is_refused_by_name():
     with pytest.raises(ApiError) as e:
         StructuredOutput(load_tokenizer(TOKENIZER), 32000, [2]).grammar({"type": "object"})
     assert e.value.param == "response_format" and "tokenizer.json" in e.value.message
+
+
+def test_a_repeated_schema_is_compiled_checked_and_probed_once(structured, monkeypatch):
+    import llguidance
+
+    from msllm.serving import structured as mod
+    from msllm.serving.structured import StructuredOutput
+
+    tok, _ = structured
+    so = StructuredOutput(tok, 49152, [2])
+    calls = []
+    real = llguidance.LLMatcher.grammar_from_json_schema
+
+    def counted(schema, *args, **kwargs):
+        calls.append(json.dumps(schema))
+        return real(schema, *args, **kwargs)
+
+    monkeypatch.setattr(llguidance.LLMatcher, "grammar_from_json_schema", staticmethod(counted))
+    g = so.grammar(SCHEMA)
+    assert so.grammar(json.loads(json.dumps(SCHEMA))) == g and len(calls) == 1       # an equal schema: kept
+    swapped = dict(SCHEMA, properties=dict(reversed(list(SCHEMA["properties"].items()))))
+    assert so.grammar(swapped) != g and len(calls) == 2     # another property order is another layout
+    for bad_schema in ({"type": "nope"}, {"type": "nope"}):  # a refused schema is checked every time
+        with pytest.raises(ApiError):
+            so.grammar(bad_schema)
+    assert len(calls) == 4
+    monkeypatch.setattr(mod, "GRAMMAR_CACHE", 2)
+    so.grammar({"type": "integer"})                          # a third kept schema: the least recent goes
+    assert len(so._grammars) == 2
+    so.grammar(SCHEMA)
+    assert len(calls) == 6                                   # SCHEMA had been evicted (swapped was more recent)
