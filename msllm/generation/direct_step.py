@@ -15,9 +15,8 @@ read and write, as ``csrc/decode_fused.cc`` states for the caches).
 The compiled graph stays the definition of the step. Each prepared call (rows, slots, cache set) is
 checked once against it: its first step runs both, here first, then the graph (which writes the same
 key / value rows), and the logits must be equal bit for bit; otherwise the graph serves every later step
-of this generator and the log says why. The host's inputs are made as the graph makes them: angles
-``float32(position) * inv_freq`` in float32, their cosine and sine correctly rounded to float32 (what
-MindSpore's CPU ``Cos`` / ``Sin`` return: float64 then rounded), the additive mask 0 / ``MASKED`` of
+of this generator and the log says why. The host's inputs are made as the graph makes them: the rotary
+tables by :func:`~msllm.models.llama.rotary.rotary_cos_sin`, the additive mask 0 / ``MASKED`` of
 :func:`~msllm.models.llama.batch_layout.additive_mask`.
 
 Only the graph shape the stacked decode serves is taken (:meth:`DirectDecode.build` says which):
@@ -39,7 +38,6 @@ from msllm.errors import MsllmError
 
 log = logging.getLogger("msllm")
 ENV = "MSLLM_DIRECT_DECODE"
-_DTYPES = {"float32": b"float32", "bfloat16": b"bfloat16", "int8": b"int8", "int32": b"int32"}
 
 
 def enabled() -> bool:
@@ -48,19 +46,14 @@ def enabled() -> bool:
 
 
 class _Call:
-    """One kernel call in MindSpore's AOT convention (``csrc/aot.h``: nparam, params, ndims, shapes,
-    dtypes, stream, extra) on fixed numpy arrays (inputs, then outputs), whose data pointers are fixed
-    once: the arrays are refilled in place between calls."""
+    """One kernel call on fixed numpy arrays (inputs, then outputs; :func:`msllm.kernels.aot_args`), refilled in
+    place between calls."""
 
     def __init__(self, fn, arrays):
+        from msllm.kernels import aot_args
+
         self.fn, self.arrays = fn, list(arrays)
-        n = len(self.arrays)
-        self.shapes_keep = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in self.arrays]
-        self.args = (n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in self.arrays]),
-                     (ctypes.c_int * n)(*[a.ndim for a in self.arrays]),
-                     (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
-                                                           for s in self.shapes_keep]),
-                     (ctypes.c_char_p * n)(*[_DTYPES[a.dtype.name] for a in self.arrays]), None, None)
+        self.args, self.keep = aot_args(self.arrays)
 
     def __call__(self):
         code = self.fn(*self.args)
@@ -126,7 +119,6 @@ class DirectDecode:
             self.head_kernel = "msllm_linear" + ("_bf16math" if net.kernels.bf16_gemms else "")
         self.vocab = int(self.head_weights[0].shape[0])                                   # head (V, C)
         self.params = [self.table, self.norm_param, *self.stack_weights, *self.head_weights]
-        self.params = [p for p in self.params if hasattr(p, "data_ptr")]
         self.prepared: dict = {}
         self.failed: Optional[str] = None
         self.steps = 0                 # steps this object served (after each call's checked first)
@@ -197,18 +189,13 @@ class DirectDecode:
     def fill(self, pre: _Prepared, ids, positions, kpos, index):
         """The step's small inputs into ``pre``'s buffers, as the graph computes them (module doc)."""
         from msllm.models.llama.batch_layout import MASKED
+        from msllm.models.llama.rotary import rotary_cos_sin
 
         pre.ids[:] = ids
         if pre.norm_w is not pre.norm_view:
             pre.norm_w[:] = pre.norm_view.astype(np.float32)     # exact: bfloat16 is float32's upper half
         pre.index[:] = index
-        ang = positions.astype(np.float32)[:, :, None] * self.inv_freq                 # (B, 1, D/2)
-        ang = np.concatenate((ang, ang), -1).astype(np.float64)                        # (B, 1, D)
-        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-        if self.rope_factor != 1.0:
-            cos, sin = cos * np.float32(self.rope_factor), sin * np.float32(self.rope_factor)
-        pre.cos[:, 0] = cos
-        pre.sin[:, 0] = sin
+        pre.cos[:, 0], pre.sin[:, 0] = rotary_cos_sin(positions, self.inv_freq, self.rope_factor)   # (B, 1, D)
         q = positions[:, :1]                                                            # (B, 1)
         seen = (kpos >= 0) & (kpos <= q)
         if self.window is not None:

@@ -101,6 +101,34 @@ def library_path() -> str:
     return os.path.join(_build.build_dir(), _build.LIB_NAME)
 
 
+# numpy dtype name -> the dtype name MindSpore's AOT convention passes a kernel (csrc/aot.h); bfloat16 arrays
+# (ml_dtypes' type, which MindSpore's asnumpy gives) or their bits as uint16
+_AOT_DTYPES = {"float32": b"float32", "int32": b"int32", "int8": b"int8", "bfloat16": b"bfloat16", "uint16": b"bfloat16"}
+
+
+def aot_args(arrays):
+    """MindSpore's AOT kernel arguments (csrc/aot.h: nparam, params, ndims, shapes, dtypes, stream, extra) for
+    the C-contiguous numpy ``arrays`` (inputs, then outputs): ((args), keep). ``keep`` holds the shape arrays the
+    arguments point into: keep it (and ``arrays``) alive while the arguments are used. Built once, the arguments
+    can be passed to the kernel any number of times, the arrays refilled in place in between (the generator's
+    direct decode step, msllm/generation/direct_step.py; the kernel tests and benchmarks/gemv_prefetch.py).
+
+    Raises MsllmError for an array of another dtype or not C-contiguous."""
+    import ctypes
+
+    for a in arrays:
+        if a.dtype.name not in _AOT_DTYPES or not a.flags["C_CONTIGUOUS"]:
+            raise MsllmError(f"aot_args: a {a.dtype.name} array (contiguous: {a.flags['C_CONTIGUOUS']}); expected a "
+                             f"C-contiguous array of {', '.join(sorted(_AOT_DTYPES))}")
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    keep = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays]
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in keep])
+    dtypes = (ctypes.c_char_p * n)(*[_AOT_DTYPES[a.dtype.name] for a in arrays])
+    return (n, params, ndims, shapes, dtypes, None, None), keep
+
+
 def cpu_kernels(gemm_dtype: str = "float32"):
     """The MindSpore operators (:class:`msllm.kernels.ops.CpuKernels`) of the built library;
     ``gemm_dtype`` ``"bfloat16"``: the linear layers' GEMMs take bfloat16-rounded inputs."""
@@ -169,5 +197,5 @@ def gemm_path() -> str:
     return f"GEMM slabs ({found}: {why})"
 
 
-__all__ = ["available", "unavailable_reason", "library_path", "cpu_kernels", "kernel_stats", "gemm_path",
+__all__ = ["available", "unavailable_reason", "library_path", "aot_args", "cpu_kernels", "kernel_stats", "gemm_path",
            "gemm_bf16_native", "vector_isa"]

@@ -7,6 +7,8 @@ import ctypes
 
 import numpy as np
 
+from msllm.kernels import aot_args  # noqa: F401  (the kernel tests' and benchmarks' marshalling)
+
 
 def close(actual, expected, rtol: float = 1e-5):
     """Assert max |actual - expected| <= rtol * max |expected| + 1e-6 (float64 comparison, equal shapes)."""
@@ -31,22 +33,6 @@ def grads(fn, args, dout):
         return (fn(*xs) * dout).sum()
 
     return [g.asnumpy() for g in ops.grad(loss, grad_position=tuple(range(len(args))))(*args)]
-
-
-def aot_args(arrays):
-    """MindSpore's AOT kernel arguments for the C-contiguous numpy ``arrays`` (inputs, then outputs):
-    ((nparam, params, ndims, shapes, dtypes, stream, extra), keep). ``keep`` holds the shape arrays the
-    arguments point into: keep it (and ``arrays``) alive while the arguments are used. Built once, the
-    arguments can be passed to the kernel any number of times (benchmarks/gemv_prefetch.py times calls)."""
-    names = {np.dtype(np.float32): b"float32", np.dtype(np.int8): b"int8", np.dtype(np.uint16): b"bfloat16",
-             np.dtype(np.int32): b"int32"}
-    n = len(arrays)
-    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
-    keep = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays]
-    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in keep])
-    dtypes = (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays])
-    return (n, params, ndims, shapes, dtypes, None, None), keep
 
 
 def call_aot(lib, name, inputs, outputs):

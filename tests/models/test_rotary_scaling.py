@@ -69,3 +69,25 @@ def test_tables_equal_transformers_both_ways(kind):
 def test_other_rope_types_are_refused_naming_them(spec, message):
     with pytest.raises(MsllmError, match=message):
         hf_config_to_msllm(dict(BASE, rope_scaling=spec))
+
+
+@pytest.mark.parametrize("kind", ["default", "yarn_mscale"])
+def test_numpy_tables_are_the_graph_s_bits(kind):
+    """rotary_cos_sin against MindSpore's own CPU operators, the graph's computation (LlamaModel.rotary: Cast, Mul,
+    Concat, Cos, Sin, Mul by the factor), at positions up to 131k: equal bit for bit (the direct decode step feeds
+    its tables to the kernels in the graph's place)."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    from msllm.models.llama.rotary import rotary_cos_sin, rotary_frequencies
+
+    hf_dict = dict(BASE, **({"rope_scaling": SCALINGS[kind]} if SCALINGS[kind] else {}))
+    inv_freq, factor = rotary_frequencies(hf_config_to_msllm(hf_dict))
+    pos = np.arange(0, 131072, 13, dtype=np.int32)[None]                        # (1, N)
+    angles = ops.cast(Tensor(pos), ms.float32)[:, :, None] * Tensor(inv_freq[None, :])
+    angles = ops.concat((angles, angles), -1)
+    cos, sin = ops.cos(angles), ops.sin(angles)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    mine_cos, mine_sin = rotary_cos_sin(pos, inv_freq, factor)
+    assert np.array_equal(mine_cos, cos.asnumpy()) and np.array_equal(mine_sin, sin.asnumpy())

@@ -50,17 +50,29 @@ def rotary_frequencies(config: LlamaConfig) -> tuple[np.ndarray, float]:
     return inv_freq.astype(np.float32), float(attention_factor)
 
 
+def rotary_cos_sin(positions, inv_freq: np.ndarray, attention_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, each (..., D) float32, of integer ``positions`` (...) for ``inv_freq`` (D/2,) float32 and
+    the attention factor of :func:`rotary_frequencies`, bit for bit as the model's graph computes them
+    (:meth:`msllm.models.llama.model.LlamaModel.rotary`): angles ``float32(position) * inv_freq`` in float32,
+    duplicated along the last axis (HF "rotate_half" layout, as HF ``LlamaRotaryEmbedding``); their cosine
+    and sine correctly rounded to float32, which is what MindSpore 2.10's CPU ``Cos`` / ``Sin`` return (float64,
+    then rounded; numpy's float32 ``cos`` differs in the last bit for ~15% of angles); then times the factor
+    in float32 when it is not 1."""
+    angles = np.asarray(positions).astype(np.float32)[..., None] * inv_freq     # (..., D/2) float32
+    angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)       # (..., D)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    if attention_factor != 1.0:
+        cos, sin = cos * np.float32(attention_factor), sin * np.float32(attention_factor)
+    return cos, sin
+
+
 def rotary_tables(config: LlamaConfig, positions=None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, each (N, D) float32 (HF "rotate_half" layout: the angles of
-    :func:`rotary_frequencies` duplicated along the last axis, as HF ``LlamaRotaryEmbedding``), of
-    ``positions`` (N,) (default: every position up to ``max_positions``). numpy, computed as the
-    model's graph does (float32 angles): the reference tests compare with transformers."""
+    """cos and sin, each (N, D) float32, of ``positions`` (N,) (default: every position up to
+    ``max_positions``) for ``config`` (:func:`rotary_cos_sin` of :func:`rotary_frequencies`): numpy,
+    as the model's graph computes them; the reference tests compare with transformers."""
     inv_freq, attention_factor = rotary_frequencies(config)
     pos = np.arange(config.max_positions) if positions is None else np.asarray(positions)
-    angles = pos.astype(np.float32)[:, None] * inv_freq[None, :]           # (N, D/2) float32
-    angles = np.concatenate([angles, angles], axis=-1)                       # (N, D)
-    return ((np.cos(angles) * np.float32(attention_factor)).astype(np.float32),
-            (np.sin(angles) * np.float32(attention_factor)).astype(np.float32))
+    return rotary_cos_sin(pos, inv_freq, attention_factor)
 
 
 def _yarn(spec: dict, d: int, theta: float) -> tuple[np.ndarray, float]:
@@ -92,4 +104,4 @@ def _yarn(spec: dict, d: int, theta: float) -> tuple[np.ndarray, float]:
     return inv_freq.astype(np.float64), float(attention)
 
 
-__all__ = ["rotary_frequencies", "rotary_tables"]
+__all__ = ["rotary_frequencies", "rotary_cos_sin", "rotary_tables"]
