@@ -22,6 +22,14 @@ With ``--bandwidth_file`` the best variant of ``weight_stream_bandwidth.py`` (Sm
 matrix-vector products of its own, 2 threads) is a third reader, and the floor is at the fastest of the three: on
 AMD EPYC machines torch's ``mv`` read 20-23 GB/s where that benchmark read 32-33, and both frameworks' float32
 steps came out "above the floor".
+
+A ``--llamacpp`` file run with ``--bandwidth_probe`` also holds, for every precision's pair in every round, that
+benchmark's fastest variant run just before and just after the pair (``weight_stream_bandwidth.probe``). This
+machine's read rate moves by up to 20% from one minute to the next (AMD EPYC Zen 5 guest, session 25), so a step
+measured in a slow minute against a bandwidth measured in a fast one understates the share, and the reverse
+overstates it. ``batch1_same_minute`` therefore divides each round's step by the floor at the mean of its two probes'
+best passes (the statistic of ``gb_s_median_of_best_pass`` above) and gives the median (min-max) over rounds, and the
+same with their median passes.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import harness  # noqa: E402
+import ratios  # noqa: E402
 
 SMOLLM2 = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
 
@@ -100,6 +109,39 @@ def batch1_steps(a) -> tuple[dict, float]:
     return rows, slots.pop()
 
 
+def same_minute(paths: list[str]) -> dict:
+    """{"<framework> <precision>": per-round shares of the floor at batch 1} from ``llamacpp_speed.py
+    --bandwidth_probe`` files: each round's step (1 / decode tokens/s) against the floor at the bandwidth probed around
+    that round's pair (mean of the probes before and after it: ``share_best`` with their best passes,
+    ``share_median`` with their median passes), as ``ratios.stats``; {} when no file has probes."""
+    out: dict = {}
+    for path in paths:
+        run = json.load(open(path))
+        probes = run.get("bandwidth_probe") or []
+        slots = run["settings"]["prompt"] + run["settings"]["new"] / 2
+        for precision, (ours, theirs) in LLAMACPP_STORAGE.items():
+            for fw, storage, cache_bytes in (("msllm", ours, 4), ("llama.cpp", theirs, 2)):
+                need = bytes_per_token(SMOLLM2, storage, slots, cache_bytes)
+                rows = {"share_best": [], "share_median": [], "gb_s_best": [], "step_ms": []}
+                for r in run["runs"]:
+                    if (r["precision"], r["framework"], r["batch"]) != (precision, fw, 1) or "error" in r:
+                        continue
+                    around = [q for q in probes if (q["round"], q["precision"]) == (r["round"], precision)]
+                    if not around:
+                        continue
+                    step_ms = 1e3 / r["decode_tokens_per_s"]
+                    best = sum(q["gb_s_best"] for q in around) / len(around)
+                    median = sum(q["gb_s_median"] for q in around) / len(around)
+                    rows["share_best"].append(1e3 * need / (best * 1e9) / step_ms)
+                    rows["share_median"].append(1e3 * need / (median * 1e9) / step_ms)
+                    rows["gb_s_best"].append(best)
+                    rows["step_ms"].append(step_ms)
+                if rows["step_ms"]:
+                    out[f"{fw} {precision}"] = {"weights": storage, "bytes_per_token_mb": need / 1e6, "file": path,
+                                                **{k: ratios.stats(v) for k, v in rows.items()}}
+    return out
+
+
 def bandwidth(rounds: int) -> dict:
     import numpy as np
     import torch
@@ -151,11 +193,21 @@ def main(argv=None):
               "model": SMOLLM2, "weight_params": weight_params(SMOLLM2), "mean_slots": slots,
               "bandwidth": bw, "batch1": rows,
               "bytes_per_token_mb": {k: bytes_per_token(SMOLLM2, k, slots) / 1e6 for k in ("fp32", "bf16", "int8", "q8_0")}}
+    live = same_minute(a.llamacpp) if a.llamacpp else {}
+    if live:
+        result["batch1_same_minute"] = live
     table = ["| framework | weights | MB read per token | floor ms (at %.1f GB/s) | measured ms/step | share of floor |"
              % bw["best_gb_s"], "|---|---|---|---|---|---|"]
     for n, r in rows.items():
         table.append(f"| {n} | {r['weights']} | {r['bytes_per_token_mb']:.0f} "
                      f"| {r['floor_ms']:.1f} | {r['step_ms']:.1f} | {100 * r['share_of_floor']:.0f}% |")
+    if live:
+        table += ["", "Each round against the bandwidth probed around it (llamacpp_speed.py --bandwidth_probe):", "",
+                  "| framework | weights | GB/s (best passes) | ms/step | share of floor, best passes | "
+                  "share, median passes |", "|---|---|---|---|---|---|"]
+        for n, r in live.items():
+            table.append(f"| {n} | {r['weights']} | {ratios.fmt(r['gb_s_best'], 1)} | {ratios.fmt(r['step_ms'], 1)} "
+                         f"| {ratios.fmt(r['share_best'])} | {ratios.fmt(r['share_median'])} |")
     harness.finish(a.out, result, "\n".join(table), t0)
 
 

