@@ -16,8 +16,9 @@ The compiled graph stays the definition of the step. Each prepared call (rows, s
 checked once against it: its first step runs both, here first, then the graph (which writes the same
 key / value rows), and the logits must be equal bit for bit; otherwise the graph serves every later step
 of this generator and the log says why. The host's inputs are made as the graph makes them: the rotary
-tables by :func:`~msllm.models.llama.rotary.rotary_cos_sin`, the additive mask 0 / ``MASKED`` of
-:func:`~msllm.models.llama.batch_layout.additive_mask`.
+tables by :func:`~msllm.models.llama.rotary.rotary_cos_sin`, the additive mask by
+:func:`~msllm.models.llama.batch_layout.host_additive_mask` (the graph's
+:func:`~msllm.models.llama.batch_layout.additive_mask` rule, on the host).
 
 Only the graph shape the stacked decode serves is taken (:meth:`DirectDecode.build` says which):
 stacked weights with ``msllm_decode_stack``, one attention window for every layer, no embedding
@@ -161,6 +162,7 @@ class DirectDecode:
         """The direct step of ``net`` (a loaded :class:`~msllm.models.llama.model.LlamaForCausalLM`), or
         None (logged once) when ``MSLLM_DIRECT_DECODE=0`` or its decode graph is of another shape."""
         if not enabled():
+            log.info("decode steps through MindSpore's graph launch (%s=0)", ENV)
             return None
         why = cls.unsupported(net)
         if why is not None:
@@ -188,7 +190,7 @@ class DirectDecode:
     # -- the step --------------------------------------------------------------------------------
     def fill(self, pre: _Prepared, ids, positions, kpos, index):
         """The step's small inputs into ``pre``'s buffers, as the graph computes them (module doc)."""
-        from msllm.models.llama.batch_layout import MASKED
+        from msllm.models.llama.batch_layout import host_additive_mask
         from msllm.models.llama.rotary import rotary_cos_sin
 
         pre.ids[:] = ids
@@ -196,11 +198,7 @@ class DirectDecode:
             pre.norm_w[:] = pre.norm_view.astype(np.float32)     # exact: bfloat16 is float32's upper half
         pre.index[:] = index
         pre.cos[:, 0], pre.sin[:, 0] = rotary_cos_sin(positions, self.inv_freq, self.rope_factor)   # (B, 1, D)
-        q = positions[:, :1]                                                            # (B, 1)
-        seen = (kpos >= 0) & (kpos <= q)
-        if self.window is not None:
-            seen &= kpos > q - np.int32(self.window)
-        pre.mask[:, 0, 0] = np.where(seen, np.float32(0.0), np.float32(MASKED))
+        pre.mask[:] = host_additive_mask(kpos, positions[:, :1], self.window)                   # (B, 1, 1, S)
 
     def step(self, ids, positions, kpos, index, caches, graph_step):
         """Logits (B, V) float32 (a new array) of one decode step: ids / positions (B, 1) int32, kpos (B, S)

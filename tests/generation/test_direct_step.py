@@ -161,10 +161,15 @@ def test_reloaded_weights_are_read_again(tmp_path, monkeypatch):
     assert second.tokens != first.tokens
 
 
-def test_other_graph_shapes_are_declined(tmp_path, monkeypatch):
+def test_other_graph_shapes_are_declined(tmp_path, monkeypatch, caplog):
     net, _ = _net(tmp_path, CASES["gemma_geglu_mqa"][0])              # GeGLU, an embedding multiplier
     assert DirectDecode.unsupported(net) is not None
-    assert DirectDecode.build(net) is None
+    with caplog.at_level("INFO", logger="msllm"):
+        assert DirectDecode.build(net) is None
+    assert "the direct step does not apply" in caplog.text
+    caplog.clear()
     monkeypatch.setenv(ENV, "0")
     net, _ = _net(tmp_path / "llama", _KW)
-    assert DirectDecode.unsupported(net) is None and DirectDecode.build(net) is None
+    with caplog.at_level("INFO", logger="msllm"):
+        assert DirectDecode.unsupported(net) is None and DirectDecode.build(net) is None
+    assert f"graph launch ({ENV}=0)" in caplog.text                   # switched off, and the log says so

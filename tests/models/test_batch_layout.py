@@ -14,7 +14,8 @@ import mindspore as ms
 from mindspore import nn
 
 from msllm.models.llama.batch_layout import (HIDDEN, MASKED, additive_mask, causal_positions, document_layout,
-                                             document_mask, document_targets, key_positions, left_pad, positions_for)
+                                             document_mask, document_targets, host_additive_mask, key_positions,
+                                             left_pad, positions_for)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -56,6 +57,18 @@ def test_graph_mask_equals_the_float64_reference(layout, window):
     np.testing.assert_array_equal(got == 0, ref == 0)
     assert np.all(got[ref != 0] == np.float32(MASKED))
     assert (ref == 0).any() and (ref != 0).any()          # both kinds of entry occur
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 64], ids=["causal", "window1", "window3", "window_wider"])
+@pytest.mark.parametrize("layout", list(layouts()), ids=lambda x: x[0] if isinstance(x, tuple) else None)
+def test_host_mask_equals_the_float64_reference_and_the_graph(layout, window):
+    """The host form of the rule (the direct decode step's) gives the graph's values, float32 bit for bit."""
+    _, kpos, qpos = layout
+    got = host_additive_mask(kpos.astype(np.int32), qpos.astype(np.int32), window)
+    ref = reference_mask(kpos, qpos, window)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_array_equal(got == 0, ref == 0)
+    np.testing.assert_array_equal(got.view(np.uint32), graph_mask(kpos, qpos, window).view(np.uint32))
 
 
 def test_per_layer_windows_are_one_mask_each():

@@ -100,6 +100,19 @@ def additive_mask(kpos, qpos, window: Optional[int], dtype):
     return ops.cast((ops.cast(seen, ms.float32) - 1.0) * (-MASKED), dtype)
 
 
+def host_additive_mask(kpos: np.ndarray, qpos: np.ndarray, window: Optional[int]) -> np.ndarray:
+    """:func:`additive_mask`'s rule on the host, for a caller that launches the kernels itself
+    (msllm/generation/direct_step.py): ``kpos`` (B, S) and ``qpos`` (B, T) int32 arrays (B may be 1 on
+    either side) -> (B, 1, T, S) float32, 0 where seen and :data:`MASKED` elsewhere, the same values
+    as the graph's (tests/models/test_batch_layout.py checks both against one reference)."""
+    k = np.asarray(kpos)[:, None, None, :]                    # (B, 1, 1, S)
+    q = np.asarray(qpos)[:, None, :, None]                    # (B, 1, T, 1)
+    seen = (k >= 0) & (k <= q)
+    if window is not None:
+        seen &= k > q - np.int32(window)
+    return np.where(seen, np.float32(0.0), np.float32(MASKED))
+
+
 def causal_positions(t: int):
     """In-graph (1, T) int32 positions 0..T-1 (a causal row alone: query and key positions)."""
     return ops.expand_dims(ops.arange(0, t, dtype=ms.int32), 0)
@@ -141,5 +154,5 @@ def document_targets(targets, segment, ignore: int):
     return ops.select(crosses, ops.full_like(targets, ignore), targets)
 
 
-__all__ = ["MASKED", "HIDDEN", "left_pad", "positions_for", "key_positions", "additive_mask", "causal_positions",
+__all__ = ["MASKED", "HIDDEN", "left_pad", "positions_for", "key_positions", "additive_mask", "host_additive_mask", "causal_positions",
            "document_layout", "document_mask", "document_targets"]
