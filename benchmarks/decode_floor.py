@@ -81,7 +81,8 @@ def bytes_per_token(m: dict, storage: str, slots: float, cache_bytes: int = 4) -
 
 
 # llamacpp_speed.py's precision -> (msllm's weight storage, llama.cpp's GGUF storage)
-LLAMACPP_STORAGE = {"f32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "int8": ("int8", "q8_0")}
+# (bf16c: msllm's bf16 weights with compute_dtype bfloat16, the same bytes per token as bf16)
+LLAMACPP_STORAGE = {"f32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "bf16c": ("bf16", "bf16"), "int8": ("int8", "q8_0")}
 
 
 def batch1_steps(a) -> tuple[dict, float]:
