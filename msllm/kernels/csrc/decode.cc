@@ -151,7 +151,13 @@ namespace {
 // slot by slot in slot order), so the result is bit for bit the generic path's
 // (tests/kernels/test_kernels_ops.py compares them). Only the loop order changes:
 // slots inner, heads outer; a chunk's keys and values are read once per query head (a batch row's
-// first head from memory, with the prefetch, its other heads from cache).
+// first head from memory, with the prefetch, its other heads from cache). Two ways of doing the same sums
+// with fewer instructions: the scores of kLanes slots are reduced by one transposing tree of the very
+// additions each slot's reduction makes (reduce_lanes), and the query heads that share a key/value head
+// take each slot's values in one pass (head_values<N, G>). Both builds' bits compared, alternated in one
+// process (benchmarks/decode_attention_builds.py, AMD EPYC Zen 5, SmolLM2's 30 layers at 544 slots,
+// results/decode_attention_builds_tree_sums_amd_zen5.json): caches cold (a decode step's) batch 1 0.95x,
+// batch 8 0.90x the time; in the last-level cache 0.97x / 0.84x.
 #if defined(MSLLM_VEC_AVX512)
 constexpr int kLanes = 16;
 using Vec = __m512;
@@ -189,53 +195,139 @@ inline float dot_fixed(const Vec *q, const float *k) {
 #endif
 
 #if defined(MSLLM_VEC_AVX512) || defined(MSLLM_VEC_AVX2)
+// The dots of kLanes slots at once: lane s of the result = the horizontal sum of a[s] with the very tree of
+// additions dot() ends with (AVX-512: _mm512_reduce_add_ps, lanes i + 8, then i + 4, then i + 2, then
+// i + 1; AVX2: hsum8, lanes i + 4, i + 2, i + 1), so each lane is bit for bit dot()'s. One transposing tree
+// for all kLanes vectors takes ~45 shuffles and adds (AVX-512) where kLanes reductions of their own take ~130,
+// and it returns the sums in a vector, ready for the mask's add and compare. The tree's last stage leaves the
+// lanes in the order kTreeOrder (an involution), so the inputs are taken in that order.
+#if defined(MSLLM_VEC_AVX512)
+constexpr int kTreeOrder[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+inline Vec reduce_lanes(const Vec *in) {
+  Vec a[16], b[8], c[4], e[2];
+  for (int s = 0; s < 16; ++s) a[s] = in[kTreeOrder[s]];
+  for (int i = 0; i < 8; ++i)   // 256-bit halves: lanes i + (i + 8); a[i] in blocks 0-1, a[i + 8] in blocks 2-3
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+  for (int i = 0; i < 4; ++i)   // 128-bit blocks: lanes i + (i + 4)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+  for (int i = 0; i < 2; ++i)   // within a block: lanes 0 + 2, 1 + 3
+    e[i] = _mm512_add_ps(_mm512_unpacklo_ps(c[i], c[i + 2]), _mm512_unpackhi_ps(c[i], c[i + 2]));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x44), _mm512_shuffle_ps(e[0], e[1], 0xEE));   // 0 + 1
+}
+// score lanes = dots + m, -inf where m <= kHidden (the scalar loop's rule)
+inline void store_scores(float *score, Vec dots, const float *m) {
+  const Vec mv = vload(m);
+  const __mmask16 hidden = _mm512_cmp_ps_mask(mv, _mm512_set1_ps(kHidden), _CMP_LE_OQ);
+  vstore(score, _mm512_mask_blend_ps(hidden, _mm512_add_ps(dots, mv), _mm512_set1_ps(-INFINITY)));
+}
+template <int N>
+inline Vec dot_partial(const Vec *q, const float *k) {   // dot_fixed's accumulator, before its reduction
+  Vec acc = vzero();
+  for (int i = 0; i < N; ++i) acc = vfma(q[i], vload(k + i * kLanes), acc);
+  return acc;
+}
+#else
+constexpr int kTreeOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+inline Vec reduce_lanes(const Vec *in) {
+  Vec a[8], b[4], c[2];
+  for (int s = 0; s < 8; ++s) a[s] = in[kTreeOrder[s]];
+  for (int i = 0; i < 4; ++i)   // 128-bit halves: lanes i + (i + 4)
+    b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20), _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+  for (int i = 0; i < 2; ++i)   // lanes 0 + 2, 1 + 3
+    c[i] = _mm256_add_ps(_mm256_unpacklo_ps(b[i], b[i + 2]), _mm256_unpackhi_ps(b[i], b[i + 2]));
+  return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x44), _mm256_shuffle_ps(c[0], c[1], 0xEE));   // 0 + 1
+}
+inline void store_scores(float *score, Vec dots, const float *m) {
+  const Vec mv = vload(m);
+  const Vec hidden = _mm256_cmp_ps(mv, _mm256_set1_ps(kHidden), _CMP_LE_OQ);
+  vstore(score, _mm256_blendv_ps(_mm256_add_ps(dots, mv), _mm256_set1_ps(-INFINITY), hidden));
+}
+template <int N>
+inline Vec dot_partial(const Vec *q, const float *k) {   // dot_fixed's two accumulators, added
+  Vec acc0 = vzero(), acc1 = vzero();
+  for (int i = 0; i + 1 < N; i += 2) {
+    acc0 = vfma(q[i], vload(k + i * kLanes), acc0);
+    acc1 = vfma(q[i + 1], vload(k + (i + 1) * kLanes), acc1);
+  }
+  if (N % 2) acc0 = vfma(q[N - 1], vload(k + (N - 1) * kLanes), acc0);
+  return _mm256_add_ps(acc0, acc1);
+}
+#endif
+
 // For one (row, head): score[j - j0] = q . k_j + m_j (-inf where m_j hides the slot) for the slots
-// [j0, j1) of a chunk, k_j = k + j * stride; ``ahead``: prefetch ``block`` floats from ``base + j * stride``
-// (the row's (K, D) part of slot j) that far ahead (the row's first head's pass only: the other heads
-// find the chunk in cache).
+// [j0, j1) of a chunk, k_j = k + j * stride, kLanes slots at a time (reduce_lanes), the rest one by one;
+// ``ahead``: prefetch ``block`` floats from ``base + j * stride`` (the row's (K, D) part of slot j) that far
+// ahead (the row's first head's pass only: the other heads find the chunk in cache).
 template <int N>
 void head_scores(const float *q, const float *k, const float *mrow, int64_t stride, int64_t j0, int64_t j1,
                  float *score, const float *base, int64_t block, int64_t ahead) {
   Vec qv[N];
   for (int i = 0; i < N; ++i) qv[i] = vload(q + i * kLanes);
-  for (int64_t j = j0; j < j1; ++j) {
+  int64_t j = j0;
+  if constexpr (N <= 8) {   // N query vectors + kLanes partial dots stay in registers (AVX-512)
+    for (; j + kLanes <= j1; j += kLanes) {
+      Vec part[kLanes];
+      for (int s = 0; s < kLanes; ++s) {
+        if (ahead) prefetch_block(base + (j + s) * stride, block, ahead);
+        part[s] = dot_partial<N>(qv, k + (j + s) * stride);
+      }
+      store_scores(score + (j - j0), reduce_lanes(part), mrow + j);
+    }
+  }
+  for (; j < j1; ++j) {
     if (ahead) prefetch_block(base + j * stride, block, ahead);
     const float m = mrow[j];
     score[j - j0] = m <= kHidden ? -INFINITY : dot_fixed<N>(qv, k + j * stride) + m;
   }
 }
 
-// For one (row, head): out = sum over the visible slots j of [j0, j1), in slot order, p[j - j0] v_j
-// (axpy()'s fused multiply-adds into a zeroed accumulator), v_j = v + j * stride.
-template <int N>
-void head_values(const float *p, const float *v, const float *mrow, int64_t stride, int64_t j0, int64_t j1,
-                 float *out, const float *base, int64_t block, int64_t ahead) {
-  Vec acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = vzero();
+// For G heads of one row that share a key/value head (grouped-query attention): out + g * d = sum over the
+// visible slots j of [j0, j1), in slot order, p[g * plen + j - j0] v_j (axpy()'s fused multiply-adds into a
+// zeroed accumulator, each head's the same chain as on its own), v_j = v + j * stride. Each slot's values are
+// loaded once for the G heads, and G x N independent accumulator chains keep the FMA units busy where one
+// head's N chains wait on their own latency.
+template <int N, int G>
+void head_values(const float *p, int64_t plen, const float *v, const float *mrow, int64_t stride, int64_t j0,
+                 int64_t j1, float *out, int64_t d, const float *base, int64_t block, int64_t ahead) {
+  Vec acc[G][N];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < N; ++i) acc[g][i] = vzero();
   for (int64_t j = j0; j < j1; ++j) {
     if (ahead) prefetch_block(base + j * stride, block, ahead);
     if (mrow[j] <= kHidden) continue;
-    const Vec pv = vset1(p[j - j0]);
     const float *vj = v + j * stride;
-    for (int i = 0; i < N; ++i) acc[i] = vfma(pv, vload(vj + i * kLanes), acc[i]);
+    for (int g = 0; g < G; ++g) {
+      const Vec pv = vset1(p[g * plen + j - j0]);
+      for (int i = 0; i < N; ++i) acc[g][i] = vfma(pv, vload(vj + i * kLanes), acc[g][i]);
+    }
   }
-  for (int i = 0; i < N; ++i) vstore(out + i * kLanes, acc[i]);
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < N; ++i) vstore(out + g * d + i * kLanes, acc[g][i]);
 }
 
+using ValuesKernel = decltype(&head_values<1, 1>);
 struct HeadKernels {
   decltype(&head_scores<1>) scores = nullptr;
-  decltype(&head_values<1>) values = nullptr;
+  ValuesKernel values[4] = {};   // values[G - 1]: G heads at once, G <= at_once
+  int at_once = 0;
 };
+// Heads whose accumulators (G x N vectors) fit the registers with room for the loads: AVX-512's 32, AVX2's 16.
+template <int N>
+HeadKernels kernels_for() {
+  constexpr int kAtOnce = std::max(1, std::min(4, (kLanes == 16 ? 16 : 8) / N));
+  HeadKernels h{head_scores<N>, {head_values<N, 1>, head_values<N, 2>, head_values<N, 3>, head_values<N, 4>}, kAtOnce};
+  return h;
+}
 // The fixed-width kernels for head dimension d, or none (the generic loops then serve d).
 // MSLLM_DECODE_ATTENTION=generic picks the generic loops for every d (switches.h: the kernel
 // tests compare the two paths' bits in one process).
 inline HeadKernels head_kernels(int64_t d) {
   if (switches().attention_generic) return {};
   switch (d) {
-    case 4 * kLanes: return {head_scores<4>, head_values<4>};
-    case 8 * kLanes: return {head_scores<8>, head_values<8>};
+    case 4 * kLanes: return kernels_for<4>();
+    case 8 * kLanes: return kernels_for<8>();
 #if defined(MSLLM_VEC_AVX512)
-    case 16 * kLanes: return {head_scores<16>, head_values<16>};
+    case 16 * kLanes: return kernels_for<16>();
 #endif
     default: return {};
   }
@@ -287,11 +379,13 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
         mx[r] = row_max(sr, n);
         sum[r] = mx[r] == -INFINITY ? 0.f : exp_shift_sum(sr, sr, n, 1.f, mx[r]);
       }
-      for (int64_t r = 0; r < bh; ++r) {
+      for (int64_t r = 0; r < bh;) {                         // the heads of a key/value head, up to at_once together
         const int64_t bi = r / h, hi = r % h;
+        const int n = static_cast<int>(std::min<int64_t>(fixed.at_once, group - hi % group));
         const float *mrow = mask + (mask_rows == 1 ? 0 : bi) * s;
-        fixed.values(score + r * len, v + (bi * kv + hi / group) * d, mrow, stride, j0, j1, acc + r * d, v + bi * kv * d, kv * d,
-                     hi == 0 ? ahead : 0);
+        fixed.values[n - 1](score + r * len, len, v + (bi * kv + hi / group) * d, mrow, stride, j0, j1, acc + r * d, d,
+                            v + bi * kv * d, kv * d, hi == 0 ? ahead : 0);
+        r += n;
       }
       return;
     }
