@@ -40,7 +40,10 @@ def library(build_dir: str):
     if not os.path.exists(path):
         raise SystemExit(f"{path}: no kernel library there (build one with MSLLM_KERNELS_DIR={build_dir} "
                          "python -m msllm.kernels.build)")
-    return ctypes.CDLL(path)
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:      # e.g. a build whose link path (its tree's .venv) is gone
+        raise SystemExit(f"{path}: cannot be loaded ({e}); rebuild it") from None
 
 
 def measure(libs: dict, batch: int, layers: int, evict_mb: int, a) -> dict:

@@ -166,12 +166,17 @@ inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vset1(float x) { return _mm512_set1_ps(x); }
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline void vstore(float *p, Vec v) { _mm512_storeu_ps(p, v); }
-// q . k over N vectors: dot()'s one accumulator, then _mm512_reduce_add_ps
+// q . k over N vectors before its reduction: dot()'s one accumulator
 template <int N>
-inline float dot_fixed(const Vec *q, const float *k) {
+inline Vec dot_partial(const Vec *q, const float *k) {
   Vec acc = vzero();
   for (int i = 0; i < N; ++i) acc = vfma(q[i], vload(k + i * kLanes), acc);
-  return _mm512_reduce_add_ps(acc);
+  return acc;
+}
+// q . k over N vectors: dot_partial, then _mm512_reduce_add_ps (dot()'s reduction)
+template <int N>
+inline float dot_fixed(const Vec *q, const float *k) {
+  return _mm512_reduce_add_ps(dot_partial<N>(q, k));
 }
 #elif defined(MSLLM_VEC_AVX2)
 constexpr int kLanes = 8;
@@ -181,16 +186,21 @@ inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vset1(float x) { return _mm256_set1_ps(x); }
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline void vstore(float *p, Vec v) { _mm256_storeu_ps(p, v); }
-// q . k over N vectors: dot()'s two accumulators (even vectors, odd vectors), then hsum8 of their sum
+// q . k over N vectors before its reduction: dot()'s two accumulators (even vectors, odd vectors), added
 template <int N>
-inline float dot_fixed(const Vec *q, const float *k) {
+inline Vec dot_partial(const Vec *q, const float *k) {
   Vec acc0 = vzero(), acc1 = vzero();
   for (int i = 0; i + 1 < N; i += 2) {
     acc0 = vfma(q[i], vload(k + i * kLanes), acc0);
     acc1 = vfma(q[i + 1], vload(k + (i + 1) * kLanes), acc1);
   }
   if (N % 2) acc0 = vfma(q[N - 1], vload(k + (N - 1) * kLanes), acc0);
-  return hsum8(_mm256_add_ps(acc0, acc1));
+  return _mm256_add_ps(acc0, acc1);
+}
+// q . k over N vectors: dot_partial, then hsum8 (dot()'s reduction)
+template <int N>
+inline float dot_fixed(const Vec *q, const float *k) {
+  return hsum8(dot_partial<N>(q, k));
 }
 #endif
 
@@ -220,12 +230,6 @@ inline void store_scores(float *score, Vec dots, const float *m) {
   const __mmask16 hidden = _mm512_cmp_ps_mask(mv, _mm512_set1_ps(kHidden), _CMP_LE_OQ);
   vstore(score, _mm512_mask_blend_ps(hidden, _mm512_add_ps(dots, mv), _mm512_set1_ps(-INFINITY)));
 }
-template <int N>
-inline Vec dot_partial(const Vec *q, const float *k) {   // dot_fixed's accumulator, before its reduction
-  Vec acc = vzero();
-  for (int i = 0; i < N; ++i) acc = vfma(q[i], vload(k + i * kLanes), acc);
-  return acc;
-}
 #else
 constexpr int kTreeOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 inline Vec reduce_lanes(const Vec *in) {
@@ -241,16 +245,6 @@ inline void store_scores(float *score, Vec dots, const float *m) {
   const Vec mv = vload(m);
   const Vec hidden = _mm256_cmp_ps(mv, _mm256_set1_ps(kHidden), _CMP_LE_OQ);
   vstore(score, _mm256_blendv_ps(_mm256_add_ps(dots, mv), _mm256_set1_ps(-INFINITY), hidden));
-}
-template <int N>
-inline Vec dot_partial(const Vec *q, const float *k) {   // dot_fixed's two accumulators, added
-  Vec acc0 = vzero(), acc1 = vzero();
-  for (int i = 0; i + 1 < N; i += 2) {
-    acc0 = vfma(q[i], vload(k + i * kLanes), acc0);
-    acc1 = vfma(q[i + 1], vload(k + (i + 1) * kLanes), acc1);
-  }
-  if (N % 2) acc0 = vfma(q[N - 1], vload(k + (N - 1) * kLanes), acc0);
-  return _mm256_add_ps(acc0, acc1);
 }
 #endif
 
@@ -381,11 +375,11 @@ void msllm::decode_attention_forward(const float *q, const float *k, const float
       }
       for (int64_t r = 0; r < bh;) {                         // the heads of a key/value head, up to at_once together
         const int64_t bi = r / h, hi = r % h;
-        const int n = static_cast<int>(std::min<int64_t>(fixed.at_once, group - hi % group));
+        const int heads = static_cast<int>(std::min<int64_t>(fixed.at_once, group - hi % group));
         const float *mrow = mask + (mask_rows == 1 ? 0 : bi) * s;
-        fixed.values[n - 1](score + r * len, len, v + (bi * kv + hi / group) * d, mrow, stride, j0, j1, acc + r * d, d,
-                            v + bi * kv * d, kv * d, hi == 0 ? ahead : 0);
-        r += n;
+        fixed.values[heads - 1](score + r * len, len, v + (bi * kv + hi / group) * d, mrow, stride, j0, j1, acc + r * d,
+                                d, v + bi * kv * d, kv * d, hi == 0 ? ahead : 0);
+        r += heads;
       }
       return;
     }
